@@ -1,0 +1,1 @@
+//! ddmlip-checkpoint (work in progress).

@@ -1,0 +1,1 @@
+//! ddmlip-comm (work in progress).

@@ -1,0 +1,1 @@
+//! ddmlip-domain (work in progress).

@@ -1,0 +1,1 @@
+//! ddmlip-e3nn (work in progress).

@@ -1,0 +1,1 @@
+//! ddmlip-engine (work in progress).

@@ -1,0 +1,1 @@
+//! ddmlip-models (work in progress).

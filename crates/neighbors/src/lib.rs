@@ -1,0 +1,1 @@
+//! ddmlip-neighbors (work in progress).

@@ -1,0 +1,1 @@
+//! ddmlip-spec (work in progress).

@@ -1,0 +1,1 @@
+//! ddmlip-validate (work in progress).
