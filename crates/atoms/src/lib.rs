@@ -5,7 +5,7 @@ mod cell;
 mod properties;
 mod system;
 
+pub use cell::to_fractional;
 pub use cell::{Cell, CellError};
 pub use properties::{Column, InfoValue, Properties};
 pub use system::{Batch, System, SystemError};
-pub use cell::to_fractional;

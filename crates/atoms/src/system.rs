@@ -34,8 +34,19 @@ pub struct System {
 
 impl System {
     /// A system without extra properties.
-    pub fn new(positions: Vec<[f64; 3]>, numbers: Vec<u32>, cell: Option<Cell>, pbc: [bool; 3]) -> Self {
-        Self { positions, numbers, cell, pbc, properties: Properties::default() }
+    pub fn new(
+        positions: Vec<[f64; 3]>,
+        numbers: Vec<u32>,
+        cell: Option<Cell>,
+        pbc: [bool; 3],
+    ) -> Self {
+        Self {
+            positions,
+            numbers,
+            cell,
+            pbc,
+            properties: Properties::default(),
+        }
     }
 
     /// Number of atoms.
