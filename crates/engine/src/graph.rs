@@ -314,9 +314,15 @@ impl<T: Scalar> Graph<T> {
     }
 
     /// A parameter matrix given in f64 (converted to `T`), rows × cols, no gradient.
-    pub fn param(&mut self, value: &[f64], rows: usize, cols: usize) -> Tensor {
+    pub fn param(&mut self, value: &[f64], rows: usize, cols: usize) -> Result<Tensor, EngineError> {
+        if value.len() != rows * cols {
+            return Err(EngineError::shape(
+                "param",
+                format!("parameter has {} values but its shape is {rows}×{cols}", value.len()),
+            ));
+        }
         let v: Vec<T> = value.iter().map(|&x| T::of(x)).collect();
-        self.constant(v, rows, cols, RowDomain::None)
+        Ok(self.constant(v, rows, cols, RowDomain::None))
     }
 
     /// Registers an index array: `values[r]` is a row of a `target` tensor with
