@@ -190,7 +190,26 @@ impl Checkpoint {
                 raw.len()
             )));
         }
+        // Views normally come from the unpickler, which validated them; the
+        // fields are public, so re-check rank and extent before indexing.
+        let last =
+            view.shape
+                .iter()
+                .zip(&view.stride)
+                .try_fold(view.offset, |acc, (&size, &stride)| {
+                    (size as u64)
+                        .saturating_sub(1)
+                        .checked_mul(stride)
+                        .and_then(|d| acc.checked_add(d))
+                });
+        let in_bounds = matches!(last, Some(l) if l < storage.numel);
         let numel = view.numel();
+        if view.shape.len() != view.stride.len() || (numel > 0 && !in_bounds) {
+            return Err(invalid(format!(
+                "view (offset {}, shape {:?}, stride {:?}) does not fit its storage of {} elements",
+                view.offset, view.shape, view.stride, storage.numel
+            )));
+        }
         // Bounds memory by the storage (itself bounded by the file size).
         if numel as u64 > storage.numel.max(1) {
             return Err(CheckpointError::Unsupported(format!(
@@ -217,11 +236,13 @@ impl Checkpoint {
                 data.push(read(at)?);
                 for d in (0..rank).rev() {
                     idx[d] += 1;
-                    at += view.stride[d];
                     if idx[d] < view.shape[d] {
+                        at += view.stride[d];
                         break;
                     }
-                    at -= view.stride[d] * view.shape[d] as u64;
+                    // Carry: back to index 0 in this dimension (no overflow:
+                    // (shape-1)·stride was bounded above).
+                    at -= view.stride[d] * (view.shape[d] as u64 - 1);
                     idx[d] = 0;
                 }
             }

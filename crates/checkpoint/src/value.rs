@@ -83,9 +83,13 @@ pub struct TensorRef {
 }
 
 impl TensorRef {
-    /// Number of elements (product of `shape`; 1 for a 0-d tensor).
+    /// Number of elements (product of `shape`; 1 for a 0-d tensor),
+    /// saturating at `usize::MAX` for absurd shapes.
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        self.shape
+            .iter()
+            .try_fold(1usize, |acc, &s| acc.checked_mul(s))
+            .unwrap_or(usize::MAX)
     }
 
     /// Whether the view is row-major contiguous (so the bytes can be read

@@ -36,6 +36,19 @@ fn strided_view_with_offset_is_decoded_row_major() {
     let t = c.tensor(view).unwrap();
     assert_eq!(t.shape, [2, 2]);
     assert_eq!(t.data, [1.0, 3.0, 2.0, 4.0]);
+    // Hand-edited views that do not fit the storage are rejected, not indexed.
+    for (shape, stride) in [
+        (vec![2, 2], vec![1]),
+        (vec![3, 3], vec![1, 2]), // last index 1 + 2 + 4 = 7 >= 6
+        (vec![usize::MAX, 2], vec![0, 0]),
+    ] {
+        let bad = ddmlip_checkpoint::TensorRef {
+            shape,
+            stride,
+            ..view.clone()
+        };
+        assert!(c.tensor(&bad).is_err(), "{bad:?}");
+    }
     // state_dict() needs a `model_state_dict` key: a clear error otherwise.
     assert!(
         matches!(c.state_dict(), Err(CheckpointError::MissingKey(k)) if k == "model_state_dict")
