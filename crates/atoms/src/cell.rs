@@ -74,7 +74,11 @@ impl Cell {
     /// Inverse matrix, so that `frac = cart · inverse` (row vectors).
     pub fn inverse(&self) -> Result<[[f64; 3]; 3], CellError> {
         let det = self.determinant();
-        let scale = self.matrix.iter().flatten().fold(0.0_f64, |a, &x| a.max(x.abs()));
+        let scale = self
+            .matrix
+            .iter()
+            .flatten()
+            .fold(0.0_f64, |a, &x| a.max(x.abs()));
         if !det.is_finite() || det.abs() <= 1e-12 * scale.powi(3).max(f64::MIN_POSITIVE) {
             return Err(CellError::Singular { volume: det.abs() });
         }
