@@ -1,4 +1,4 @@
-use crate::properties::Properties;
+use crate::properties::{Column, InfoValue, Properties};
 use crate::Cell;
 use thiserror::Error;
 
@@ -91,6 +91,77 @@ impl System {
             }
         }
         Ok(())
+    }
+}
+
+/// Accessors for the results ASE stores with a structure (`energy`,
+/// `stress` in `info`; `forces` in `arrays`), under ASE's key names.
+impl System {
+    /// Total energy (eV) from `info["energy"]`, if present and numeric.
+    pub fn energy(&self) -> Option<f64> {
+        match self.properties.info.get("energy")? {
+            InfoValue::Float(x) => Some(*x),
+            InfoValue::Int(i) => Some(*i as f64),
+            _ => None,
+        }
+    }
+
+    /// Stores the total energy (eV) as `info["energy"]`.
+    pub fn set_energy(&mut self, energy: f64) {
+        self.properties
+            .info
+            .insert("energy".to_string(), InfoValue::Float(energy));
+    }
+
+    /// Forces (eV/Å), one row per atom, from the `forces` column; `None`
+    /// unless it is a real column of width 3 with one row per atom.
+    pub fn forces(&self) -> Option<Vec<[f64; 3]>> {
+        match self.properties.arrays.get("forces")? {
+            Column::Float(values, 3) if values.len() == 3 * self.len() => {
+                Some(values.chunks_exact(3).map(|f| [f[0], f[1], f[2]]).collect())
+            }
+            _ => None,
+        }
+    }
+
+    /// Stores forces (eV/Å, one row per atom) as the `forces` column.
+    pub fn set_forces(&mut self, forces: &[[f64; 3]]) {
+        let values = forces.iter().flatten().copied().collect();
+        self.properties
+            .arrays
+            .insert("forces".to_string(), Column::Float(values, 3));
+    }
+
+    /// Stress (eV/Å³) in Voigt order xx yy zz yz xz xy from `info["stress"]`:
+    /// 6 numbers are taken as Voigt already; 9 numbers are a 3×3 matrix in
+    /// the Fortran (column-major) order of extended XYZ, converted exactly as
+    /// ASE does (`[0,0] [1,1] [2,2] [1,2] [0,2] [0,1]`). `None` otherwise.
+    pub fn stress_voigt(&self) -> Option<[f64; 6]> {
+        let values: Vec<f64> = match self.properties.info.get("stress")? {
+            InfoValue::FloatArray(v) => v.clone(),
+            InfoValue::IntArray(v) => v.iter().map(|&i| i as f64).collect(),
+            _ => return None,
+        };
+        match values.len() {
+            6 => Some([
+                values[0], values[1], values[2], values[3], values[4], values[5],
+            ]),
+            // Column-major: element [i][j] is values[i + 3 j].
+            9 => Some([
+                values[0], values[4], values[8], values[7], values[6], values[3],
+            ]),
+            _ => None,
+        }
+    }
+
+    /// Stores a Voigt stress (eV/Å³, xx yy zz yz xz xy) as the 9 numbers of
+    /// the symmetric 3×3 matrix, the form ASE writes.
+    pub fn set_stress_voigt(&mut self, s: [f64; 6]) {
+        let [xx, yy, zz, yz, xz, xy] = s;
+        let full = vec![xx, xy, xz, xy, yy, yz, xz, yz, zz];
+        self.properties
+            .info
+            .insert("stress".to_string(), InfoValue::FloatArray(full));
     }
 }
 
