@@ -172,7 +172,12 @@ fn eval(a: EvalArgs) -> Result<u8, CliError> {
     }
     let frames = read_structure(&a.structure)?;
     let model = load_model(&a.model)?;
-    let opts = EvalOptions { dtype: a.dtype.into(), ranks: a.ranks, spec: load_spec(&a.spec)?, ..Default::default() };
+    let opts = EvalOptions {
+        dtype: a.dtype.into(),
+        ranks: a.ranks,
+        spec: load_spec(&a.spec)?,
+        ..Default::default()
+    };
     let started = std::time::Instant::now();
     let result = evaluate(model.as_ref(), &frames, &opts).map_err(eval_error)?;
     let seconds = started.elapsed().as_secs_f64();
@@ -182,7 +187,10 @@ fn eval(a: EvalArgs) -> Result<u8, CliError> {
     if a.json {
         println!("{}", output::eval_json(&result));
     } else {
-        print!("{}", output::eval_text(model.as_ref(), &frames, &result, a.ranks, seconds));
+        print!(
+            "{}",
+            output::eval_text(model.as_ref(), &frames, &result, a.ranks, seconds)
+        );
         if let Some(out) = &a.output {
             println!("wrote {}", out.display());
         }
@@ -214,8 +222,16 @@ fn neighbors(a: NeighborsArgs) -> Result<u8, CliError> {
     let frames = read_structure(&a.structure)?;
     let mut per_frame = Vec::new();
     for (s, sys) in frames.iter().enumerate() {
-        let nl = neighbor_list(&sys.positions, sys.cell.as_ref(), sys.pbc, &NeighborOptions { cutoff: a.cutoff, half: a.half })
-            .map_err(|e| CliError::input(anyhow!("frame {s}: {e}")))?;
+        let nl = neighbor_list(
+            &sys.positions,
+            sys.cell.as_ref(),
+            sys.pbc,
+            &NeighborOptions {
+                cutoff: a.cutoff,
+                half: a.half,
+            },
+        )
+        .map_err(|e| CliError::input(anyhow!("frame {s}: {e}")))?;
         per_frame.push(output::NeighborStats::new(sys, &nl));
     }
     if a.json {
@@ -229,7 +245,10 @@ fn neighbors(a: NeighborsArgs) -> Result<u8, CliError> {
 fn partition(a: PartitionArgs) -> Result<u8, CliError> {
     use ddmlip_domain::{partition_health, partition_system};
     if !(a.cutoff.is_finite() && a.cutoff > 0.0) {
-        return Err(CliError::input(anyhow!("--cutoff must be a positive number of Å, got {}", a.cutoff)));
+        return Err(CliError::input(anyhow!(
+            "--cutoff must be a positive number of Å, got {}",
+            a.cutoff
+        )));
     }
     if a.ranks == 0 {
         return Err(CliError::input(anyhow!("--ranks must be at least 1")));
@@ -246,7 +265,10 @@ fn partition(a: PartitionArgs) -> Result<u8, CliError> {
             .map_err(CliError::input)?;
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&health).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&health).unwrap_or_default()
+        );
     } else {
         print!("{}", output::partition_text(&health));
         if let Some(svg) = &a.svg {
@@ -266,7 +288,12 @@ fn models() -> Result<u8, CliError> {
 /// FCC copper, `n³` conventional cells, rattled deterministically.
 pub fn demo_crystal(n: usize) -> System {
     let a = 3.615;
-    let basis = [[0.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.5, 0.0, 0.5], [0.0, 0.5, 0.5]];
+    let basis = [
+        [0.0, 0.0, 0.0],
+        [0.5, 0.5, 0.0],
+        [0.5, 0.0, 0.5],
+        [0.0, 0.5, 0.5],
+    ];
     let mut w = ddmlip_models::init::Weights::new(2024);
     let mut positions = Vec::with_capacity(4 * n * n * n);
     for i in 0..n {
@@ -284,7 +311,12 @@ pub fn demo_crystal(n: usize) -> System {
     }
     let len = n as f64 * a;
     let numbers = vec![29; positions.len()];
-    System::new(positions, numbers, Some(ddmlip_atoms::Cell::orthorhombic(len, len, len)), [true; 3])
+    System::new(
+        positions,
+        numbers,
+        Some(ddmlip_atoms::Cell::orthorhombic(len, len, len)),
+        [true; 3],
+    )
 }
 
 fn demo(a: DemoArgs) -> Result<u8, CliError> {
@@ -303,16 +335,29 @@ fn demo(a: DemoArgs) -> Result<u8, CliError> {
     let t0 = std::time::Instant::now();
     let single = evaluate(model.as_ref(), &frames, &EvalOptions::default()).map_err(eval_error)?;
     let t_single = t0.elapsed().as_secs_f64();
-    let opts = EvalOptions { ranks: a.ranks, ..Default::default() };
+    let opts = EvalOptions {
+        ranks: a.ranks,
+        ..Default::default()
+    };
     let t0 = std::time::Instant::now();
     let split = evaluate(model.as_ref(), &frames, &opts).map_err(eval_error)?;
     let t_split = t0.elapsed().as_secs_f64();
-    print!("{}", output::demo_text(&frames[0], &single, &split, a.ranks, t_single, t_split));
+    print!(
+        "{}",
+        output::demo_text(&frames[0], &single, &split, a.ranks, t_single, t_split)
+    );
     let worst = output::max_rel_difference(&single, &split);
     if worst > 1e-10 {
-        println!("FAIL: decomposed run differs from the single-process run (max relative difference {})", fmt_e(worst));
+        println!(
+            "FAIL: decomposed run differs from the single-process run (max relative difference {})",
+            fmt_e(worst)
+        );
         return Ok(crate::EXIT_FAILED);
     }
-    println!("OK: the {}-rank run equals the single-process run (max relative difference {}).", a.ranks, fmt_e(worst));
+    println!(
+        "OK: the {}-rank run equals the single-process run (max relative difference {}).",
+        a.ranks,
+        fmt_e(worst)
+    );
     Ok(0)
 }

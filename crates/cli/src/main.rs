@@ -22,12 +22,18 @@ pub struct CliError {
 impl CliError {
     /// Bad input or usage: exit status 2.
     pub fn input(error: impl Into<anyhow::Error>) -> Self {
-        Self { status: EXIT_BAD_INPUT, error: error.into() }
+        Self {
+            status: EXIT_BAD_INPUT,
+            error: error.into(),
+        }
     }
 
     /// The run itself failed: exit status 1.
     pub fn failed(error: impl Into<anyhow::Error>) -> Self {
-        Self { status: EXIT_FAILED, error: error.into() }
+        Self {
+            status: EXIT_FAILED,
+            error: error.into(),
+        }
     }
 }
 

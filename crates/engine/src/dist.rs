@@ -28,4 +28,8 @@ pub trait Distributor: Send {
     fn reverse_sum(&mut self, data: DataMut<'_>, cols: usize) -> Result<(), EngineError>;
     /// Element-wise sum over ranks; the result is bitwise identical on every rank.
     fn all_reduce_sum(&mut self, data: DataMut<'_>) -> Result<(), EngineError>;
+    /// Marks this rank failed so that no peer waits for it.
+    fn abort(&mut self, message: &str);
+    /// Gives the runtime back its concrete type after the graph is done.
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any>;
 }

@@ -314,11 +314,19 @@ impl<T: Scalar> Graph<T> {
     }
 
     /// A parameter matrix given in f64 (converted to `T`), rows × cols, no gradient.
-    pub fn param(&mut self, value: &[f64], rows: usize, cols: usize) -> Result<Tensor, EngineError> {
+    pub fn param(
+        &mut self,
+        value: &[f64],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Tensor, EngineError> {
         if value.len() != rows * cols {
             return Err(EngineError::shape(
                 "param",
-                format!("parameter has {} values but its shape is {rows}×{cols}", value.len()),
+                format!(
+                    "parameter has {} values but its shape is {rows}×{cols}",
+                    value.len()
+                ),
             ));
         }
         let v: Vec<T> = value.iter().map(|&x| T::of(x)).collect();

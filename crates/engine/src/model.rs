@@ -136,7 +136,7 @@ impl<M: ModelInfo + ModelForward + Send + Sync> Model for M {
     }
 }
 
-impl dyn Model {
+impl<'a> dyn Model + 'a {
     /// Runs the forward pass in the graph's precision.
     pub fn forward_any<T: Scalar>(
         &self,

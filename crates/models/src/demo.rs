@@ -4,8 +4,8 @@
 use crate::init::Weights;
 use ddmlip_engine::ops::{Radial, Unary};
 use ddmlip_engine::{
-    EngineError, Graph, Index, ModelForward, ModelInfo, ModelInputs, ModelOutputs, RowDomain, Scalar, SpeciesSupport,
-    Tensor,
+    EngineError, Graph, Index, ModelForward, ModelInfo, ModelInputs, ModelOutputs, RowDomain,
+    Scalar, SpeciesSupport, Tensor,
 };
 use ddmlip_spec::{MLIPSpec, OutputKind};
 
@@ -13,17 +13,27 @@ use ddmlip_spec::{MLIPSpec, OutputKind};
 pub const DEMO_MAX_Z: u32 = 94;
 
 fn species_index<T: Scalar>(g: &mut Graph<T>, inputs: &ModelInputs) -> Result<Index, EngineError> {
-    g.index(inputs.numbers.clone(), RowDomain::Atom, RowDomain::None, DEMO_MAX_Z as usize + 1, "species")
+    g.index(
+        inputs.numbers.clone(),
+        RowDomain::Atom,
+        RowDomain::None,
+        DEMO_MAX_Z as usize + 1,
+        "species",
+    )
 }
 
 fn need_edges(inputs: &ModelInputs, model: &str) -> Result<ddmlip_engine::Edges, EngineError> {
-    inputs.edges.ok_or_else(|| EngineError::Input(format!("{model} needs the runtime neighbour graph")))
+    inputs
+        .edges
+        .ok_or_else(|| EngineError::Input(format!("{model} needs the runtime neighbour graph")))
 }
 
 /// A per-species column table (95 rows × cols) from a seed, entries `base + spread·u`.
 fn species_table(seed: u64, cols: usize, base: f64, spread: f64) -> Vec<f64> {
     let mut w = Weights::new(seed);
-    (0..(DEMO_MAX_Z as usize + 1) * cols).map(|_| base + spread * w.uniform()).collect()
+    (0..(DEMO_MAX_Z as usize + 1) * cols)
+        .map(|_| base + spread * w.uniform())
+        .collect()
 }
 
 /// Species-weighted Gaussian radial symmetry functions `G_ik = Σ_j s_Zj exp(−η (r − r_k)²) f_c(r)`.
@@ -36,10 +46,22 @@ fn radial_descriptors<T: Scalar>(
     seed: u64,
 ) -> Result<Tensor, EngineError> {
     let edges = need_edges(inputs, "descriptor")?;
-    let centers: Vec<f64> = (0..k).map(|i| 0.8 + (cutoff - 1.3) * i as f64 / (k - 1).max(1) as f64).collect();
-    let rbf = g.radial(edges.lengths, Radial::Gaussian { centers, gamma: 2.0 })?;
+    let centers: Vec<f64> = (0..k)
+        .map(|i| 0.8 + (cutoff - 1.3) * i as f64 / (k - 1).max(1) as f64)
+        .collect();
+    let rbf = g.radial(
+        edges.lengths,
+        Radial::Gaussian {
+            centers,
+            gamma: 2.0,
+        },
+    )?;
     let fc = g.radial(edges.lengths, Radial::CosineCutoff { cutoff })?;
-    let table = g.param(&species_table(seed, 1, 1.0, 0.3), DEMO_MAX_Z as usize + 1, 1)?;
+    let table = g.param(
+        &species_table(seed, 1, 1.0, 0.3),
+        DEMO_MAX_Z as usize + 1,
+        1,
+    )?;
     let s_atom = g.gather(table, species)?;
     let s_j = g.gather(s_atom, edges.neighbor)?;
     let w = g.mul(fc, s_j)?;
@@ -87,12 +109,21 @@ impl ModelInfo for EamDemo {
 }
 
 impl ModelForward for EamDemo {
-    fn forward<T: Scalar>(&self, g: &mut Graph<T>, inputs: &ModelInputs) -> Result<ModelOutputs, EngineError> {
+    fn forward<T: Scalar>(
+        &self,
+        g: &mut Graph<T>,
+        inputs: &ModelInputs,
+    ) -> Result<ModelOutputs, EngineError> {
         let edges = need_edges(inputs, "eam-demo")?;
         let species = species_index(g, inputs)?;
         let n_rows = DEMO_MAX_Z as usize + 1;
         let r0 = 2.5;
-        let fc = g.radial(edges.lengths, Radial::CosineCutoff { cutoff: self.cutoff })?;
+        let fc = g.radial(
+            edges.lengths,
+            Radial::CosineCutoff {
+                cutoff: self.cutoff,
+            },
+        )?;
         let x = g.unary(edges.lengths, Unary::Scale(1.0 / r0))?;
         let x = g.unary(x, Unary::AddScalar(-1.0))?;
         // Density contribution of neighbour j.
@@ -130,7 +161,11 @@ impl ModelForward for EamDemo {
         g.pop_scope();
         let atomic = g.add(emb, pair)?;
         let energy = g.segment_sum(atomic, inputs.atom_system)?;
-        Ok(ModelOutputs { energy, atomic_energies: Some(atomic), extra: vec![] })
+        Ok(ModelOutputs {
+            energy,
+            atomic_energies: Some(atomic),
+            extra: vec![],
+        })
     }
 }
 
@@ -166,7 +201,11 @@ impl ModelInfo for BpDemo {
 }
 
 impl ModelForward for BpDemo {
-    fn forward<T: Scalar>(&self, g: &mut Graph<T>, inputs: &ModelInputs) -> Result<ModelOutputs, EngineError> {
+    fn forward<T: Scalar>(
+        &self,
+        g: &mut Graph<T>,
+        inputs: &ModelInputs,
+    ) -> Result<ModelOutputs, EngineError> {
         let species = species_index(g, inputs)?;
         g.push_scope("descriptor");
         let desc = radial_descriptors(g, inputs, species, self.cutoff, 8, 21)?;
@@ -186,7 +225,11 @@ impl ModelForward for BpDemo {
         let atomic = g.add(e, bias_atom)?;
         g.pop_scope();
         let energy = g.segment_sum(atomic, inputs.atom_system)?;
-        Ok(ModelOutputs { energy, atomic_energies: Some(atomic), extra: vec![] })
+        Ok(ModelOutputs {
+            energy,
+            atomic_energies: Some(atomic),
+            extra: vec![],
+        })
     }
 }
 
@@ -203,7 +246,12 @@ pub struct SchNetDemo {
 
 impl Default for SchNetDemo {
     fn default() -> Self {
-        Self { cutoff: 5.0, features: 32, layers: 3, n_rbf: 16 }
+        Self {
+            cutoff: 5.0,
+            features: 32,
+            layers: 3,
+            n_rbf: 16,
+        }
     }
 }
 
@@ -232,17 +280,36 @@ impl ModelInfo for SchNetDemo {
 }
 
 impl ModelForward for SchNetDemo {
-    fn forward<T: Scalar>(&self, g: &mut Graph<T>, inputs: &ModelInputs) -> Result<ModelOutputs, EngineError> {
+    fn forward<T: Scalar>(
+        &self,
+        g: &mut Graph<T>,
+        inputs: &ModelInputs,
+    ) -> Result<ModelOutputs, EngineError> {
         let edges = need_edges(inputs, "schnet-demo")?;
         let species = species_index(g, inputs)?;
         let (f, k) = (self.features, self.n_rbf);
         let mut w = Weights::new(31);
-        let table = g.param(&w.matrix(1, (DEMO_MAX_Z as usize + 1) * f, 1.0), DEMO_MAX_Z as usize + 1, f)?;
+        let table = g.param(
+            &w.matrix(1, (DEMO_MAX_Z as usize + 1) * f, 1.0),
+            DEMO_MAX_Z as usize + 1,
+            f,
+        )?;
         let mut x = g.gather(table, species)?;
         let spacing = self.cutoff / (k - 1) as f64;
         let centers: Vec<f64> = (0..k).map(|i| i as f64 * spacing).collect();
-        let rbf = g.radial(edges.lengths, Radial::Gaussian { centers, gamma: 0.5 / (spacing * spacing) })?;
-        let fc = g.radial(edges.lengths, Radial::CosineCutoff { cutoff: self.cutoff })?;
+        let rbf = g.radial(
+            edges.lengths,
+            Radial::Gaussian {
+                centers,
+                gamma: 0.5 / (spacing * spacing),
+            },
+        )?;
+        let fc = g.radial(
+            edges.lengths,
+            Radial::CosineCutoff {
+                cutoff: self.cutoff,
+            },
+        )?;
         for layer in 0..self.layers {
             g.push_scope(format!("interaction_{layer}"));
             let wf1 = g.param(&w.matrix(k, f, 1.0), k, f)?;
@@ -277,7 +344,11 @@ impl ModelForward for SchNetDemo {
         let atomic = g.add(e, bias_atom)?;
         g.pop_scope();
         let energy = g.segment_sum(atomic, inputs.atom_system)?;
-        Ok(ModelOutputs { energy, atomic_energies: Some(atomic), extra: vec![] })
+        Ok(ModelOutputs {
+            energy,
+            atomic_energies: Some(atomic),
+            extra: vec![],
+        })
     }
 }
 
@@ -315,7 +386,11 @@ impl ModelInfo for QeqDemo {
 }
 
 impl ModelForward for QeqDemo {
-    fn forward<T: Scalar>(&self, g: &mut Graph<T>, inputs: &ModelInputs) -> Result<ModelOutputs, EngineError> {
+    fn forward<T: Scalar>(
+        &self,
+        g: &mut Graph<T>,
+        inputs: &ModelInputs,
+    ) -> Result<ModelOutputs, EngineError> {
         let edges = need_edges(inputs, "qeq-demo")?;
         let species = species_index(g, inputs)?;
         let hardness = 2.0;
@@ -349,7 +424,12 @@ impl ModelForward for QeqDemo {
         let r2 = g.unary(edges.lengths, Unary::Square)?;
         let r2 = g.unary(r2, Unary::AddScalar(1.0))?;
         let kern = g.unary(r2, Unary::Powf(-0.5))?;
-        let fc = g.radial(edges.lengths, Radial::CosineCutoff { cutoff: self.cutoff })?;
+        let fc = g.radial(
+            edges.lengths,
+            Radial::CosineCutoff {
+                cutoff: self.cutoff,
+            },
+        )?;
         let kern = g.mul(kern, fc)?;
         let pair = g.mul(qq, kern)?;
         let pair = g.scale(pair, 0.5)?;
@@ -368,6 +448,10 @@ impl ModelForward for QeqDemo {
         let atomic = g.add(e_net, e_self)?;
         let atomic = g.add(atomic, e_pair)?;
         let energy = g.segment_sum(atomic, inputs.atom_system)?;
-        Ok(ModelOutputs { energy, atomic_energies: Some(atomic), extra: vec![("charges".into(), q)] })
+        Ok(ModelOutputs {
+            energy,
+            atomic_energies: Some(atomic),
+            extra: vec![("charges".into(), q)],
+        })
     }
 }

@@ -8,6 +8,6 @@ pub mod init;
 mod lj;
 mod registry;
 
-pub use demo::{EamDemo, QeqDemo, SchNetDemo, BpDemo};
+pub use demo::{BpDemo, EamDemo, QeqDemo, SchNetDemo};
 pub use lj::LennardJones;
 pub use registry::{load_model, model_names, ModelError};

@@ -1,5 +1,7 @@
 use ddmlip_engine::ops::Unary;
-use ddmlip_engine::{EngineError, Graph, ModelForward, ModelInfo, ModelInputs, ModelOutputs, Scalar, SpeciesSupport};
+use ddmlip_engine::{
+    EngineError, Graph, ModelForward, ModelInfo, ModelInputs, ModelOutputs, Scalar, SpeciesSupport,
+};
 use ddmlip_spec::MLIPSpec;
 use serde::Deserialize;
 
@@ -27,14 +29,25 @@ fn default_shift() -> bool {
 impl LennardJones {
     /// The built-in `lj`: argon-like ε = 0.0104 eV, σ = 3.4 Å, cutoff 3σ, shifted.
     pub fn argon() -> Self {
-        Self { epsilon: 0.0104, sigma: 3.4, cutoff: 10.2, shift: true }
+        Self {
+            epsilon: 0.0104,
+            sigma: 3.4,
+            cutoff: 10.2,
+            shift: true,
+        }
     }
 
     /// Checks the parameters are usable.
     pub fn check(&self) -> Result<(), String> {
-        for (name, v) in [("epsilon", self.epsilon), ("sigma", self.sigma), ("cutoff", self.cutoff)] {
+        for (name, v) in [
+            ("epsilon", self.epsilon),
+            ("sigma", self.sigma),
+            ("cutoff", self.cutoff),
+        ] {
             if !v.is_finite() || v <= 0.0 {
-                return Err(format!("`{name}` must be a positive finite number, got {v}"));
+                return Err(format!(
+                    "`{name}` must be a positive finite number, got {v}"
+                ));
             }
         }
         Ok(())
@@ -71,8 +84,14 @@ impl ModelInfo for LennardJones {
 }
 
 impl ModelForward for LennardJones {
-    fn forward<T: Scalar>(&self, g: &mut Graph<T>, inputs: &ModelInputs) -> Result<ModelOutputs, EngineError> {
-        let edges = inputs.edges.ok_or_else(|| EngineError::Input("lj needs the runtime neighbour graph".into()))?;
+    fn forward<T: Scalar>(
+        &self,
+        g: &mut Graph<T>,
+        inputs: &ModelInputs,
+    ) -> Result<ModelOutputs, EngineError> {
+        let edges = inputs
+            .edges
+            .ok_or_else(|| EngineError::Input("lj needs the runtime neighbour graph".into()))?;
         let inv = g.unary(edges.lengths, Unary::Recip)?;
         let s = g.scale(inv, self.sigma)?;
         let s6 = g.unary(s, Unary::Powf(6.0))?;
@@ -85,6 +104,10 @@ impl ModelForward for LennardJones {
         let half = g.scale(pair, 0.5)?;
         let atomic = g.scatter_add(half, edges.center)?;
         let energy = g.segment_sum(atomic, inputs.atom_system)?;
-        Ok(ModelOutputs { energy, atomic_energies: Some(atomic), extra: vec![] })
+        Ok(ModelOutputs {
+            energy,
+            atomic_energies: Some(atomic),
+            extra: vec![],
+        })
     }
 }

@@ -51,25 +51,41 @@ pub fn load_model(name_or_path: &str) -> Result<Box<dyn Model>, ModelError> {
     }
     Err(ModelError::Unknown {
         name: name_or_path.to_string(),
-        known: model_names().into_iter().map(|(n, _)| n).collect::<Vec<_>>().join(", "),
+        known: model_names()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect::<Vec<_>>()
+            .join(", "),
     })
 }
 
 fn load_toml(path: &Path) -> Result<Box<dyn Model>, ModelError> {
     let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| ModelError::Io { path: shown.clone(), message: e.to_string() })?;
-    let invalid = |message: String| ModelError::Invalid { path: shown.clone(), message };
-    let kind: KindOnly = toml::from_str(&text).map_err(|e| invalid(format!("missing or invalid `kind`: {}", e.message())))?;
+    let text = std::fs::read_to_string(path).map_err(|e| ModelError::Io {
+        path: shown.clone(),
+        message: e.to_string(),
+    })?;
+    let invalid = |message: String| ModelError::Invalid {
+        path: shown.clone(),
+        message,
+    };
+    let kind: KindOnly = toml::from_str(&text)
+        .map_err(|e| invalid(format!("missing or invalid `kind`: {}", e.message())))?;
     match kind.kind.as_str() {
         "lennard-jones" => {
             // `flatten` and `deny_unknown_fields` do not combine in serde, so
             // parse the table and strip `kind` first.
-            let mut table: toml::Table = toml::from_str(&text).map_err(|e| invalid(e.message().to_string()))?;
+            let mut table: toml::Table =
+                toml::from_str(&text).map_err(|e| invalid(e.message().to_string()))?;
             table.remove("kind");
-            let lj: LennardJones = table.try_into().map_err(|e: toml::de::Error| invalid(e.message().to_string()))?;
+            let lj: LennardJones = table
+                .try_into()
+                .map_err(|e: toml::de::Error| invalid(e.message().to_string()))?;
             lj.check().map_err(invalid)?;
             Ok(Box::new(lj))
         }
-        other => Err(invalid(format!("unknown kind `{other}`; supported kinds: lennard-jones"))),
+        other => Err(invalid(format!(
+            "unknown kind `{other}`; supported kinds: lennard-jones"
+        ))),
     }
 }
