@@ -525,13 +525,59 @@ impl Layout {
 }
 
 /// What one rank hands back to the caller.
-struct RankResult {
+#[derive(Debug)]
+pub struct RankResult {
     /// Consolidated outputs (rank 0 only).
-    result: Option<EvalResult>,
-    trace: Option<Trace>,
-    handler_counts: BTreeMap<String, usize>,
-    bytes_sent: u64,
-    sizes: (usize, usize, usize),
+    pub result: Option<EvalResult>,
+    /// This rank's trace, when requested.
+    pub trace: Option<Trace>,
+    /// This rank's handler firings.
+    pub handler_counts: BTreeMap<String, usize>,
+    /// Bytes this rank sent.
+    pub bytes_sent: u64,
+    /// (owned rows, ghost rows, edges) of this rank.
+    pub sizes: (usize, usize, usize),
+}
+
+/// Runs this process's rank of a decomposed evaluation over an external
+/// communicator (one MPI process per rank). Every rank must call it with the
+/// same batch and options; rank 0's [`RankResult::result`] holds the outputs.
+pub fn evaluate_on_communicator(
+    model: &dyn Model,
+    batch: &[System],
+    opts: &EvalOptions,
+    comm: Box<dyn Communicator>,
+) -> Result<RankResult, EvalError> {
+    let ranks = comm.size();
+    let prepared = check_batch(model, batch).and_then(|_| {
+        let spec = effective_spec(model, opts);
+        let width = ghost_width(model, &spec, opts.skin);
+        let parts: Vec<Partition> = batch
+            .iter()
+            .enumerate()
+            .map(|(s, sys)| {
+                partition_system(sys, ranks, width)
+                    .map_err(|e| EvalError::Input(format!("frame {s}: {e}")))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok((spec, parts))
+    });
+    let (spec, parts) = match prepared {
+        Ok(p) => p,
+        Err(e) => {
+            comm.abort(&e.to_string());
+            return Err(e);
+        }
+    };
+    let layout = Layout::new(&parts, batch, ranks);
+    let mut r = match opts.dtype {
+        DType::F64 => run_rank::<f64>(model, batch, &parts, &layout, comm, &spec, opts)?,
+        DType::F32 => run_rank::<f32>(model, batch, &parts, &layout, comm, &spec, opts)?,
+    };
+    if let Some(res) = r.result.as_mut() {
+        res.partitions = parts;
+    }
+    Ok(r)
 }
 
 /// The spec a decomposed run follows.

@@ -140,7 +140,14 @@ fn check_model(model: &dyn Model, batch: &[System], ranks: &[usize]) {
     }
 }
 
-const MODELS: [&str; 5] = ["lj", "eam-demo", "bp-demo", "schnet-demo", "qeq-demo"];
+const MODELS: [&str; 6] = [
+    "lj",
+    "eam-demo",
+    "bp-demo",
+    "schnet-demo",
+    "qeq-demo",
+    "rebuild-demo",
+];
 
 #[test]
 fn orthorhombic_crystal_all_models_all_ranks() {

@@ -363,6 +363,47 @@ impl<T: Scalar> Graph<T> {
         })
     }
 
+    /// Records a non-differentiable step that produced index arrays (e.g. a
+    /// neighbour list built inside the model) so traces show it.
+    pub fn record_index_op(&mut self, op: &str, reads: &[Tensor], produced: &[Index], rows: usize) {
+        if self.trace.is_none() {
+            return;
+        }
+        let shape = |n: &Node<T>| TraceShape {
+            domain: n.domain,
+            rows: n.rows,
+            cols: n.cols,
+        };
+        let event = TraceEvent {
+            seq: 0,
+            phase: Phase::Forward,
+            op: op.to_string(),
+            scope: self.scope.join("/"),
+            inputs: reads.iter().map(|i| shape(&self.nodes[i.id])).collect(),
+            output: TraceShape {
+                domain: RowDomain::Edge,
+                rows,
+                cols: 0,
+            },
+            indices: produced
+                .iter()
+                .map(|i| {
+                    let ix = &self.indices[i.id];
+                    format!("{} ({:?} → {:?})", ix.role, ix.domain, ix.target)
+                })
+                .collect(),
+            handler: None,
+            owned_sum: rows as f64,
+            owned_sum_sq: 0.0,
+            replicated: false,
+            input_ids: reads.iter().map(|t| t.id).collect(),
+            output_id: usize::MAX,
+        };
+        if let Some(trace) = &mut self.trace {
+            trace.push(event);
+        }
+    }
+
     /// Values of an index array.
     pub fn index_values(&self, i: Index) -> &Arc<Vec<u32>> {
         &self.indices[i.id].values
@@ -502,6 +543,8 @@ impl<T: Scalar> Graph<T> {
             owned_sum: sum,
             owned_sum_sq: sum_sq,
             replicated: node.replicated,
+            input_ids: inputs.iter().map(|t| t.id).collect(),
+            output_id: t.id,
         };
         if let Some(trace) = &mut self.trace {
             trace.push(event);
@@ -582,6 +625,8 @@ impl<T: Scalar> Graph<T> {
                     owned_sum: sum,
                     owned_sum_sq: 0.0,
                     replicated: false,
+                    input_ids: vec![id],
+                    output_id: id,
                 });
             }
             // Intermediate gradients are dropped as soon as they are consumed.

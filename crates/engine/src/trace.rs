@@ -39,6 +39,10 @@ pub struct TraceEvent {
     pub owned_sum_sq: f64,
     /// Whether the output is identical on every rank.
     pub replicated: bool,
+    /// Tensor ids of the inputs (data flow; ids are positions in the graph).
+    pub input_ids: Vec<usize>,
+    /// Tensor id of the output.
+    pub output_id: usize,
 }
 
 /// The record of one run: every op in order.

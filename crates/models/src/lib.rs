@@ -6,8 +6,10 @@
 mod demo;
 pub mod init;
 mod lj;
+mod rebuild;
 mod registry;
 
 pub use demo::{BpDemo, EamDemo, QeqDemo, SchNetDemo};
 pub use lj::LennardJones;
+pub use rebuild::RebuildDemo;
 pub use registry::{load_model, model_names, ModelError};

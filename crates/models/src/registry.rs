@@ -1,6 +1,6 @@
 //! Model names and model files.
 
-use crate::{BpDemo, EamDemo, LennardJones, QeqDemo, SchNetDemo};
+use crate::{BpDemo, EamDemo, LennardJones, QeqDemo, RebuildDemo, SchNetDemo};
 use ddmlip_engine::Model;
 use serde::Deserialize;
 use std::path::Path;
@@ -32,6 +32,7 @@ fn builtin() -> Vec<Box<dyn Model>> {
         Box::new(BpDemo::default()),
         Box::new(SchNetDemo::default()),
         Box::new(QeqDemo::default()),
+        Box::new(RebuildDemo::default()),
     ]
 }
 

@@ -121,7 +121,7 @@ impl Grid {
         // Bins may be wider than needed but never narrower, so cap their total
         // (sparse open systems would otherwise allocate mostly empty bins).
         let max_bins = 2 * n_atoms + 8;
-        while nbins.iter().product::<usize>() > max_bins {
+        while nbins.iter().fold(1usize, |a, &b| a.saturating_mul(b)) > max_bins {
             let widest = (0..3).max_by_key(|&k| nbins[k]).unwrap_or(0);
             nbins[widest] = nbins[widest].div_ceil(2);
         }
