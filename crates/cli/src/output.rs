@@ -35,7 +35,9 @@ pub fn eval_json(r: &EvalResult) -> String {
         obj.insert("atomic_energies".into(), json!(ae));
     }
     for (name, o) in &r.outputs {
-        if ["energy", "forces", "stress", "atomic_energies"].contains(&name.as_str()) {
+        if ["energy", "forces", "stress", "atomic_energies"].contains(&name.as_str())
+            || name.starts_with('_')
+        {
             continue;
         }
         let rows: Vec<Value> = if o.width == 1 {

@@ -66,6 +66,10 @@ impl Default for EvalOptions {
 /// Atoms closer than this (Å) are rejected: most potentials diverge there.
 pub const MIN_DISTANCE: f64 = 1e-6;
 
+/// Internal per-atom output: how many runtime-graph edges each atom centres
+/// (the halo-completeness evidence). Names starting with `_` are diagnostics.
+pub const NEIGHBOR_COUNTS: &str = "_neighbor_counts";
+
 /// One output of a run: rows are atoms (batch order) or systems.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutputData {
@@ -266,6 +270,10 @@ fn evaluate_single<T: Scalar>(
         offset += sys.len() as u32;
     }
     let n_atoms = numbers.len();
+    let mut neighbor_counts = vec![0.0f64; n_atoms];
+    for &c in &centers {
+        neighbor_counts[c as usize] += 1.0;
+    }
     let pos = g.leaf(positions, n_atoms, 3, RowDomain::Atom);
     let eps = g.leaf(vec![T::zero(); 9 * n_sys], n_sys, 9, RowDomain::System);
     let cell = g.constant(cells, 3 * n_sys, 3, RowDomain::System);
@@ -847,6 +855,10 @@ fn rank_body<T: Scalar>(
         }
     }
     let n_edges = centers.len();
+    let mut owned_counts = vec![0.0f64; n_owned];
+    for &c in &centers {
+        owned_counts[c as usize] += 1.0;
+    }
     let pos = g.leaf(positions, n_local, 3, RowDomain::Atom);
     let eps = g.leaf(vec![T::zero(); 9 * n_sys], n_sys, 9, RowDomain::System);
     let cell = g.constant(cells, 3 * n_sys, 3, RowDomain::System);
@@ -946,6 +958,9 @@ fn rank_body<T: Scalar>(
     )];
     if let Some(ae) = out.atomic_energies {
         per_atom.push(("atomic_energies".into(), 1, to64(&g.value(ae)[..n_owned])));
+    }
+    if model.uses_runtime_graph() {
+        per_atom.push((NEIGHBOR_COUNTS.into(), 1, owned_counts));
     }
     let mut per_system: Vec<(String, usize, Vec<f64>)> = vec![("energy".into(), 1, to64(&energy))];
     for (name, t) in &out.extra {
