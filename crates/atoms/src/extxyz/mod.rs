@@ -431,6 +431,11 @@ mod tests {
             .properties
             .arrays
             .insert("s".into(), Column::Str(vec!["a b".into()], 1));
+        let mut wide_int = ok.clone();
+        wide_int
+            .properties
+            .arrays
+            .insert("i".into(), Column::Int(vec![1 << 31], 1));
         let mut reserved = ok.clone();
         reserved
             .properties
@@ -447,6 +452,7 @@ mod tests {
             (bad_z, "atomic number 200"),
             (bad_col, "expected 1 atoms"),
             (spaced, "whitespace"),
+            (wide_int, "32-bit"),
             (reserved, "reserved"),
             (bad_stress, "9 numbers"),
         ];

@@ -308,7 +308,7 @@ fn parse_properties(spec: &str) -> Result<Vec<ColumnSpec>, ParseErrorKind> {
         reason,
     };
     let fields: Vec<&str> = spec.split(':').collect();
-    if fields.len() % 3 != 0 {
+    if !fields.chunks_exact(3).remainder().is_empty() {
         return Err(bad(format!(
             "expected name:type:width triples, found {} colon-separated fields",
             fields.len()
