@@ -303,6 +303,17 @@ mod tests {
     }
 
     #[test]
+    fn absurd_counts_and_widths_fail_cleanly() {
+        assert_error(
+            "99999999999999999\n\nH 0 0 0\n",
+            4,
+            &["truncated", "1 of 99999999999999999"],
+        );
+        let wide = "1\nProperties=species:S:1:pos:R:3:x:R:18446744073709551615\nH 0 0 0 1\n";
+        assert_error(wide, 3, &["too few columns"]);
+    }
+
+    #[test]
     fn too_few_columns_and_non_numeric_values() {
         let props = "Properties=species:S:1:pos:R:3:q:I:1";
         assert_error(

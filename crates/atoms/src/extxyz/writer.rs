@@ -124,7 +124,7 @@ fn checked_columns(system: &System) -> Result<Vec<(&str, &Column)>, String> {
         if width == 0 {
             return Err(format!("column `{name}` has width 0"));
         }
-        if len != n * width {
+        if Some(len) != n.checked_mul(width) {
             return Err(format!(
                 "column `{name}` has {len} values, expected {n} atoms × width {width}"
             ));
