@@ -1,1 +1,65 @@
-fn main() {}
+//! `ddmlip`: run machine-learned interatomic potentials split over ranks,
+//! and prove the split gives the single-process answer.
+
+mod commands;
+mod output;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Exit status for a failed validation (the run worked, the answer is "no").
+pub const EXIT_FAILED: u8 = 1;
+/// Exit status for bad input or usage.
+pub const EXIT_BAD_INPUT: u8 = 2;
+
+/// An error with the exit status it maps to.
+#[derive(Debug)]
+pub struct CliError {
+    pub status: u8,
+    pub error: anyhow::Error,
+}
+
+impl CliError {
+    /// Bad input or usage: exit status 2.
+    pub fn input(error: impl Into<anyhow::Error>) -> Self {
+        Self {
+            status: EXIT_BAD_INPUT,
+            error: error.into(),
+        }
+    }
+
+    /// The run itself failed: exit status 1.
+    pub fn failed(error: impl Into<anyhow::Error>) -> Self {
+        Self {
+            status: EXIT_FAILED,
+            error: error.into(),
+        }
+    }
+}
+
+#[derive(Parser)]
+#[command(
+    name = "ddmlip",
+    version,
+    about = "Run machine-learned interatomic potentials by spatial domain decomposition, and prove the split run equals the single-process one",
+    long_about = None,
+    after_help = "Start with `ddmlip demo`. Structures are extended XYZ files as ASE writes them (several frames = a batch).\nUnits: eV, Å, eV/Å; stress in eV/Å³ (ASE sign, Voigt xx yy zz yz xz xy).\nExit status: 0 success, 1 validation failed / run failed, 2 bad input or usage."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: commands::Command,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match commands::run(cli.command) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {:#}", e.error);
+            ExitCode::from(e.status)
+        }
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_subcommand<T: Subcommand>() {}

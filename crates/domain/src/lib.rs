@@ -1,1 +1,11 @@
-//! ddmlip-domain (work in progress).
+//! Spatial domain decomposition for ddmlip: which rank owns each atom, which
+//! periodic images each rank holds as ghosts, the halo plan that keeps ghost
+//! rows fresh, a health check of the split, and an SVG picture of it.
+
+pub mod partition;
+pub use partition::*;
+mod halo;
+pub mod runtime;
+pub mod svg;
+
+pub use halo::{HaloRuntime, LocalHaloPlan};

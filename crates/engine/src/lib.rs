@@ -1,1 +1,39 @@
-//! ddmlip-engine (work in progress).
+//! The ddmlip op engine.
+//!
+//! Models are written once against [`Graph`]: every op records its inputs on a
+//! tape (for reverse-mode autodiff), optionally into a [`Trace`], and — when a
+//! [`Distributor`] is attached — applies the distributed meaning the spec
+//! selects (halo refresh / reverse-sum / all-reduce, each with its adjoint).
+//!
+//! Tensors are row-major `rows × cols` blocks whose rows have a [`RowDomain`]:
+//! `Atom` (local atoms: owned rows first, then ghosts), `Edge`, `System`, or none.
+
+mod dist;
+mod error;
+mod graph;
+mod model;
+pub mod ops;
+mod scalar;
+mod trace;
+
+pub use dist::{DataMut, Distributor};
+pub use error::EngineError;
+pub use graph::{Graph, Index, Tensor};
+pub use model::{Edges, Model, ModelForward, ModelInfo, ModelInputs, ModelOutputs, SpeciesSupport};
+pub use ops::opaque::OpaqueKernel;
+pub use scalar::{DType, Scalar};
+pub use trace::{Phase, Trace, TraceEvent, TraceShape};
+
+/// What the rows of a tensor are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RowDomain {
+    /// Local atoms: owned rows first, then ghost rows.
+    Atom,
+    /// Edges of a neighbour graph.
+    Edge,
+    /// One row per system of the batch.
+    System,
+    /// Parameters and constants.
+    None,
+}

@@ -1,1 +1,13 @@
-//! ddmlip-models (work in progress).
+//! Built-in models (DESIGN.md §5) and the registry that names them.
+//!
+//! Demo models carry deterministic weights from [`init::Weights`] (a seeded
+//! SplitMix64 stream), so every result is reproducible bit for bit.
+
+mod demo;
+pub mod init;
+mod lj;
+mod registry;
+
+pub use demo::{BpDemo, EamDemo, QeqDemo, SchNetDemo};
+pub use lj::LennardJones;
+pub use registry::{load_model, model_names, ModelError};

@@ -1,1 +1,239 @@
-//! ddmlip-neighbors (work in progress).
+//! Neighbour lists for atomic systems: all pairs `(i, j, S)` with
+//! `|r_j + S·cell − r_i| < cutoff` other than the self pair `(i, i, 0)`, for triclinic cells, mixed periodicity,
+//! open systems and cells smaller than the cutoff (many periodic images).
+//!
+//! [`neighbor_list`] is an O(N) cell-list search parallelised with rayon;
+//! [`brute_force_neighbor_list`] is the O(N²·images) reference used in tests.
+//! Both return the same pairs in the same order: sorted by `i`, then `j`, then
+//! `S` (lexicographically), independent of the number of threads.
+
+mod brute;
+mod cell_list;
+mod frame;
+
+use ddmlip_atoms::{Cell, System};
+use thiserror::Error;
+
+pub use brute::brute_force_neighbor_list;
+pub use cell_list::neighbor_list;
+
+/// Inputs whose estimated pair count exceeds this are rejected with
+/// [`NeighborError::TooManyPairs`] instead of exhausting memory.
+pub const MAX_ESTIMATED_PAIRS: f64 = 2_147_483_648.0; // 2^31
+
+/// Atoms farther than this many cell lengths from the cell along a periodic
+/// axis are rejected: their image shifts would not fit in `i32`.
+pub const MAX_CELLS_AWAY: f64 = 268_435_456.0; // 2^28
+
+/// What to search for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NeighborOptions {
+    /// Spherical cutoff (Å), finite and > 0. Pairs at exactly `cutoff` are excluded.
+    pub cutoff: f64,
+    /// `false`: full list, every pair in both directions. `true`: half list,
+    /// each unordered pair once, kept as `(i, j, S)` when `i < j`, or when
+    /// `i == j` and `S` is lexicographically positive (e.g. `[0, 0, 1]`,
+    /// `[1, -2, 0]`); the mirrored `(j, i, −S)` is dropped.
+    pub half: bool,
+}
+
+/// A neighbour list in structure-of-arrays form; all vectors have length
+/// [`NeighborList::len`], entry `p` describes pair `p`.
+///
+/// Invariants: sorted by `(centers, neighbors, shifts)`; `shifts[p][k] == 0` on
+/// every non-periodic axis `k`; no entry has `i == j` and `S == 0`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NeighborList {
+    /// Centre atom `i` of each pair.
+    pub centers: Vec<u32>,
+    /// Neighbour atom `j` of each pair.
+    pub neighbors: Vec<u32>,
+    /// Integer cell shift `S` of the neighbour image, relative to the positions
+    /// exactly as given (not wrapped).
+    pub shifts: Vec<[i32; 3]>,
+    /// `r_j + S·cell − r_i` (Å).
+    pub vectors: Vec<[f64; 3]>,
+    /// `|vectors[p]|` (Å), in `[0, cutoff)`. Zero only for two distinct atoms
+    /// at the same point: such pairs are kept (as ASE and vesin do) so that
+    /// overlapping atoms stay visible instead of being dropped silently.
+    pub distances: Vec<f64>,
+}
+
+impl NeighborList {
+    /// Number of pairs.
+    pub fn len(&self) -> usize {
+        self.centers.len()
+    }
+
+    /// True when there are no pairs.
+    pub fn is_empty(&self) -> bool {
+        self.centers.is_empty()
+    }
+
+    /// Number of pairs whose centre is each atom, for atoms `0..n_atoms`
+    /// (centres `>= n_atoms` are ignored).
+    pub fn counts_per_center(&self, n_atoms: usize) -> Vec<u32> {
+        let mut counts = vec![0u32; n_atoms];
+        for &i in &self.centers {
+            if let Some(c) = counts.get_mut(i as usize) {
+                *c += 1;
+            }
+        }
+        counts
+    }
+
+    /// Empties the list, keeping its allocations.
+    pub fn clear(&mut self) {
+        self.centers.clear();
+        self.neighbors.clear();
+        self.shifts.clear();
+        self.vectors.clear();
+        self.distances.clear();
+    }
+}
+
+/// Why a neighbour list could not be built.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum NeighborError {
+    /// The cutoff is zero, negative, NaN or infinite.
+    #[error("cutoff must be finite and > 0 Å, got {0}")]
+    InvalidCutoff(f64),
+    /// An atom has a NaN or infinite coordinate.
+    #[error("atom {atom} has a non-finite position {position:?}")]
+    NonFinitePosition { atom: usize, position: [f64; 3] },
+    /// A periodic axis was requested without a cell.
+    #[error("axis {axis} is periodic but no cell was given")]
+    MissingCell { axis: usize },
+    /// A lattice vector of a periodic axis contains NaN or infinity.
+    #[error("cell entry [{row}][{col}] of periodic lattice vector {row} is not finite ({value})")]
+    NonFiniteCell { row: usize, col: usize, value: f64 },
+    /// A periodic axis has a zero lattice vector.
+    #[error("lattice vector {axis} is zero but axis {axis} is periodic")]
+    ZeroLatticeVector { axis: usize },
+    /// The periodic lattice vectors are (nearly) linearly dependent.
+    #[error(
+        "the periodic lattice vectors are singular or degenerate (normalised volume {measure:.3e}); \
+         periodic axes need linearly independent lattice vectors"
+    )]
+    DegenerateCell { measure: f64 },
+    /// An atom lies so far outside the cell that its image shift overflows.
+    #[error("atom {atom} lies {cells:.3e} cell lengths outside the cell along periodic axis {axis}; wrap it first")]
+    PositionTooFar {
+        atom: usize,
+        axis: usize,
+        cells: f64,
+    },
+    /// More atoms than `u32` indices can address.
+    #[error("{0} atoms exceed the u32 index range")]
+    TooManyAtoms(usize),
+    /// The requested list would be absurdly large.
+    #[error(
+        "cutoff {cutoff} Å would give about {estimated_pairs:.3e} pairs (limit {limit:.3e}); \
+         reduce the cutoff or check the cell"
+    )]
+    TooManyPairs {
+        cutoff: f64,
+        estimated_pairs: f64,
+        limit: f64,
+    },
+}
+
+/// [`neighbor_list`] for a [`System`] (its positions, cell and pbc).
+pub fn system_neighbor_list(
+    system: &System,
+    opts: &NeighborOptions,
+) -> Result<NeighborList, NeighborError> {
+    neighbor_list(&system.positions, system.cell.as_ref(), system.pbc, opts)
+}
+
+/// Validated inputs shared by both algorithms.
+pub(crate) struct Prepared {
+    pub frame: frame::Frame,
+    /// Unwrapped fractional coordinates of every atom in `frame`.
+    pub fractional: Vec<[f64; 3]>,
+    /// Per axis: (min, max) of the fractional coordinates (open axes only are used).
+    pub frac_range: [(f64, f64); 3],
+    /// Uniform-density estimate of the number of pairs in the full list.
+    pub estimated_pairs: f64,
+}
+
+/// Checks every input, builds the frame and the fractional coordinates, and
+/// rejects inputs whose estimated pair count is absurd.
+pub(crate) fn prepare(
+    positions: &[[f64; 3]],
+    cell: Option<&Cell>,
+    pbc: [bool; 3],
+    opts: &NeighborOptions,
+) -> Result<Prepared, NeighborError> {
+    let cutoff = opts.cutoff;
+    if !(cutoff.is_finite() && cutoff > 0.0) {
+        return Err(NeighborError::InvalidCutoff(cutoff));
+    }
+    if positions.len() > u32::MAX as usize {
+        return Err(NeighborError::TooManyAtoms(positions.len()));
+    }
+    for (atom, p) in positions.iter().enumerate() {
+        if !p.iter().all(|x| x.is_finite()) {
+            return Err(NeighborError::NonFinitePosition { atom, position: *p });
+        }
+    }
+    let frame = frame::Frame::new(cell, pbc)?;
+    let mut frac_range = [(f64::INFINITY, f64::NEG_INFINITY); 3];
+    let mut fractional = Vec::with_capacity(positions.len());
+    for (atom, &p) in positions.iter().enumerate() {
+        let f = frame.fractional(p);
+        for axis in 0..3 {
+            if pbc[axis] && !(f[axis].abs() <= MAX_CELLS_AWAY) {
+                return Err(NeighborError::PositionTooFar {
+                    atom,
+                    axis,
+                    cells: f[axis].abs(),
+                });
+            }
+            let (lo, hi) = &mut frac_range[axis];
+            *lo = lo.min(f[axis]);
+            *hi = hi.max(f[axis]);
+        }
+        fractional.push(f);
+    }
+
+    // Uniform-density estimate: N² × (sphere / bounding cube) × Π (2·cutoff / extent_k),
+    // where a periodic axis repeats every `height` and an open axis spans the atoms.
+    let n = positions.len() as f64;
+    let mut fraction = std::f64::consts::PI / 6.0;
+    for axis in 0..3 {
+        let h = frame.heights[axis];
+        let factor = if pbc[axis] {
+            2.0 * cutoff / h
+        } else {
+            let extent = (frac_range[axis].1 - frac_range[axis].0) * h;
+            if extent > 0.0 {
+                (2.0 * cutoff / extent).min(1.0)
+            } else {
+                1.0
+            }
+        };
+        fraction *= factor;
+    }
+    let estimated_pairs = n * n * fraction;
+    if !(estimated_pairs <= MAX_ESTIMATED_PAIRS) {
+        return Err(NeighborError::TooManyPairs {
+            cutoff,
+            estimated_pairs,
+            limit: MAX_ESTIMATED_PAIRS,
+        });
+    }
+    Ok(Prepared {
+        frame,
+        fractional,
+        frac_range,
+        estimated_pairs,
+    })
+}
+
+/// The half-list rule: keep `(i, j, S)` when `i < j`, or `i == j` and `S > 0`
+/// lexicographically.
+#[inline]
+pub(crate) fn keep_in_half(i: u32, j: u32, shift: [i32; 3]) -> bool {
+    i < j || (i == j && shift > [0, 0, 0])
+}

@@ -1,0 +1,363 @@
+//! The subcommands. Each parses its arguments, calls the libraries, and
+//! renders the result; no numerics live here.
+
+use crate::output::{self, fmt_e};
+use crate::CliError;
+use anyhow::{anyhow, Context};
+use clap::{Args, Subcommand, ValueEnum};
+use ddmlip_atoms::System;
+use ddmlip_domain::runtime::{evaluate, EvalError, EvalOptions, EvalResult};
+use ddmlip_engine::{DType, Model};
+use std::path::{Path, PathBuf};
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Energies, forces and stress of every frame of a structure file.
+    Eval(EvalArgs),
+    /// Neighbour-list statistics of a structure.
+    Neighbors(NeighborsArgs),
+    /// How a structure splits over ranks: owned / ghost / remote atoms and health.
+    Partition(PartitionArgs),
+    /// List the built-in models.
+    Models,
+    /// The embedded default job: a built-in model on a generated crystal, in one
+    /// process and split over ranks, compared atom by atom.
+    Demo(DemoArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum, Debug, PartialEq)]
+pub enum Backend {
+    /// Ranks as threads of this process.
+    Threads,
+    /// Ranks as MPI processes (build with `--features mpi`, launch with mpirun).
+    Mpi,
+}
+
+#[derive(Clone, Copy, ValueEnum, Debug, PartialEq)]
+pub enum Precision {
+    F64,
+    F32,
+}
+
+impl From<Precision> for DType {
+    fn from(p: Precision) -> Self {
+        match p {
+            Precision::F64 => DType::F64,
+            Precision::F32 => DType::F32,
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct EvalArgs {
+    /// Built-in model name (see `ddmlip models`) or a model file.
+    #[arg(long)]
+    model: String,
+    /// Extended XYZ structure file (several frames = a batch).
+    #[arg(long)]
+    structure: PathBuf,
+    /// Split every system over this many ranks.
+    #[arg(long, default_value_t = 1)]
+    ranks: usize,
+    /// Communication backend for --ranks > 1.
+    #[arg(long, value_enum, default_value_t = Backend::Threads)]
+    backend: Backend,
+    /// Floating-point precision.
+    #[arg(long, value_enum, default_value_t = Precision::F64)]
+    dtype: Precision,
+    /// Write the structure with energy, forces and stress as extended XYZ.
+    #[arg(long)]
+    output: Option<PathBuf>,
+    /// A distribution spec (JSON) for --ranks > 1 instead of the model's own.
+    #[arg(long)]
+    spec: Option<PathBuf>,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct NeighborsArgs {
+    /// Extended XYZ structure file.
+    #[arg(long)]
+    structure: PathBuf,
+    /// Cutoff radius (Å).
+    #[arg(long)]
+    cutoff: f64,
+    /// Half list: each pair once instead of both directions.
+    #[arg(long)]
+    half: bool,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct PartitionArgs {
+    /// Extended XYZ structure file (the first frame is partitioned).
+    #[arg(long)]
+    structure: PathBuf,
+    /// Number of ranks.
+    #[arg(long)]
+    ranks: usize,
+    /// Interaction cutoff (Å); the ghost width is cutoff + skin.
+    #[arg(long)]
+    cutoff: f64,
+    /// Extra ghost width (Å).
+    #[arg(long, default_value_t = 0.0)]
+    skin: f64,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Draw the split as SVG (ranks coloured, ghosts hollow).
+    #[arg(long)]
+    svg: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct DemoArgs {
+    /// Built-in model to run.
+    #[arg(long, default_value = "schnet-demo")]
+    model: String,
+    /// Ranks for the decomposed run.
+    #[arg(long, default_value_t = 4)]
+    ranks: usize,
+    /// Conventional FCC cells per axis of the generated copper crystal.
+    #[arg(long, default_value_t = 6)]
+    repeat: usize,
+}
+
+/// Runs one subcommand; returns the exit status on success.
+pub fn run(cmd: Command) -> Result<u8, CliError> {
+    match cmd {
+        Command::Eval(a) => eval(a),
+        Command::Neighbors(a) => neighbors(a),
+        Command::Partition(a) => partition(a),
+        Command::Models => models(),
+        Command::Demo(a) => demo(a),
+    }
+}
+
+pub fn read_structure(path: &Path) -> Result<Vec<System>, CliError> {
+    let frames = ddmlip_atoms::read_structure(path).map_err(CliError::input)?;
+    if frames.is_empty() {
+        return Err(CliError::input(anyhow!("{}: no frames", path.display())));
+    }
+    Ok(frames)
+}
+
+pub fn load_model(name: &str) -> Result<Box<dyn Model>, CliError> {
+    ddmlip_models::load_model(name).map_err(CliError::input)
+}
+
+fn eval_error(e: EvalError) -> CliError {
+    match e {
+        EvalError::Input(_) => CliError::input(e),
+        EvalError::Engine(ddmlip_engine::EngineError::Input(_)) => CliError::input(e),
+        _ => CliError::failed(e),
+    }
+}
+
+fn load_spec(path: &Option<PathBuf>) -> Result<Option<ddmlip_spec::MLIPSpec>, CliError> {
+    path.as_ref()
+        .map(|p| ddmlip_spec::MLIPSpec::load(p).map_err(CliError::input))
+        .transpose()
+}
+
+fn eval(a: EvalArgs) -> Result<u8, CliError> {
+    if a.backend == Backend::Mpi {
+        return Err(CliError::input(anyhow!(
+            "--backend mpi needs a build with `--features mpi`, launched under mpirun"
+        )));
+    }
+    let frames = read_structure(&a.structure)?;
+    let model = load_model(&a.model)?;
+    let opts = EvalOptions {
+        dtype: a.dtype.into(),
+        ranks: a.ranks,
+        spec: load_spec(&a.spec)?,
+        ..Default::default()
+    };
+    let started = std::time::Instant::now();
+    let result = evaluate(model.as_ref(), &frames, &opts).map_err(eval_error)?;
+    let seconds = started.elapsed().as_secs_f64();
+    if let Some(out) = &a.output {
+        write_results(out, &frames, &result)?;
+    }
+    if a.json {
+        println!("{}", output::eval_json(&result));
+    } else {
+        print!(
+            "{}",
+            output::eval_text(model.as_ref(), &frames, &result, a.ranks, seconds)
+        );
+        if let Some(out) = &a.output {
+            println!("wrote {}", out.display());
+        }
+    }
+    Ok(0)
+}
+
+fn write_results(path: &Path, frames: &[System], result: &EvalResult) -> Result<(), CliError> {
+    let forces = result.forces();
+    let stress = result.stress();
+    let energies = result.energy();
+    let mut out = frames.to_vec();
+    let mut offset = 0;
+    for (s, sys) in out.iter_mut().enumerate() {
+        sys.set_energy(energies[s]);
+        sys.set_forces(&forces[offset..offset + sys.len()]);
+        if let Some(st) = stress.get(s).copied().flatten() {
+            sys.set_stress_voigt(st);
+        }
+        offset += sys.len();
+    }
+    ddmlip_atoms::extxyz::write_file(path, &out)
+        .with_context(|| format!("writing {}", path.display()))
+        .map_err(CliError::input)
+}
+
+fn neighbors(a: NeighborsArgs) -> Result<u8, CliError> {
+    use ddmlip_neighbors::{neighbor_list, NeighborOptions};
+    let frames = read_structure(&a.structure)?;
+    let mut per_frame = Vec::new();
+    for (s, sys) in frames.iter().enumerate() {
+        let nl = neighbor_list(
+            &sys.positions,
+            sys.cell.as_ref(),
+            sys.pbc,
+            &NeighborOptions {
+                cutoff: a.cutoff,
+                half: a.half,
+            },
+        )
+        .map_err(|e| CliError::input(anyhow!("frame {s}: {e}")))?;
+        per_frame.push(output::NeighborStats::new(sys, &nl));
+    }
+    if a.json {
+        println!("{}", output::neighbors_json(&per_frame, a.cutoff, a.half));
+    } else {
+        print!("{}", output::neighbors_text(&per_frame, a.cutoff, a.half));
+    }
+    Ok(0)
+}
+
+fn partition(a: PartitionArgs) -> Result<u8, CliError> {
+    use ddmlip_domain::{partition_health, partition_system};
+    if !(a.cutoff.is_finite() && a.cutoff > 0.0) {
+        return Err(CliError::input(anyhow!(
+            "--cutoff must be a positive number of Å, got {}",
+            a.cutoff
+        )));
+    }
+    if a.ranks == 0 {
+        return Err(CliError::input(anyhow!("--ranks must be at least 1")));
+    }
+    let frames = read_structure(&a.structure)?;
+    let sys = &frames[0];
+    sys.validate().map_err(CliError::input)?;
+    let p = partition_system(sys, a.ranks, a.cutoff + a.skin).map_err(CliError::input)?;
+    let health = partition_health(&p, sys);
+    if let Some(svg) = &a.svg {
+        let axes = output::svg_axes(&p);
+        std::fs::write(svg, ddmlip_domain::svg::render_svg(&p, sys, axes))
+            .with_context(|| format!("writing {}", svg.display()))
+            .map_err(CliError::input)?;
+    }
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&health).unwrap_or_default()
+        );
+    } else {
+        print!("{}", output::partition_text(&health));
+        if let Some(svg) = &a.svg {
+            println!("wrote {}", svg.display());
+        }
+    }
+    Ok(0)
+}
+
+fn models() -> Result<u8, CliError> {
+    for (name, desc) in ddmlip_models::model_names() {
+        println!("{name:<14} {desc}");
+    }
+    Ok(0)
+}
+
+/// FCC copper, `n³` conventional cells, rattled deterministically.
+pub fn demo_crystal(n: usize) -> System {
+    let a = 3.615;
+    let basis = [
+        [0.0, 0.0, 0.0],
+        [0.5, 0.5, 0.0],
+        [0.5, 0.0, 0.5],
+        [0.0, 0.5, 0.5],
+    ];
+    let mut w = ddmlip_models::init::Weights::new(2024);
+    let mut positions = Vec::with_capacity(4 * n * n * n);
+    for i in 0..n {
+        for j in 0..n {
+            for k in 0..n {
+                for b in basis {
+                    positions.push([
+                        (i as f64 + b[0]) * a + 0.05 * w.uniform(),
+                        (j as f64 + b[1]) * a + 0.05 * w.uniform(),
+                        (k as f64 + b[2]) * a + 0.05 * w.uniform(),
+                    ]);
+                }
+            }
+        }
+    }
+    let len = n as f64 * a;
+    let numbers = vec![29; positions.len()];
+    System::new(
+        positions,
+        numbers,
+        Some(ddmlip_atoms::Cell::orthorhombic(len, len, len)),
+        [true; 3],
+    )
+}
+
+fn demo(a: DemoArgs) -> Result<u8, CliError> {
+    let model = load_model(&a.model)?;
+    if a.repeat == 0 {
+        return Err(CliError::input(anyhow!("--repeat must be at least 1")));
+    }
+    let sys = demo_crystal(a.repeat);
+    let frames = vec![sys];
+    println!(
+        "ddmlip demo: {} on FCC Cu, {} atoms in a {:.2} Å periodic box",
+        model.name(),
+        frames[0].len(),
+        a.repeat as f64 * 3.615
+    );
+    let t0 = std::time::Instant::now();
+    let single = evaluate(model.as_ref(), &frames, &EvalOptions::default()).map_err(eval_error)?;
+    let t_single = t0.elapsed().as_secs_f64();
+    let opts = EvalOptions {
+        ranks: a.ranks,
+        ..Default::default()
+    };
+    let t0 = std::time::Instant::now();
+    let split = evaluate(model.as_ref(), &frames, &opts).map_err(eval_error)?;
+    let t_split = t0.elapsed().as_secs_f64();
+    print!(
+        "{}",
+        output::demo_text(&frames[0], &single, &split, a.ranks, t_single, t_split)
+    );
+    let worst = output::max_rel_difference(&single, &split);
+    if worst > 1e-10 {
+        println!(
+            "FAIL: decomposed run differs from the single-process run (max relative difference {})",
+            fmt_e(worst)
+        );
+        return Ok(crate::EXIT_FAILED);
+    }
+    println!(
+        "OK: the {}-rank run equals the single-process run (max relative difference {}).",
+        a.ranks,
+        fmt_e(worst)
+    );
+    Ok(0)
+}

@@ -1,0 +1,279 @@
+//! Rendering results for humans and as JSON.
+
+use ddmlip_atoms::System;
+use ddmlip_domain::runtime::EvalResult;
+use ddmlip_domain::{Partition, PartitionHealth};
+use ddmlip_engine::Model;
+use ddmlip_neighbors::NeighborList;
+use serde_json::{json, Value};
+
+/// A float in compact scientific notation.
+pub fn fmt_e(x: f64) -> String {
+    format!("{x:.2e}")
+}
+
+fn nan_to_null(v: f64) -> Value {
+    if v.is_finite() {
+        json!(v)
+    } else {
+        Value::Null
+    }
+}
+
+/// The `eval --json` object (DESIGN.md §6).
+pub fn eval_json(r: &EvalResult) -> String {
+    let mut obj = serde_json::Map::new();
+    obj.insert("energy".into(), json!(r.energy()));
+    obj.insert("forces".into(), json!(r.forces()));
+    let stress: Vec<Value> = r
+        .stress()
+        .into_iter()
+        .map(|s| s.map(|v| json!(v)).unwrap_or(Value::Null))
+        .collect();
+    obj.insert("stress".into(), Value::Array(stress));
+    if let Some(ae) = r.atomic_energies() {
+        obj.insert("atomic_energies".into(), json!(ae));
+    }
+    for (name, o) in &r.outputs {
+        if ["energy", "forces", "stress", "atomic_energies"].contains(&name.as_str()) {
+            continue;
+        }
+        let rows: Vec<Value> = if o.width == 1 {
+            o.values.iter().map(|&v| nan_to_null(v)).collect()
+        } else {
+            o.values
+                .chunks(o.width)
+                .map(|c| Value::Array(c.iter().map(|&v| nan_to_null(v)).collect()))
+                .collect()
+        };
+        obj.insert(name.clone(), Value::Array(rows));
+    }
+    serde_json::to_string(&Value::Object(obj)).unwrap_or_default()
+}
+
+/// The human summary of an evaluation.
+pub fn eval_text(
+    model: &dyn Model,
+    frames: &[System],
+    r: &EvalResult,
+    ranks: usize,
+    seconds: f64,
+) -> String {
+    let mut s = String::new();
+    let n_atoms: usize = frames.iter().map(|f| f.len()).sum();
+    s.push_str(&format!(
+        "model {} | {} frame(s), {} atoms | {} rank(s) | {:.3} s\n",
+        model.name(),
+        frames.len(),
+        n_atoms,
+        ranks,
+        seconds
+    ));
+    let forces = r.forces();
+    let stress = r.stress();
+    let mut offset = 0;
+    for (i, sys) in frames.iter().enumerate() {
+        let f = &forces[offset..offset + sys.len()];
+        let fmax = f
+            .iter()
+            .map(|v| (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt())
+            .fold(0.0, f64::max);
+        let sum: [f64; 3] = f
+            .iter()
+            .fold([0.0; 3], |a, v| [a[0] + v[0], a[1] + v[1], a[2] + v[2]]);
+        s.push_str(&format!(
+            "frame {i}: {} atoms  E = {:.10} eV  ({:.6} eV/atom)  max|F| = {:.6} eV/Å  |ΣF| = {:.1e}\n",
+            sys.len(),
+            r.energy()[i],
+            r.energy()[i] / sys.len() as f64,
+            fmax,
+            (sum[0] * sum[0] + sum[1] * sum[1] + sum[2] * sum[2]).sqrt()
+        ));
+        if let Some(Some(st)) = stress.get(i) {
+            s.push_str(&format!(
+                "         stress (eV/Å³, xx yy zz yz xz xy) = [{}]\n",
+                st.iter()
+                    .map(|v| format!("{v:.6e}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        offset += sys.len();
+    }
+    if r.bytes_sent > 0 {
+        s.push_str(&format!(
+            "halo/collective traffic: {} bytes sent\n",
+            r.bytes_sent
+        ));
+    }
+    s
+}
+
+/// Neighbour statistics of one frame.
+pub struct NeighborStats {
+    pub n_atoms: usize,
+    pub n_pairs: usize,
+    pub min_distance: Option<f64>,
+    pub max_neighbors: u32,
+    pub mean_neighbors: f64,
+}
+
+impl NeighborStats {
+    pub fn new(sys: &System, nl: &NeighborList) -> Self {
+        let counts = nl.counts_per_center(sys.len());
+        let min = nl.distances.iter().copied().fold(f64::INFINITY, f64::min);
+        Self {
+            n_atoms: sys.len(),
+            n_pairs: nl.len(),
+            min_distance: min.is_finite().then_some(min),
+            max_neighbors: counts.iter().copied().max().unwrap_or(0),
+            mean_neighbors: if sys.is_empty() {
+                0.0
+            } else {
+                nl.len() as f64 / sys.len() as f64
+            },
+        }
+    }
+}
+
+/// `neighbors --json`: totals over frames plus one entry per frame.
+pub fn neighbors_json(frames: &[NeighborStats], cutoff: f64, half: bool) -> String {
+    let per: Vec<Value> = frames
+        .iter()
+        .map(|f| {
+            json!({"n_atoms": f.n_atoms, "n_pairs": f.n_pairs, "min_distance": f.min_distance,
+                   "max_neighbors": f.max_neighbors, "mean_neighbors": f.mean_neighbors})
+        })
+        .collect();
+    serde_json::to_string(&json!({
+        "n_atoms": frames.iter().map(|f| f.n_atoms).sum::<usize>(),
+        "n_pairs": frames.iter().map(|f| f.n_pairs).sum::<usize>(),
+        "cutoff": cutoff,
+        "half": half,
+        "frames": per,
+    }))
+    .unwrap_or_default()
+}
+
+pub fn neighbors_text(frames: &[NeighborStats], cutoff: f64, half: bool) -> String {
+    let mut s = format!(
+        "cutoff {cutoff} Å, {} list\n",
+        if half { "half" } else { "full (ordered pairs)" }
+    );
+    for (i, f) in frames.iter().enumerate() {
+        s.push_str(&format!(
+            "frame {i}: {} atoms, {} pairs, {:.2} neighbours/atom (max {}), closest pair {}\n",
+            f.n_atoms,
+            f.n_pairs,
+            f.mean_neighbors,
+            f.max_neighbors,
+            f.min_distance
+                .map(|d| format!("{d:.4} Å"))
+                .unwrap_or_else(|| "none".into())
+        ));
+    }
+    s
+}
+
+/// The two most-split axes, for the SVG projection.
+pub fn svg_axes(p: &Partition) -> (usize, usize) {
+    let mut axes = [0usize, 1, 2];
+    axes.sort_by_key(|&a| std::cmp::Reverse(p.grid[a]));
+    let (a, b) = (axes[0].min(axes[1]), axes[0].max(axes[1]));
+    (a, b)
+}
+
+pub fn partition_text(h: &PartitionHealth) -> String {
+    let mut s = format!(
+        "{} atoms on {} ranks, grid {}×{}×{}, ghost width {:.3} Å\n",
+        h.n_atoms, h.n_ranks, h.grid[0], h.grid[1], h.grid[2], h.ghost_width
+    );
+    s.push_str("rank   owned   ghost  remote\n");
+    for r in &h.ranks {
+        s.push_str(&format!(
+            "{:>4} {:>7} {:>7} {:>7}\n",
+            r.rank, r.owned, r.ghost, r.remote
+        ));
+    }
+    if h.degenerate.is_empty() {
+        s.push_str("partition is healthy: every rank has owned, ghost and remote atoms\n");
+    } else {
+        s.push_str("WARNING: degenerate partition\n");
+        for d in &h.degenerate {
+            s.push_str(&format!("  - {d}\n"));
+        }
+        s.push_str(&format!("{}\n", h.explanation));
+    }
+    s
+}
+
+/// Largest relative difference between two runs (energy, forces scaled by
+/// the largest force, stress scaled by its largest component).
+pub fn max_rel_difference(a: &EvalResult, b: &EvalResult) -> f64 {
+    let mut worst: f64 = 0.0;
+    for (x, y) in a.energy().iter().zip(b.energy()) {
+        worst = worst.max((x - y).abs() / x.abs().max(1e-300));
+    }
+    let (fa, fb) = (a.forces(), b.forces());
+    let scale = fa
+        .iter()
+        .flatten()
+        .fold(0.0f64, |m, v| m.max(v.abs()))
+        .max(1e-300);
+    for (x, y) in fa.iter().flatten().zip(fb.iter().flatten()) {
+        let d = (x - y).abs() / scale;
+        worst = worst.max(if d.is_nan() { f64::INFINITY } else { d });
+    }
+    for (sa, sb) in a.stress().iter().zip(b.stress()) {
+        if let (Some(sa), Some(sb)) = (sa, sb) {
+            let scale = sa.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-300);
+            for k in 0..6 {
+                worst = worst.max((sa[k] - sb[k]).abs() / scale);
+            }
+        }
+    }
+    worst
+}
+
+pub fn demo_text(
+    sys: &System,
+    single: &EvalResult,
+    split: &EvalResult,
+    ranks: usize,
+    t1: f64,
+    tn: f64,
+) -> String {
+    let mut s = String::new();
+    let e1 = single.energy()[0];
+    let en = split.energy()[0];
+    s.push_str(&format!("  1 process : E = {e1:.12} eV  ({:.3} s)\n", t1));
+    s.push_str(&format!(
+        "  {ranks} ranks   : E = {en:.12} eV  ({:.3} s)\n",
+        tn
+    ));
+    let f = single.forces();
+    let fmax = f
+        .iter()
+        .map(|v| (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt())
+        .fold(0.0, f64::max);
+    s.push_str(&format!(
+        "  max |F| = {fmax:.6} eV/Å over {} atoms\n",
+        sys.len()
+    ));
+    if let Some(Some(st)) = single.stress().first() {
+        s.push_str(&format!(
+            "  pressure = {:.6} GPa\n",
+            -(st[0] + st[1] + st[2]) / 3.0 * 160.21766208
+        ));
+    }
+    for (r, (owned, ghost, edges)) in split.rank_sizes.iter().enumerate() {
+        s.push_str(&format!(
+            "  rank {r}: {owned} owned, {ghost} ghosts, {edges} edges\n"
+        ));
+    }
+    s.push_str(&format!(
+        "  halo + collective traffic: {} bytes\n",
+        split.bytes_sent
+    ));
+    s
+}

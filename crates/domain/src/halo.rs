@@ -1,0 +1,196 @@
+//! The engine's [`Distributor`] over a [`Communicator`]: halo refresh,
+//! reverse-sum and all-reduce on one rank's local rows.
+
+use ddmlip_comm::{CommError, Communicator};
+use ddmlip_engine::{DataMut, Distributor, EngineError};
+use ddmlip_spec::MLIPSpec;
+
+/// Message tag of halo traffic (collectives are matched by order).
+const HALO_TAG: u32 = 7;
+
+/// One rank's halo plan in local row numbers: for each peer, the owned rows
+/// this rank sends, and the ghost rows where that peer's rows land. Both
+/// sides list rows in the same order, so position k of a message is row k.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LocalHaloPlan {
+    pub n_owned: usize,
+    pub n_local: usize,
+    /// (peer, owned rows sent to it).
+    pub sends: Vec<(usize, Vec<u32>)>,
+    /// (peer, ghost rows filled from it).
+    pub recvs: Vec<(usize, Vec<u32>)>,
+}
+
+/// A rank's decomposition runtime as the engine sees it.
+pub struct HaloRuntime {
+    pub comm: Box<dyn Communicator>,
+    pub plan: LocalHaloPlan,
+    pub spec: MLIPSpec,
+}
+
+fn comm_err(op: &str, e: CommError) -> EngineError {
+    EngineError::Comm {
+        op: op.to_string(),
+        message: e.to_string(),
+    }
+}
+
+macro_rules! typed_exchange {
+    ($self:ident, $data:ident, $cols:ident, $ex:ident, $send_lists:expr, $recv_lists:expr, $combine:expr) => {{
+        let sends: Vec<(usize, Vec<_>)> = $send_lists
+            .iter()
+            .map(|(peer, rows)| {
+                let mut buf = Vec::with_capacity(rows.len() * $cols);
+                for &r in rows {
+                    buf.extend_from_slice(&$data[r as usize * $cols..(r as usize + 1) * $cols]);
+                }
+                (*peer, buf)
+            })
+            .collect();
+        let refs: Vec<(usize, &[_])> = sends.iter().map(|(p, b)| (*p, b.as_slice())).collect();
+        let from: Vec<usize> = $recv_lists.iter().map(|(p, _)| *p).collect();
+        let got = $self
+            .comm
+            .$ex(&refs, &from, HALO_TAG)
+            .map_err(|e| comm_err("halo exchange", e))?;
+        for ((_, rows), buf) in $recv_lists.iter().zip(got) {
+            if buf.len() != rows.len() * $cols {
+                return Err(EngineError::Comm {
+                    op: "halo exchange".into(),
+                    message: format!(
+                        "received {} values, expected {}",
+                        buf.len(),
+                        rows.len() * $cols
+                    ),
+                });
+            }
+            for (k, &r) in rows.iter().enumerate() {
+                let dst = &mut $data[r as usize * $cols..(r as usize + 1) * $cols];
+                let src = &buf[k * $cols..(k + 1) * $cols];
+                $combine(dst, src);
+            }
+        }
+    }};
+}
+
+fn overwrite<T: Copy>(dst: &mut [T], src: &[T]) {
+    dst.copy_from_slice(src);
+}
+
+fn add_into<T: Copy + std::ops::AddAssign>(dst: &mut [T], src: &[T]) {
+    for (a, &b) in dst.iter_mut().zip(src) {
+        *a += b;
+    }
+}
+
+impl HaloRuntime {
+    fn check_rows(&self, len: usize, cols: usize, op: &str) -> Result<(), EngineError> {
+        if len != self.plan.n_local * cols {
+            return Err(EngineError::Comm {
+                op: op.into(),
+                message: format!(
+                    "tensor has {} values, expected {} local rows × {cols}",
+                    len, self.plan.n_local
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Distributor for HaloRuntime {
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.comm.size()
+    }
+    fn n_owned(&self) -> usize {
+        self.plan.n_owned
+    }
+    fn n_local(&self) -> usize {
+        self.plan.n_local
+    }
+    fn spec(&self) -> &MLIPSpec {
+        &self.spec
+    }
+
+    fn refresh(&mut self, data: DataMut<'_>, cols: usize) -> Result<(), EngineError> {
+        match data {
+            DataMut::F64(d) => {
+                self.check_rows(d.len(), cols, "halo refresh")?;
+                typed_exchange!(
+                    self,
+                    d,
+                    cols,
+                    exchange_f64,
+                    self.plan.sends,
+                    self.plan.recvs,
+                    overwrite::<f64>
+                );
+            }
+            DataMut::F32(d) => {
+                self.check_rows(d.len(), cols, "halo refresh")?;
+                typed_exchange!(
+                    self,
+                    d,
+                    cols,
+                    exchange_f32,
+                    self.plan.sends,
+                    self.plan.recvs,
+                    overwrite::<f32>
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn reverse_sum(&mut self, data: DataMut<'_>, cols: usize) -> Result<(), EngineError> {
+        let ghost_start = self.plan.n_owned * cols;
+        match data {
+            DataMut::F64(d) => {
+                self.check_rows(d.len(), cols, "halo reverse-sum")?;
+                typed_exchange!(
+                    self,
+                    d,
+                    cols,
+                    exchange_f64,
+                    self.plan.recvs,
+                    self.plan.sends,
+                    add_into::<f64>
+                );
+                d[ghost_start..].iter_mut().for_each(|x| *x = 0.0);
+            }
+            DataMut::F32(d) => {
+                self.check_rows(d.len(), cols, "halo reverse-sum")?;
+                typed_exchange!(
+                    self,
+                    d,
+                    cols,
+                    exchange_f32,
+                    self.plan.recvs,
+                    self.plan.sends,
+                    add_into::<f32>
+                );
+                d[ghost_start..].iter_mut().for_each(|x| *x = 0.0);
+            }
+        }
+        Ok(())
+    }
+
+    fn all_reduce_sum(&mut self, data: DataMut<'_>) -> Result<(), EngineError> {
+        match data {
+            DataMut::F64(d) => self.comm.all_reduce_sum_f64(d),
+            DataMut::F32(d) => self.comm.all_reduce_sum_f32(d),
+        }
+        .map_err(|e| comm_err("all_reduce", e))
+    }
+
+    fn abort(&mut self, message: &str) {
+        self.comm.abort(message);
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
+        self
+    }
+}

@@ -1,0 +1,999 @@
+//! Running a model on a batch: in one process, or split over ranks with
+//! halo exchange, and consolidating the outputs per global atom id.
+
+use crate::halo::{HaloRuntime, LocalHaloPlan};
+use crate::partition::{partition_system, Partition};
+use ddmlip_atoms::{Cell, System};
+use ddmlip_comm::{thread_world, Communicator, ThreadsConfig};
+use ddmlip_engine::{DType, EngineError, Graph, Model, ModelInputs, RowDomain, Scalar, Trace};
+use ddmlip_neighbors::{neighbor_list, NeighborOptions};
+use ddmlip_spec::{MLIPSpec, OutputKind};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use thiserror::Error;
+
+/// Errors of a model evaluation.
+#[derive(Debug, Error, Clone)]
+pub enum EvalError {
+    /// The input cannot be evaluated (empty system, unsupported element, …).
+    #[error("{0}")]
+    Input(String),
+    /// The model or an op failed.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// A rank failed; every other rank was released.
+    #[error("rank {rank} failed: {message}")]
+    RankFailed { rank: usize, message: String },
+}
+
+/// How to run an evaluation.
+#[derive(Debug, Clone)]
+pub struct EvalOptions {
+    pub dtype: DType,
+    /// 1 runs in this process without decomposition.
+    pub ranks: usize,
+    /// The spec for decomposed runs; `None` uses the model's declared one
+    /// (or the standard energy-model spec).
+    pub spec: Option<MLIPSpec>,
+    /// Record traces of every rank.
+    pub trace: bool,
+    /// Fail on the first op that produces NaN/inf, naming it.
+    pub check_finite: bool,
+    /// Extra ghost width beyond `halo_depth × cutoff` (Å).
+    pub skin: f64,
+    /// Deadline of every blocking communication call.
+    pub timeout: Duration,
+    /// Run even when atoms are closer than [`MIN_DISTANCE`] (tests only).
+    pub allow_close_atoms: bool,
+}
+
+impl Default for EvalOptions {
+    fn default() -> Self {
+        Self {
+            dtype: DType::F64,
+            ranks: 1,
+            spec: None,
+            trace: false,
+            check_finite: false,
+            skin: 0.0,
+            timeout: Duration::from_secs(120),
+            allow_close_atoms: false,
+        }
+    }
+}
+
+/// Atoms closer than this (Å) are rejected: most potentials diverge there.
+pub const MIN_DISTANCE: f64 = 1e-6;
+
+/// One output of a run: rows are atoms (batch order) or systems.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutputData {
+    pub kind: OutputKind,
+    /// Values per row.
+    pub width: usize,
+    /// rows × width, row-major.
+    pub values: Vec<f64>,
+}
+
+/// Results of an evaluation, consolidated over ranks.
+#[derive(Debug, Clone, Default)]
+pub struct EvalResult {
+    /// Every output by name: `energy`, `forces`, `stress` (periodic systems;
+    /// NaN rows otherwise), `atomic_energies`, and model-specific extras.
+    pub outputs: BTreeMap<String, OutputData>,
+    /// Which systems have a stress (periodic, with a cell).
+    pub has_stress: Vec<bool>,
+    /// Traces per rank (one entry for a single-process run) when requested.
+    pub traces: Vec<Trace>,
+    /// Distributed handler firings, summed over ranks.
+    pub handler_counts: BTreeMap<String, usize>,
+    /// The partition of each system (decomposed runs).
+    pub partitions: Vec<Partition>,
+    /// Bytes sent by all ranks.
+    pub bytes_sent: u64,
+    /// Per rank: (owned, ghost) local rows and edges.
+    pub rank_sizes: Vec<(usize, usize, usize)>,
+}
+
+impl EvalResult {
+    /// Energy per system (eV).
+    pub fn energy(&self) -> &[f64] {
+        self.outputs
+            .get("energy")
+            .map(|o| o.values.as_slice())
+            .unwrap_or(&[])
+    }
+
+    /// Forces per atom (eV/Å), batch order.
+    pub fn forces(&self) -> Vec<[f64; 3]> {
+        self.outputs
+            .get("forces")
+            .map(|o| o.values.chunks(3).map(|c| [c[0], c[1], c[2]]).collect())
+            .unwrap_or_default()
+    }
+
+    /// Stress per system (eV/Å³, Voigt xx yy zz yz xz xy), `None` for non-periodic systems.
+    pub fn stress(&self) -> Vec<Option<[f64; 6]>> {
+        let Some(o) = self.outputs.get("stress") else {
+            return vec![];
+        };
+        o.values
+            .chunks(6)
+            .zip(&self.has_stress)
+            .map(|(c, &has)| has.then(|| [c[0], c[1], c[2], c[3], c[4], c[5]]))
+            .collect()
+    }
+
+    /// Per-atom energies (eV), when the model has them.
+    pub fn atomic_energies(&self) -> Option<&[f64]> {
+        self.outputs
+            .get("atomic_energies")
+            .map(|o| o.values.as_slice())
+    }
+}
+
+/// Checks the batch against the model before any work.
+pub fn check_batch(model: &dyn Model, batch: &[System]) -> Result<(), EvalError> {
+    if batch.is_empty() {
+        return Err(EvalError::Input(
+            "the structure file holds no frames".into(),
+        ));
+    }
+    let support = model.species();
+    for (s, sys) in batch.iter().enumerate() {
+        if sys.is_empty() {
+            return Err(EvalError::Input(format!("frame {s} has no atoms")));
+        }
+        sys.validate()
+            .map_err(|e| EvalError::Input(format!("frame {s}: {e}")))?;
+        let mut bad: Vec<u32> = sys
+            .numbers
+            .iter()
+            .copied()
+            .filter(|&z| !support.contains(z))
+            .collect();
+        bad.sort_unstable();
+        bad.dedup();
+        if !bad.is_empty() {
+            let names: Vec<String> = bad
+                .iter()
+                .map(|&z| match ddmlip_atoms::elements::symbol(z) {
+                    Some(sym) => format!("{sym} (Z={z})"),
+                    None => format!("Z={z}"),
+                })
+                .collect();
+            return Err(EvalError::Input(format!(
+                "frame {s}: model `{}` has no parameters for {}",
+                model.name(),
+                names.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn has_stress(sys: &System) -> bool {
+    sys.is_periodic() && sys.cell.is_some_and(|c| c.volume() > 1e-12)
+}
+
+/// Runs the model and returns every output, forces and stress included.
+pub fn evaluate(
+    model: &dyn Model,
+    batch: &[System],
+    opts: &EvalOptions,
+) -> Result<EvalResult, EvalError> {
+    check_batch(model, batch)?;
+    if opts.ranks == 0 {
+        return Err(EvalError::Input("--ranks must be at least 1".into()));
+    }
+    if opts.ranks == 1 && opts.spec.is_none() {
+        return match opts.dtype {
+            DType::F64 => evaluate_single::<f64>(model, batch, opts),
+            DType::F32 => evaluate_single::<f32>(model, batch, opts),
+        };
+    }
+    evaluate_threads(model, batch, opts)
+}
+
+fn close_atoms_error(sys: usize, i: usize, j: usize, d: f64) -> EvalError {
+    EvalError::Input(format!(
+        "frame {sys}: atoms {i} and {j} are {d:.2e} Å apart (less than {MIN_DISTANCE:e} Å); the model cannot be evaluated there"
+    ))
+}
+
+/// Single process: the whole batch on one graph.
+fn evaluate_single<T: Scalar>(
+    model: &dyn Model,
+    batch: &[System],
+    opts: &EvalOptions,
+) -> Result<EvalResult, EvalError> {
+    let mut g = Graph::<T>::new();
+    if opts.trace {
+        g.enable_trace();
+    }
+    if opts.check_finite {
+        g.enable_finite_checks();
+    }
+    let n_sys = batch.len();
+    let mut positions = Vec::new();
+    let mut numbers = Vec::new();
+    let mut atom_system = Vec::new();
+    let mut cells = Vec::new();
+    let (mut centers, mut neighbors, mut shifts, mut edge_sys) = (vec![], vec![], vec![], vec![]);
+    let mut offset = 0u32;
+    for (s, sys) in batch.iter().enumerate() {
+        positions.extend(
+            sys.positions
+                .iter()
+                .flat_map(|p| p.iter().map(|&x| T::of(x))),
+        );
+        numbers.extend_from_slice(&sys.numbers);
+        atom_system.extend(std::iter::repeat_n(s as u32, sys.len()));
+        let cell = sys.cell_or_zero();
+        cells.extend(cell.matrix.iter().flatten().map(|&x| T::of(x)));
+        let cutoff = if model.uses_runtime_graph() {
+            model.cutoff()
+        } else {
+            MIN_DISTANCE * 2.0
+        };
+        let nl = neighbor_list(
+            &sys.positions,
+            sys.cell.as_ref(),
+            sys.pbc,
+            &NeighborOptions {
+                cutoff,
+                half: false,
+            },
+        )
+        .map_err(|e| EvalError::Input(format!("frame {s}: {e}")))?;
+        if !opts.allow_close_atoms {
+            if let Some(e) = nl.distances.iter().position(|&d| d < MIN_DISTANCE) {
+                return Err(close_atoms_error(
+                    s,
+                    nl.centers[e] as usize,
+                    nl.neighbors[e] as usize,
+                    nl.distances[e],
+                ));
+            }
+        }
+        if model.uses_runtime_graph() {
+            centers.extend(nl.centers.iter().map(|&c| c + offset));
+            neighbors.extend(nl.neighbors.iter().map(|&c| c + offset));
+            shifts.extend_from_slice(&nl.shifts);
+            edge_sys.extend(std::iter::repeat_n(s as u32, nl.len()));
+        }
+        offset += sys.len() as u32;
+    }
+    let n_atoms = numbers.len();
+    let pos = g.leaf(positions, n_atoms, 3, RowDomain::Atom);
+    let eps = g.leaf(vec![T::zero(); 9 * n_sys], n_sys, 9, RowDomain::System);
+    let cell = g.constant(cells, 3 * n_sys, 3, RowDomain::System);
+    let atom_system = g.index(
+        Arc::new(atom_system),
+        RowDomain::Atom,
+        RowDomain::System,
+        n_sys,
+        "atom_system",
+    )?;
+    let cell_rows: Vec<u32> = (0..3 * n_sys as u32).map(|r| r / 3).collect();
+    let cell_system = g.index(
+        Arc::new(cell_rows),
+        RowDomain::System,
+        RowDomain::System,
+        n_sys,
+        "cell_system",
+    )?;
+    let pos_s = g.apply_strain(pos, eps, atom_system)?;
+    let cell_s = g.apply_strain(cell, eps, cell_system)?;
+    let edges = if model.uses_runtime_graph() {
+        let n_edges = centers.len();
+        let c = g.index(
+            Arc::new(centers),
+            RowDomain::Edge,
+            RowDomain::Atom,
+            n_atoms,
+            "edge_center",
+        )?;
+        let n = g.index(
+            Arc::new(neighbors),
+            RowDomain::Edge,
+            RowDomain::Atom,
+            n_atoms,
+            "edge_neighbor",
+        )?;
+        let es = g.index(
+            Arc::new(edge_sys),
+            RowDomain::Edge,
+            RowDomain::System,
+            n_sys,
+            "edge_system",
+        )?;
+        debug_assert_eq!(shifts.len(), n_edges);
+        let vectors = g.edge_vectors(pos_s, c, n, Some((cell_s, Arc::new(shifts), es)))?;
+        let lengths = g.row_norm(vectors)?;
+        Some(ddmlip_engine::Edges {
+            center: c,
+            neighbor: n,
+            system: es,
+            vectors,
+            lengths,
+        })
+    } else {
+        None
+    };
+    let inputs = ModelInputs {
+        positions: pos_s,
+        cell: cell_s,
+        numbers: Arc::new(numbers),
+        atom_system,
+        n_systems: n_sys,
+        pbc: batch.iter().map(|s| s.pbc).collect(),
+        edges,
+    };
+    let out = model.forward_any(&mut g, &inputs)?;
+    check_energy_shape(&g, out.energy, n_sys)?;
+    let grads = g.grad(out.energy, None, &[pos, eps])?;
+    let mut result = EvalResult {
+        has_stress: batch.iter().map(has_stress).collect(),
+        ..Default::default()
+    };
+    let to64 = |v: &[T]| v.iter().map(|x| x.to_f64_lossless()).collect::<Vec<f64>>();
+    result.outputs.insert(
+        "energy".into(),
+        OutputData {
+            kind: OutputKind::PerSystem,
+            width: 1,
+            values: to64(g.value(out.energy)),
+        },
+    );
+    result.outputs.insert(
+        "forces".into(),
+        OutputData {
+            kind: OutputKind::PerAtom,
+            width: 3,
+            values: grads[0].iter().map(|x| -x.to_f64_lossless()).collect(),
+        },
+    );
+    let geps = to64(&grads[1]);
+    result.outputs.insert(
+        "stress".into(),
+        OutputData {
+            kind: OutputKind::PerSystem,
+            width: 6,
+            values: stress_from_strain_grad(&geps, batch),
+        },
+    );
+    if let Some(ae) = out.atomic_energies {
+        result.outputs.insert(
+            "atomic_energies".into(),
+            OutputData {
+                kind: OutputKind::PerAtom,
+                width: 1,
+                values: to64(g.value(ae)),
+            },
+        );
+    }
+    for (name, t) in &out.extra {
+        let (rows, cols) = g.shape(*t);
+        let kind = match g.domain(*t) {
+            RowDomain::Atom => OutputKind::PerAtom,
+            RowDomain::System => OutputKind::PerSystem,
+            _ => OutputKind::Global,
+        };
+        let _ = rows;
+        result.outputs.insert(
+            name.clone(),
+            OutputData {
+                kind,
+                width: cols,
+                values: to64(g.value(*t)),
+            },
+        );
+    }
+    result.handler_counts = g.handler_counts().clone();
+    if let Some(tr) = g.take_trace() {
+        result.traces.push(tr);
+    }
+    Ok(result)
+}
+
+fn check_energy_shape<T: Scalar>(
+    g: &Graph<T>,
+    energy: ddmlip_engine::Tensor,
+    n_sys: usize,
+) -> Result<(), EvalError> {
+    if g.shape(energy) != (n_sys, 1) {
+        return Err(EvalError::Engine(EngineError::Shape {
+            op: "model output".into(),
+            message: format!(
+                "energy must be {n_sys}×1 (one row per system), got {:?}",
+                g.shape(energy)
+            ),
+        }));
+    }
+    Ok(())
+}
+
+/// σ = (1/V)·sym(∂E/∂ε) in ASE Voigt order (xx yy zz yz xz xy); NaN rows for
+/// systems without a stress.
+fn stress_from_strain_grad(geps: &[f64], batch: &[System]) -> Vec<f64> {
+    let mut out = Vec::with_capacity(6 * batch.len());
+    for (s, sys) in batch.iter().enumerate() {
+        if !has_stress(sys) {
+            out.extend([f64::NAN; 6]);
+            continue;
+        }
+        let v = sys.cell.map(|c: Cell| c.volume()).unwrap_or(1.0);
+        let e = &geps[s * 9..s * 9 + 9];
+        let sym = |a: usize, b: usize| 0.5 * (e[a * 3 + b] + e[b * 3 + a]) / v;
+        out.extend([
+            sym(0, 0),
+            sym(1, 1),
+            sym(2, 2),
+            sym(1, 2),
+            sym(0, 2),
+            sym(0, 1),
+        ]);
+    }
+    out
+}
+
+/// Where each system's rows live on each rank.
+struct Layout {
+    /// [rank][system] → first owned local row.
+    owned_offset: Vec<Vec<usize>>,
+    /// [rank][system] → first ghost local row.
+    ghost_offset: Vec<Vec<usize>>,
+    n_owned: Vec<usize>,
+    n_local: Vec<usize>,
+    /// First batch-level atom id of each system.
+    atom_offset: Vec<usize>,
+}
+
+impl Layout {
+    fn new(parts: &[Partition], batch: &[System], ranks: usize) -> Self {
+        let mut owned_offset = vec![vec![0; parts.len()]; ranks];
+        let mut ghost_offset = vec![vec![0; parts.len()]; ranks];
+        let mut n_owned = vec![0; ranks];
+        let mut n_local = vec![0; ranks];
+        for r in 0..ranks {
+            let mut o = 0;
+            for (s, p) in parts.iter().enumerate() {
+                owned_offset[r][s] = o;
+                o += p.ranks[r].owned.len();
+            }
+            let mut gh = o;
+            for (s, p) in parts.iter().enumerate() {
+                ghost_offset[r][s] = gh;
+                gh += p.ranks[r].ghosts.len();
+            }
+            n_owned[r] = o;
+            n_local[r] = gh;
+        }
+        let mut atom_offset = Vec::with_capacity(batch.len());
+        let mut acc = 0;
+        for sys in batch {
+            atom_offset.push(acc);
+            acc += sys.len();
+        }
+        Self {
+            owned_offset,
+            ghost_offset,
+            n_owned,
+            n_local,
+            atom_offset,
+        }
+    }
+
+    /// The halo plan of `rank` in local rows.
+    fn plan(&self, parts: &[Partition], rank: usize) -> LocalHaloPlan {
+        let ranks = self.n_owned.len();
+        let mut sends = Vec::new();
+        let mut recvs = Vec::new();
+        for peer in 0..ranks {
+            let mut rows = Vec::new();
+            for (s, p) in parts.iter().enumerate() {
+                for gh in &p.ranks[peer].ghosts {
+                    if gh.owner_rank == rank {
+                        rows.push((self.owned_offset[rank][s] + gh.owner_row) as u32);
+                    }
+                }
+            }
+            if !rows.is_empty() {
+                sends.push((peer, rows));
+            }
+            let mut rows = Vec::new();
+            for (s, p) in parts.iter().enumerate() {
+                for (k, gh) in p.ranks[rank].ghosts.iter().enumerate() {
+                    if gh.owner_rank == peer {
+                        rows.push((self.ghost_offset[rank][s] + k) as u32);
+                    }
+                }
+            }
+            if !rows.is_empty() {
+                recvs.push((peer, rows));
+            }
+        }
+        LocalHaloPlan {
+            n_owned: self.n_owned[rank],
+            n_local: self.n_local[rank],
+            sends,
+            recvs,
+        }
+    }
+}
+
+/// What one rank hands back to the caller.
+struct RankResult {
+    /// Consolidated outputs (rank 0 only).
+    result: Option<EvalResult>,
+    trace: Option<Trace>,
+    handler_counts: BTreeMap<String, usize>,
+    bytes_sent: u64,
+    sizes: (usize, usize, usize),
+}
+
+/// The spec a decomposed run follows.
+pub fn effective_spec(model: &dyn Model, opts: &EvalOptions) -> MLIPSpec {
+    opts.spec
+        .clone()
+        .or_else(|| model.declared_spec())
+        .unwrap_or_else(MLIPSpec::standard_energy_model)
+}
+
+/// Ghost width for a model under a spec (Å).
+pub fn ghost_width(model: &dyn Model, spec: &MLIPSpec, skin: f64) -> f64 {
+    model.cutoff() * spec.halo_depth.max(1) as f64 + skin
+}
+
+fn evaluate_threads(
+    model: &dyn Model,
+    batch: &[System],
+    opts: &EvalOptions,
+) -> Result<EvalResult, EvalError> {
+    let ranks = opts.ranks;
+    let spec = effective_spec(model, opts);
+    let width = ghost_width(model, &spec, opts.skin);
+    let parts: Vec<Partition> = batch
+        .iter()
+        .enumerate()
+        .map(|(s, sys)| {
+            partition_system(sys, ranks, width)
+                .map_err(|e| EvalError::Input(format!("frame {s}: {e}")))
+        })
+        .collect::<Result<_, _>>()?;
+    let layout = Layout::new(&parts, batch, ranks);
+    let comms = thread_world(
+        ranks,
+        ThreadsConfig {
+            timeout: opts.timeout,
+        },
+    )
+    .map_err(|e| EvalError::Input(format!("cannot start {ranks} ranks: {e}")))?;
+    let outcomes: Vec<Result<RankResult, EvalError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                let (parts, layout, spec) = (&parts, &layout, &spec);
+                scope.spawn(move || {
+                    let comm: Box<dyn Communicator> = Box::new(comm);
+                    match opts.dtype {
+                        DType::F64 => {
+                            run_rank::<f64>(model, batch, parts, layout, comm, spec, opts)
+                        }
+                        DType::F32 => {
+                            run_rank::<f32>(model, batch, parts, layout, comm, spec, opts)
+                        }
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(rank, h)| {
+                h.join().unwrap_or_else(|p| {
+                    Err(EvalError::RankFailed {
+                        rank,
+                        message: panic_message(&*p),
+                    })
+                })
+            })
+            .collect()
+    });
+    combine_rank_results(outcomes, parts)
+}
+
+/// Picks rank 0's consolidated result, or the root-cause failure.
+fn combine_rank_results(
+    outcomes: Vec<Result<RankResult, EvalError>>,
+    parts: Vec<Partition>,
+) -> Result<EvalResult, EvalError> {
+    // A rank's own error comes first; a peer's `PeerFailed` only echoes it.
+    let errors: Vec<&EvalError> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
+    let first_err = errors
+        .iter()
+        .find(|e| matches!(e, EvalError::RankFailed { .. }))
+        .or_else(|| errors.first())
+        .map(|e| (*e).clone());
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    let mut result = None;
+    let mut traces = Vec::new();
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    let mut bytes = 0;
+    let mut sizes = Vec::new();
+    for r in outcomes.into_iter().flatten() {
+        if r.result.is_some() {
+            result = r.result;
+        }
+        traces.extend(r.trace);
+        for (k, v) in r.handler_counts {
+            *counts.entry(k).or_insert(0) += v;
+        }
+        bytes += r.bytes_sent;
+        sizes.push(r.sizes);
+    }
+    let mut result = result.ok_or_else(|| EvalError::Input("no rank produced a result".into()))?;
+    result.traces = traces;
+    result.handler_counts = counts;
+    result.bytes_sent = bytes;
+    result.rank_sizes = sizes;
+    result.partitions = parts;
+    Ok(result)
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        format!("panic: {s}")
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        format!("panic: {s}")
+    } else {
+        "panic".to_string()
+    }
+}
+
+/// One rank's whole run. Any failure aborts the communicator first so that
+/// no peer waits for this rank.
+fn run_rank<T: Scalar>(
+    model: &dyn Model,
+    batch: &[System],
+    parts: &[Partition],
+    layout: &Layout,
+    comm: Box<dyn Communicator>,
+    spec: &MLIPSpec,
+    opts: &EvalOptions,
+) -> Result<RankResult, EvalError> {
+    let rank = comm.rank();
+    let plan = layout.plan(parts, rank);
+    let mut g = Graph::<T>::new();
+    g.set_distributor(Box::new(HaloRuntime {
+        comm,
+        plan,
+        spec: spec.clone(),
+    }));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rank_body::<T>(&mut g, model, batch, parts, layout, rank, spec, opts)
+    }));
+    let outcome = match outcome {
+        Ok(r) => r,
+        Err(p) => Err(EvalError::Input(panic_message(&*p))),
+    };
+    match outcome {
+        Ok(r) => Ok(r),
+        Err(e) => {
+            let message = e.to_string();
+            // A peer's failure is not this rank's to re-announce.
+            if let Some(d) = g.distributor() {
+                d.abort(&message);
+            }
+            Err(match e {
+                EvalError::Engine(EngineError::Comm { .. }) => e,
+                other => EvalError::RankFailed {
+                    rank,
+                    message: other.to_string(),
+                },
+            })
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rank_body<T: Scalar>(
+    g: &mut Graph<T>,
+    model: &dyn Model,
+    batch: &[System],
+    parts: &[Partition],
+    layout: &Layout,
+    rank: usize,
+    spec: &MLIPSpec,
+    opts: &EvalOptions,
+) -> Result<RankResult, EvalError> {
+    if opts.trace {
+        g.enable_trace();
+    }
+    if opts.check_finite {
+        g.enable_finite_checks();
+    }
+    let n_sys = batch.len();
+    let (n_owned, n_local) = (layout.n_owned[rank], layout.n_local[rank]);
+    let mut positions = vec![T::zero(); n_local * 3];
+    let mut numbers = vec![0u32; n_local];
+    let mut atom_system = vec![0u32; n_local];
+    let mut globals = vec![0u64; n_owned];
+    let mut cells = Vec::with_capacity(9 * n_sys);
+    let (mut centers, mut neighbors) = (Vec::new(), Vec::new());
+    let mut edge_sys = Vec::new();
+    for (s, (sys, part)) in batch.iter().zip(parts).enumerate() {
+        let dom = &part.ranks[rank];
+        let cell = sys.cell_or_zero();
+        cells.extend(cell.matrix.iter().flatten().map(|&x| T::of(x)));
+        // Local atoms of this system: owned, then ghost images.
+        let mut local_pos: Vec<[f64; 3]> = Vec::with_capacity(dom.owned.len() + dom.ghosts.len());
+        let mut rows: Vec<usize> = Vec::with_capacity(local_pos.capacity());
+        for (k, &j) in dom.owned.iter().enumerate() {
+            let row = layout.owned_offset[rank][s] + k;
+            // Owned atoms sit wrapped into the cell, in the same frame as the ghosts.
+            let sv = cell.shift_vector(dom.owned_shifts[k]);
+            let p = sys.positions[j];
+            local_pos.push([p[0] + sv[0], p[1] + sv[1], p[2] + sv[2]]);
+            rows.push(row);
+            numbers[row] = sys.numbers[j];
+            atom_system[row] = s as u32;
+            globals[row] = (layout.atom_offset[s] + j) as u64;
+        }
+        for (k, gh) in dom.ghosts.iter().enumerate() {
+            let row = layout.ghost_offset[rank][s] + k;
+            let sv = cell.shift_vector(gh.shift);
+            let p = sys.positions[gh.global];
+            local_pos.push([p[0] + sv[0], p[1] + sv[1], p[2] + sv[2]]);
+            rows.push(row);
+            numbers[row] = sys.numbers[gh.global];
+            atom_system[row] = s as u32;
+        }
+        for (p, &row) in local_pos.iter().zip(&rows) {
+            for k in 0..3 {
+                positions[row * 3 + k] = T::of(p[k]);
+            }
+        }
+        let cutoff = if model.uses_runtime_graph() {
+            model.cutoff()
+        } else {
+            MIN_DISTANCE * 2.0
+        };
+        let nl = neighbor_list(
+            &local_pos,
+            None,
+            [false; 3],
+            &NeighborOptions {
+                cutoff,
+                half: false,
+            },
+        )
+        .map_err(|e| EvalError::Input(format!("frame {s}: {e}")))?;
+        let n_owned_s = dom.owned.len() as u32;
+        for e in 0..nl.len() {
+            if nl.centers[e] >= n_owned_s {
+                continue;
+            }
+            if !opts.allow_close_atoms && nl.distances[e] < MIN_DISTANCE {
+                let gid = |t: u32| -> usize {
+                    if t < n_owned_s {
+                        dom.owned[t as usize]
+                    } else {
+                        dom.ghosts[(t - n_owned_s) as usize].global
+                    }
+                };
+                return Err(close_atoms_error(
+                    s,
+                    gid(nl.centers[e]),
+                    gid(nl.neighbors[e]),
+                    nl.distances[e],
+                ));
+            }
+            if model.uses_runtime_graph() {
+                centers.push(rows[nl.centers[e] as usize] as u32);
+                neighbors.push(rows[nl.neighbors[e] as usize] as u32);
+                edge_sys.push(s as u32);
+            }
+        }
+    }
+    let n_edges = centers.len();
+    let pos = g.leaf(positions, n_local, 3, RowDomain::Atom);
+    let eps = g.leaf(vec![T::zero(); 9 * n_sys], n_sys, 9, RowDomain::System);
+    let cell = g.constant(cells, 3 * n_sys, 3, RowDomain::System);
+    let atom_system = g.index(
+        Arc::new(atom_system),
+        RowDomain::Atom,
+        RowDomain::System,
+        n_sys,
+        "atom_system",
+    )?;
+    let cell_rows: Vec<u32> = (0..3 * n_sys as u32).map(|r| r / 3).collect();
+    let cell_system = g.index(
+        Arc::new(cell_rows),
+        RowDomain::System,
+        RowDomain::System,
+        n_sys,
+        "cell_system",
+    )?;
+    let pos_s = g.apply_strain(pos, eps, atom_system)?;
+    let cell_s = g.apply_strain(cell, eps, cell_system)?;
+    let edges = if model.uses_runtime_graph() {
+        let c = g.index(
+            Arc::new(centers),
+            RowDomain::Edge,
+            RowDomain::Atom,
+            n_local,
+            "edge_center",
+        )?;
+        let n = g.index(
+            Arc::new(neighbors),
+            RowDomain::Edge,
+            RowDomain::Atom,
+            n_local,
+            "edge_neighbor",
+        )?;
+        let es = g.index(
+            Arc::new(edge_sys),
+            RowDomain::Edge,
+            RowDomain::System,
+            n_sys,
+            "edge_system",
+        )?;
+        let vectors = g.edge_vectors(pos_s, c, n, None)?;
+        let lengths = g.row_norm(vectors)?;
+        Some(ddmlip_engine::Edges {
+            center: c,
+            neighbor: n,
+            system: es,
+            vectors,
+            lengths,
+        })
+    } else {
+        None
+    };
+    let inputs = ModelInputs {
+        positions: pos_s,
+        cell: cell_s,
+        numbers: Arc::new(numbers),
+        atom_system,
+        n_systems: n_sys,
+        pbc: vec![[false; 3]; n_sys],
+        edges,
+    };
+    let out = model.forward_any(g, &inputs)?;
+    check_energy_shape(g, out.energy, n_sys)?;
+    // A replicated energy is the same number on every rank: seed it once so
+    // that the all-reduce adjoints do not count it world_size times.
+    let seed: Vec<T> = if g.is_replicated(out.energy) && rank != 0 {
+        vec![T::zero(); n_sys]
+    } else {
+        vec![T::one(); n_sys]
+    };
+    let grads = g.grad(out.energy, Some(seed), &[pos, eps])?;
+    let mut gpos = grads[0].clone();
+    let mut geps = grads[1].clone();
+    // Ghost positions are images of owned ones: their force share goes home.
+    let mut energy = g.value(out.energy).to_vec();
+    let dist = g
+        .distributor()
+        .ok_or_else(|| EvalError::Input("distributor missing".into()))?;
+    dist.reverse_sum(T::data_mut(&mut gpos), 3)?;
+    if spec.all_reduce_outputs.iter().any(|o| o == "stress") {
+        dist.all_reduce_sum(T::data_mut(&mut geps))?;
+    }
+    if spec.all_reduce_outputs.iter().any(|o| o == "energy") {
+        dist.all_reduce_sum(T::data_mut(&mut energy))?;
+    }
+    let to64 = |v: &[T]| v.iter().map(|x| x.to_f64_lossless()).collect::<Vec<f64>>();
+    // Per-atom outputs: owned rows, tagged with batch-level atom ids.
+    let mut per_atom: Vec<(String, usize, Vec<f64>)> = vec![(
+        "forces".into(),
+        3,
+        gpos[..n_owned * 3]
+            .iter()
+            .map(|x| -x.to_f64_lossless())
+            .collect(),
+    )];
+    if let Some(ae) = out.atomic_energies {
+        per_atom.push(("atomic_energies".into(), 1, to64(&g.value(ae)[..n_owned])));
+    }
+    let mut per_system: Vec<(String, usize, Vec<f64>)> = vec![("energy".into(), 1, to64(&energy))];
+    for (name, t) in &out.extra {
+        let (rows, cols) = g.shape(*t);
+        let mut v = g.value(*t).to_vec();
+        match g.domain(*t) {
+            RowDomain::Atom if rows == n_local => {
+                per_atom.push((name.clone(), cols, to64(&v[..n_owned * cols])))
+            }
+            _ => {
+                if spec.all_reduce_outputs.iter().any(|o| o == name) {
+                    let dist = g
+                        .distributor()
+                        .ok_or_else(|| EvalError::Input("distributor missing".into()))?;
+                    dist.all_reduce_sum(T::data_mut(&mut v))?;
+                }
+                per_system.push((name.clone(), cols, to64(&v)));
+            }
+        }
+    }
+    let handler_counts = g.handler_counts().clone();
+    let trace = g.take_trace();
+    let runtime = g
+        .take_distributor()
+        .and_then(|d| d.into_any().downcast::<HaloRuntime>().ok())
+        .ok_or_else(|| EvalError::Input("distributor missing".into()))?;
+    let comm = runtime.comm;
+    let comm_err = |e: ddmlip_comm::CommError| {
+        EvalError::Engine(EngineError::Comm {
+            op: "gather outputs".into(),
+            message: e.to_string(),
+        })
+    };
+    let ids = comm.all_gather_u64(&globals).map_err(comm_err)?;
+    let mut gathered = Vec::new();
+    for (_, _, v) in &per_atom {
+        gathered.push(comm.all_gather_f64(v).map_err(comm_err)?);
+    }
+    let bytes_sent = comm.stats().bytes_sent;
+    let sizes = (n_owned, n_local - n_owned, n_edges);
+    if rank != 0 {
+        return Ok(RankResult {
+            result: None,
+            trace,
+            handler_counts,
+            bytes_sent,
+            sizes,
+        });
+    }
+    let n_atoms: usize = batch.iter().map(|s| s.len()).sum();
+    let mut result = EvalResult {
+        has_stress: batch.iter().map(has_stress).collect(),
+        ..Default::default()
+    };
+    for ((name, width, _), per_rank) in per_atom.iter().zip(gathered) {
+        let mut values = vec![f64::NAN; n_atoms * width];
+        for (ids_r, vals_r) in ids.iter().zip(per_rank) {
+            for (k, &id) in ids_r.iter().enumerate() {
+                values[id as usize * width..(id as usize + 1) * width]
+                    .copy_from_slice(&vals_r[k * width..(k + 1) * width]);
+            }
+        }
+        result.outputs.insert(
+            name.clone(),
+            OutputData {
+                kind: OutputKind::PerAtom,
+                width: *width,
+                values,
+            },
+        );
+    }
+    for (name, width, values) in per_system {
+        result.outputs.insert(
+            name,
+            OutputData {
+                kind: OutputKind::PerSystem,
+                width,
+                values,
+            },
+        );
+    }
+    result.outputs.insert(
+        "stress".into(),
+        OutputData {
+            kind: OutputKind::PerSystem,
+            width: 6,
+            values: stress_from_strain_grad(&to64(&geps), batch),
+        },
+    );
+    Ok(RankResult {
+        result: Some(result),
+        trace,
+        handler_counts,
+        bytes_sent,
+        sizes,
+    })
+}

@@ -1,0 +1,192 @@
+//! Decomposed runs equal the single-process run (f64, 1e-10 relative) for
+//! every demo model, rank counts 1–8 and every kind of cell.
+
+use ddmlip_atoms::{Cell, System};
+use ddmlip_domain::runtime::{evaluate, EvalOptions, EvalResult};
+use ddmlip_engine::Model;
+use ddmlip_models::load_model;
+
+fn lcg(seed: u64) -> impl FnMut() -> f64 {
+    let mut s = seed;
+    move || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (s >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Random atoms at liquid-like density with a minimum separation.
+fn random_system(cell: Cell, pbc: [bool; 3], n: usize, seed: u64) -> System {
+    let mut rng = lcg(seed);
+    let mut positions: Vec<[f64; 3]> = Vec::new();
+    let mut tries = 0;
+    while positions.len() < n && tries < 100_000 {
+        tries += 1;
+        let f = [rng(), rng(), rng()];
+        let p = cell.to_cartesian(f);
+        // Brute-force minimum image distance check (small n).
+        let ok = positions.iter().all(|q| {
+            let mut best = f64::MAX;
+            for a in -1..=1 {
+                for b in -1..=1 {
+                    for c in -1..=1 {
+                        let s = [a, b, c];
+                        if (0..3).any(|k| !pbc[k] && s[k] != 0) {
+                            continue;
+                        }
+                        let sv = cell.shift_vector(s);
+                        let d: f64 = (0..3)
+                            .map(|k| (p[k] - q[k] - sv[k]).powi(2))
+                            .sum::<f64>()
+                            .sqrt();
+                        best = best.min(d);
+                    }
+                }
+            }
+            best > 1.9
+        });
+        if ok {
+            positions.push(p);
+        }
+    }
+    let numbers = (0..positions.len())
+        .map(|i| [29, 8, 14, 1][i % 4])
+        .collect();
+    System::new(positions, numbers, Some(cell), pbc)
+}
+
+fn fcc(n: usize) -> System {
+    let a = 3.615;
+    let mut rng = lcg(7);
+    let basis = [
+        [0.0, 0.0, 0.0],
+        [0.5, 0.5, 0.0],
+        [0.5, 0.0, 0.5],
+        [0.0, 0.5, 0.5],
+    ];
+    let mut positions = Vec::new();
+    for i in 0..n {
+        for j in 0..n {
+            for k in 0..n {
+                for b in basis {
+                    positions.push([
+                        (i as f64 + b[0]) * a + 0.1 * (rng() - 0.5),
+                        (j as f64 + b[1]) * a + 0.1 * (rng() - 0.5),
+                        (k as f64 + b[2]) * a + 0.1 * (rng() - 0.5),
+                    ]);
+                }
+            }
+        }
+    }
+    let l = a * n as f64;
+    let len = positions.len();
+    System::new(
+        positions,
+        vec![29; len],
+        Some(Cell::orthorhombic(l, l, l)),
+        [true; 3],
+    )
+}
+
+fn rel(a: f64, b: f64, scale: f64) -> f64 {
+    (a - b).abs() / scale.max(1e-300)
+}
+
+/// Max relative difference over energy, forces (scaled by the largest force), stress.
+fn compare(a: &EvalResult, b: &EvalResult) -> f64 {
+    let mut worst: f64 = 0.0;
+    for (x, y) in a.energy().iter().zip(b.energy()) {
+        worst = worst.max(rel(*x, *y, x.abs()));
+    }
+    let fa = a.forces();
+    let fb = b.forces();
+    assert_eq!(fa.len(), fb.len());
+    let fscale = fa.iter().flatten().fold(0.0f64, |m, v| m.max(v.abs()));
+    for (x, y) in fa.iter().flatten().zip(fb.iter().flatten()) {
+        assert!(y.is_finite(), "missing force row in the decomposed run");
+        worst = worst.max(rel(*x, *y, fscale));
+    }
+    for (sa, sb) in a.stress().iter().zip(b.stress()) {
+        if let (Some(sa), Some(sb)) = (sa, sb) {
+            let s = sa.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            for k in 0..6 {
+                worst = worst.max(rel(sa[k], sb[k], s));
+            }
+        }
+    }
+    if let (Some(ea), Some(eb)) = (a.atomic_energies(), b.atomic_energies()) {
+        for (x, y) in ea.iter().zip(eb) {
+            worst = worst.max(rel(*x, *y, x.abs().max(1.0)));
+        }
+    }
+    worst
+}
+
+fn check_model(model: &dyn Model, batch: &[System], ranks: &[usize]) {
+    let single = evaluate(model, batch, &EvalOptions::default()).unwrap();
+    for &r in ranks {
+        let split = evaluate(
+            model,
+            batch,
+            &EvalOptions {
+                ranks: r,
+                ..Default::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{} on {r} ranks: {e}", model.name()));
+        let d = compare(&single, &split);
+        assert!(d < 1e-10, "{} on {r} ranks differs by {d:e}", model.name());
+    }
+}
+
+const MODELS: [&str; 5] = ["lj", "eam-demo", "bp-demo", "schnet-demo", "qeq-demo"];
+
+#[test]
+fn orthorhombic_crystal_all_models_all_ranks() {
+    let batch = vec![fcc(4)];
+    for name in MODELS {
+        let m = load_model(name).unwrap();
+        check_model(m.as_ref(), &batch, &[1, 2, 3, 4, 8]);
+    }
+}
+
+#[test]
+fn triclinic_slab_cluster_tiny_and_batch() {
+    let tric = random_system(
+        Cell::new([[12.0, 0.0, 0.0], [3.1, 11.0, 0.0], [-2.2, 1.7, 10.5]]),
+        [true; 3],
+        60,
+        1,
+    );
+    let slab = random_system(
+        Cell::new([[11.0, 0.0, 0.0], [4.0, 10.0, 0.0], [0.0, 0.0, 20.0]]),
+        [true, true, false],
+        50,
+        2,
+    );
+    let mut cluster = random_system(Cell::orthorhombic(12.0, 12.0, 12.0), [false; 3], 40, 3);
+    cluster.cell = None;
+    // A cell smaller than the cutoff: every atom sees several of its own images.
+    let tiny = System::new(
+        vec![[0.0, 0.0, 0.0], [1.40, 1.33, 1.37]],
+        vec![14, 14],
+        Some(Cell::new([
+            [0.0, 2.715, 2.715],
+            [2.715, 0.0, 2.715],
+            [2.715, 2.715, 0.0],
+        ])),
+        [true; 3],
+    );
+    for name in MODELS {
+        let m = load_model(name).unwrap();
+        for sys in [&tric, &slab, &cluster, &tiny] {
+            check_model(m.as_ref(), std::slice::from_ref(sys), &[2, 3, 5]);
+        }
+        check_model(
+            m.as_ref(),
+            &[tric.clone(), cluster.clone(), tiny.clone()],
+            &[2, 4],
+        );
+    }
+}

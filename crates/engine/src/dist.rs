@@ -1,0 +1,35 @@
+use crate::EngineError;
+use ddmlip_spec::MLIPSpec;
+
+/// A mutable slice of either element type, for communication.
+pub enum DataMut<'a> {
+    F64(&'a mut [f64]),
+    F32(&'a mut [f32]),
+}
+
+/// The decomposition runtime as seen by the engine: the rank's halo plan and
+/// communicator plus the spec that selects each op's distributed meaning.
+///
+/// Every Atom-domain tensor on a rank has `n_local()` rows: `n_owned()` owned
+/// rows first, then ghost rows. All methods are collective: every rank calls
+/// them in the same order.
+pub trait Distributor: Send {
+    fn rank(&self) -> usize;
+    fn world_size(&self) -> usize;
+    /// Owned atom rows (the first rows of every Atom tensor).
+    fn n_owned(&self) -> usize;
+    /// Owned + ghost rows.
+    fn n_local(&self) -> usize;
+    /// The spec this run follows.
+    fn spec(&self) -> &MLIPSpec;
+    /// Overwrites every ghost row with its owner's row (`rows = n_local`, row width `cols`).
+    fn refresh(&mut self, data: DataMut<'_>, cols: usize) -> Result<(), EngineError>;
+    /// Adds every ghost row into its owner's row, then zeroes the ghost rows.
+    fn reverse_sum(&mut self, data: DataMut<'_>, cols: usize) -> Result<(), EngineError>;
+    /// Element-wise sum over ranks; the result is bitwise identical on every rank.
+    fn all_reduce_sum(&mut self, data: DataMut<'_>) -> Result<(), EngineError>;
+    /// Marks this rank failed so that no peer waits for it.
+    fn abort(&mut self, message: &str);
+    /// Gives the runtime back its concrete type after the graph is done.
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any>;
+}

@@ -1,0 +1,601 @@
+use crate::dist::Distributor;
+use crate::trace::{Phase, Trace, TraceEvent, TraceShape};
+use crate::{EngineError, RowDomain, Scalar};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Handle of a tensor recorded in a [`Graph`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Tensor {
+    pub(crate) id: usize,
+}
+
+/// Handle of an integer index array (edge endpoints, atom → system, …).
+/// Indices are not differentiable; they say which rows an op reads or writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Index {
+    pub(crate) id: usize,
+}
+
+pub(crate) type BackwardFn<T> =
+    Box<dyn Fn(&mut BackwardCtx<'_, T>, &[T]) -> Result<(), EngineError> + Send + Sync>;
+
+pub(crate) struct Node<T: Scalar> {
+    pub value: Vec<T>,
+    pub rows: usize,
+    pub cols: usize,
+    pub domain: RowDomain,
+    pub requires_grad: bool,
+    pub backward: Option<BackwardFn<T>>,
+    pub op: String,
+    /// Ghost rows hold their owners' current values (Atom tensors only).
+    pub fresh: bool,
+    /// Identical on every rank (parameters, all-reduced values).
+    pub replicated: bool,
+}
+
+pub(crate) struct IndexNode {
+    pub values: Arc<Vec<u32>>,
+    pub domain: RowDomain,
+    pub target: RowDomain,
+    pub target_rows: usize,
+    pub role: String,
+    /// Inverse map (target row → source rows), built on first scatter.
+    pub csr: std::sync::OnceLock<Arc<Csr>>,
+}
+
+/// For each target row, the source rows that point at it, in ascending order.
+pub(crate) struct Csr {
+    pub offsets: Vec<usize>,
+    pub sources: Vec<u32>,
+}
+
+impl IndexNode {
+    pub(crate) fn csr(&self) -> Arc<Csr> {
+        self.csr
+            .get_or_init(|| {
+                let mut counts = vec![0usize; self.target_rows + 1];
+                for &v in self.values.iter() {
+                    counts[v as usize + 1] += 1;
+                }
+                for i in 0..self.target_rows {
+                    counts[i + 1] += counts[i];
+                }
+                let mut fill = counts.clone();
+                let mut sources = vec![0u32; self.values.len()];
+                for (s, &v) in self.values.iter().enumerate() {
+                    sources[fill[v as usize]] = s as u32;
+                    fill[v as usize] += 1;
+                }
+                Arc::new(Csr {
+                    offsets: counts,
+                    sources,
+                })
+            })
+            .clone()
+    }
+}
+
+/// A tape of ops over tensors of element type `T`.
+///
+/// Build it forward with the op methods (see [`crate::ops`]), then call
+/// [`Graph::grad`] for reverse-mode derivatives. With a [`Distributor`]
+/// attached, gathers, scatters, system reductions and opaque ops apply the
+/// distributed handlers the spec selects.
+pub struct Graph<T: Scalar> {
+    pub(crate) nodes: Vec<Node<T>>,
+    pub(crate) indices: Vec<IndexNode>,
+    pub(crate) trace: Option<Trace>,
+    pub(crate) dist: Option<Box<dyn Distributor>>,
+    pub(crate) handler_counts: BTreeMap<String, usize>,
+    pub(crate) scope: Vec<String>,
+    pub(crate) check_finite: bool,
+}
+
+impl<T: Scalar> Default for Graph<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// What a backward closure sees: input values, index arrays, gradient
+/// accumulators and (when distributed) the communicator.
+pub struct BackwardCtx<'a, T: Scalar> {
+    pub(crate) nodes: &'a [Node<T>],
+    pub(crate) indices: &'a [IndexNode],
+    pub(crate) grads: &'a mut [Option<Vec<T>>],
+    pub(crate) dist: Option<&'a mut (dyn Distributor + 'static)>,
+    pub(crate) counts: &'a mut BTreeMap<String, usize>,
+}
+
+impl<'a, T: Scalar> BackwardCtx<'a, T> {
+    /// Forward value of a tensor.
+    pub fn value(&self, t: Tensor) -> &'a [T] {
+        let nodes: &'a [Node<T>] = self.nodes;
+        &nodes[t.id].value
+    }
+
+    /// Values of an index array.
+    pub fn index(&self, i: Index) -> &'a [u32] {
+        let indices: &'a [IndexNode] = self.indices;
+        &indices[i.id].values
+    }
+
+    /// The index node (for its CSR inverse).
+    pub(crate) fn index_node(&self, i: Index) -> &'a IndexNode {
+        let indices: &'a [IndexNode] = self.indices;
+        &indices[i.id]
+    }
+
+    /// Whether a gradient should flow into `t`.
+    pub fn wants(&self, t: Tensor) -> bool {
+        self.nodes[t.id].requires_grad
+    }
+
+    /// Adds `g` into the gradient of `t` (ignored when `t` needs none).
+    pub fn accumulate(&mut self, t: Tensor, g: Vec<T>) {
+        if !self.nodes[t.id].requires_grad {
+            return;
+        }
+        match &mut self.grads[t.id] {
+            Some(acc) => {
+                for (a, b) in acc.iter_mut().zip(&g) {
+                    *a += *b;
+                }
+            }
+            slot @ None => *slot = Some(g),
+        }
+    }
+
+    /// Adds into the gradient of `t` through a closure over the accumulator.
+    pub fn accumulate_with(&mut self, t: Tensor, f: impl FnOnce(&mut [T])) {
+        if !self.nodes[t.id].requires_grad {
+            return;
+        }
+        let len = self.nodes[t.id].value.len();
+        let acc = self.grads[t.id].get_or_insert_with(|| vec![T::zero(); len]);
+        f(acc);
+    }
+
+    pub(crate) fn dist(
+        &mut self,
+        op: &str,
+    ) -> Result<&mut (dyn Distributor + 'static), EngineError> {
+        let op = op.to_string();
+        self.dist.as_deref_mut().ok_or(EngineError::Comm {
+            op,
+            message: "distributed op without a distributor".into(),
+        })
+    }
+
+    pub(crate) fn count(&mut self, handler: &str) {
+        *self.counts.entry(handler.to_string()).or_insert(0) += 1;
+    }
+}
+
+/// Properties of a node to push.
+pub(crate) struct NodeSpec {
+    pub op: String,
+    pub rows: usize,
+    pub cols: usize,
+    pub domain: RowDomain,
+    pub fresh: bool,
+    pub replicated: bool,
+}
+
+impl<T: Scalar> Graph<T> {
+    /// An empty single-process graph.
+    pub fn new() -> Self {
+        Self {
+            nodes: Vec::new(),
+            indices: Vec::new(),
+            trace: None,
+            dist: None,
+            handler_counts: BTreeMap::new(),
+            scope: Vec::new(),
+            check_finite: false,
+        }
+    }
+
+    /// Starts recording every op (forward and backward) into a trace.
+    pub fn enable_trace(&mut self) {
+        self.trace = Some(Trace::default());
+    }
+
+    /// Makes every op check its output for NaN/inf and fail naming itself.
+    pub fn enable_finite_checks(&mut self) {
+        self.check_finite = true;
+    }
+
+    /// The recorded trace, if tracing was enabled.
+    pub fn trace(&self) -> Option<&Trace> {
+        self.trace.as_ref()
+    }
+
+    /// Takes the recorded trace out of the graph.
+    pub fn take_trace(&mut self) -> Option<Trace> {
+        self.trace.take()
+    }
+
+    /// Attaches the decomposition runtime: from now on distributed ops apply
+    /// the handlers that its spec selects.
+    pub fn set_distributor(&mut self, dist: Box<dyn Distributor>) {
+        self.dist = Some(dist);
+    }
+
+    /// Detaches the decomposition runtime.
+    pub fn take_distributor(&mut self) -> Option<Box<dyn Distributor>> {
+        self.dist.take()
+    }
+
+    /// The attached decomposition runtime.
+    pub fn distributor(&mut self) -> Option<&mut (dyn Distributor + 'static)> {
+        self.dist.as_deref_mut()
+    }
+
+    /// True when a distributor is attached.
+    pub fn is_distributed(&self) -> bool {
+        self.dist.is_some()
+    }
+
+    /// How often each distributed handler fired (forward and backward).
+    pub fn handler_counts(&self) -> &BTreeMap<String, usize> {
+        &self.handler_counts
+    }
+
+    /// Labels the ops recorded until the matching [`Graph::pop_scope`] (e.g. a layer name).
+    pub fn push_scope(&mut self, name: impl Into<String>) {
+        self.scope.push(name.into());
+    }
+
+    /// Ends the innermost scope.
+    pub fn pop_scope(&mut self) {
+        self.scope.pop();
+    }
+
+    /// Number of recorded tensors.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// True before the first tensor is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// A differentiable input (positions, strain, …).
+    pub fn leaf(&mut self, value: Vec<T>, rows: usize, cols: usize, domain: RowDomain) -> Tensor {
+        assert_eq!(value.len(), rows * cols, "leaf value has the wrong length");
+        let t = self.push_raw(
+            NodeSpec {
+                op: "leaf".into(),
+                rows,
+                cols,
+                domain,
+                fresh: true,
+                replicated: domain == RowDomain::None,
+            },
+            value,
+            true,
+            None,
+        );
+        self.record(t, &[], &[], None);
+        t
+    }
+
+    /// A constant input (no gradient). Atom constants must hold ghost rows consistent with owners.
+    pub fn constant(
+        &mut self,
+        value: Vec<T>,
+        rows: usize,
+        cols: usize,
+        domain: RowDomain,
+    ) -> Tensor {
+        assert_eq!(
+            value.len(),
+            rows * cols,
+            "constant value has the wrong length"
+        );
+        let t = self.push_raw(
+            NodeSpec {
+                op: "constant".into(),
+                rows,
+                cols,
+                domain,
+                fresh: true,
+                replicated: domain != RowDomain::Atom && domain != RowDomain::Edge,
+            },
+            value,
+            false,
+            None,
+        );
+        self.record(t, &[], &[], None);
+        t
+    }
+
+    /// A parameter matrix given in f64 (converted to `T`), rows × cols, no gradient.
+    pub fn param(
+        &mut self,
+        value: &[f64],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Tensor, EngineError> {
+        if value.len() != rows * cols {
+            return Err(EngineError::shape(
+                "param",
+                format!(
+                    "parameter has {} values but its shape is {rows}×{cols}",
+                    value.len()
+                ),
+            ));
+        }
+        let v: Vec<T> = value.iter().map(|&x| T::of(x)).collect();
+        Ok(self.constant(v, rows, cols, RowDomain::None))
+    }
+
+    /// Registers an index array: `values[r]` is a row of a `target` tensor with
+    /// `target_rows` rows; the array itself has rows of `domain`. `role` names
+    /// it in traces (e.g. `edge_center`).
+    pub fn index(
+        &mut self,
+        values: Arc<Vec<u32>>,
+        domain: RowDomain,
+        target: RowDomain,
+        target_rows: usize,
+        role: &str,
+    ) -> Result<Index, EngineError> {
+        if let Some(&bad) = values.iter().find(|&&v| v as usize >= target_rows) {
+            return Err(EngineError::shape(
+                "index",
+                format!("index `{role}` holds {bad} but its target has {target_rows} rows"),
+            ));
+        }
+        self.indices.push(IndexNode {
+            values,
+            domain,
+            target,
+            target_rows,
+            role: role.to_string(),
+            csr: std::sync::OnceLock::new(),
+        });
+        Ok(Index {
+            id: self.indices.len() - 1,
+        })
+    }
+
+    /// Values of an index array.
+    pub fn index_values(&self, i: Index) -> &Arc<Vec<u32>> {
+        &self.indices[i.id].values
+    }
+
+    /// Number of entries (rows) of an index array.
+    pub fn index_len(&self, i: Index) -> usize {
+        self.indices[i.id].values.len()
+    }
+
+    /// Rows of the tensor an index points into.
+    pub fn index_target_rows(&self, i: Index) -> usize {
+        self.indices[i.id].target_rows
+    }
+
+    /// Forward value (row-major rows × cols).
+    pub fn value(&self, t: Tensor) -> &[T] {
+        &self.nodes[t.id].value
+    }
+
+    /// (rows, cols).
+    pub fn shape(&self, t: Tensor) -> (usize, usize) {
+        (self.nodes[t.id].rows, self.nodes[t.id].cols)
+    }
+
+    /// Row domain.
+    pub fn domain(&self, t: Tensor) -> RowDomain {
+        self.nodes[t.id].domain
+    }
+
+    /// Whether gradients flow through this tensor.
+    pub fn requires_grad(&self, t: Tensor) -> bool {
+        self.nodes[t.id].requires_grad
+    }
+
+    /// Whether the tensor is identical on every rank.
+    pub fn is_replicated(&self, t: Tensor) -> bool {
+        self.nodes[t.id].replicated
+    }
+
+    pub(crate) fn push_raw(
+        &mut self,
+        spec: NodeSpec,
+        value: Vec<T>,
+        requires_grad: bool,
+        backward: Option<BackwardFn<T>>,
+    ) -> Tensor {
+        debug_assert_eq!(value.len(), spec.rows * spec.cols, "op {}", spec.op);
+        self.nodes.push(Node {
+            value,
+            rows: spec.rows,
+            cols: spec.cols,
+            domain: spec.domain,
+            requires_grad,
+            backward: if requires_grad { backward } else { None },
+            op: spec.op,
+            fresh: spec.fresh,
+            replicated: spec.replicated,
+        });
+        Tensor {
+            id: self.nodes.len() - 1,
+        }
+    }
+
+    /// Records an op result: pushes the node, traces it, checks finiteness.
+    /// `requires_grad` is true when any input requires it.
+    pub(crate) fn push_op(
+        &mut self,
+        spec: NodeSpec,
+        value: Vec<T>,
+        inputs: &[Tensor],
+        indices: &[Index],
+        handler: Option<&str>,
+        backward: BackwardFn<T>,
+    ) -> Result<Tensor, EngineError> {
+        let requires_grad = inputs.iter().any(|t| self.nodes[t.id].requires_grad);
+        if self.check_finite {
+            if let Some(pos) = value.iter().position(|x| !x.is_finite()) {
+                let op = spec.op.clone();
+                return Err(EngineError::NonFinite {
+                    op,
+                    what: format!(
+                        "element {pos} of a {}×{} {:?} output",
+                        spec.rows, spec.cols, spec.domain
+                    ),
+                });
+            }
+        }
+        if let Some(h) = handler {
+            *self.handler_counts.entry(h.to_string()).or_insert(0) += 1;
+        }
+        let t = self.push_raw(spec, value, requires_grad, Some(backward));
+        self.record(t, inputs, indices, handler);
+        Ok(t)
+    }
+
+    fn record(&mut self, t: Tensor, inputs: &[Tensor], indices: &[Index], handler: Option<&str>) {
+        if self.trace.is_none() {
+            return;
+        }
+        let shape = |n: &Node<T>| TraceShape {
+            domain: n.domain,
+            rows: n.rows,
+            cols: n.cols,
+        };
+        let node = &self.nodes[t.id];
+        let owned = match (&self.dist, node.domain) {
+            (Some(d), RowDomain::Atom) if node.rows == d.n_local() => d.n_owned(),
+            _ => node.rows,
+        };
+        let sum: f64 = node.value[..owned * node.cols]
+            .iter()
+            .map(|x| x.to_f64_lossless())
+            .sum();
+        let sum_sq: f64 = node.value[..owned * node.cols]
+            .iter()
+            .map(|x| {
+                let v = x.to_f64_lossless();
+                v * v
+            })
+            .sum();
+        let event = TraceEvent {
+            seq: 0,
+            phase: Phase::Forward,
+            op: node.op.clone(),
+            scope: self.scope.join("/"),
+            inputs: inputs.iter().map(|i| shape(&self.nodes[i.id])).collect(),
+            output: shape(node),
+            indices: indices
+                .iter()
+                .map(|i| {
+                    let ix = &self.indices[i.id];
+                    format!("{} ({:?} → {:?})", ix.role, ix.domain, ix.target)
+                })
+                .collect(),
+            handler: handler.map(str::to_string),
+            owned_sum: sum,
+            owned_sum_sq: sum_sq,
+            replicated: node.replicated,
+        };
+        if let Some(trace) = &mut self.trace {
+            trace.push(event);
+        }
+    }
+
+    /// Reverse-mode gradient of `Σ seed ⊙ output` with respect to `wrt`.
+    ///
+    /// `seed` defaults to ones. Returns one gradient per `wrt` tensor (zeros
+    /// where the output does not depend on it, unless `strict`).
+    pub fn grad(
+        &mut self,
+        output: Tensor,
+        seed: Option<Vec<T>>,
+        wrt: &[Tensor],
+    ) -> Result<Vec<Vec<T>>, EngineError> {
+        let n = self.nodes.len();
+        let mut grads: Vec<Option<Vec<T>>> = (0..n).map(|_| None).collect();
+        let out_len = self.nodes[output.id].value.len();
+        let seed = seed.unwrap_or_else(|| vec![T::one(); out_len]);
+        if seed.len() != out_len {
+            return Err(EngineError::shape(
+                "grad",
+                "seed length differs from the output",
+            ));
+        }
+        if !self.nodes[output.id].requires_grad {
+            return Err(EngineError::SeveredGradient {
+                what: "any differentiable input".into(),
+            });
+        }
+        grads[output.id] = Some(seed);
+        let keep: std::collections::HashSet<usize> = wrt.iter().map(|t| t.id).collect();
+        let Graph {
+            nodes,
+            indices,
+            trace,
+            dist,
+            handler_counts,
+            ..
+        } = self;
+        // Every rank walks the same nodes in the same order, so collective
+        // adjoints (refresh ↔ reverse-sum, all-reduce) line up across ranks.
+        for id in (0..=output.id).rev() {
+            let Some(g) = grads[id].take() else { continue };
+            let node = &nodes[id];
+            let Some(bw) = &node.backward else {
+                grads[id] = Some(g);
+                continue;
+            };
+            let mut ctx = BackwardCtx {
+                nodes,
+                indices,
+                grads: &mut grads,
+                dist: dist.as_deref_mut(),
+                counts: handler_counts,
+            };
+            bw(&mut ctx, &g)?;
+            if let Some(tr) = trace.as_mut() {
+                let sum: f64 = g.iter().map(|x| x.to_f64_lossless()).sum();
+                tr.push(TraceEvent {
+                    seq: 0,
+                    phase: Phase::Backward,
+                    op: format!("{}.backward", node.op),
+                    scope: String::new(),
+                    inputs: vec![TraceShape {
+                        domain: node.domain,
+                        rows: node.rows,
+                        cols: node.cols,
+                    }],
+                    output: TraceShape {
+                        domain: node.domain,
+                        rows: node.rows,
+                        cols: node.cols,
+                    },
+                    indices: Vec::new(),
+                    handler: None,
+                    owned_sum: sum,
+                    owned_sum_sq: 0.0,
+                    replicated: false,
+                });
+            }
+            // Intermediate gradients are dropped as soon as they are consumed.
+            if keep.contains(&id) {
+                grads[id] = Some(g);
+            }
+        }
+        Ok(wrt
+            .iter()
+            .map(|t| {
+                grads[t.id]
+                    .take()
+                    .unwrap_or_else(|| vec![T::zero(); self.nodes[t.id].value.len()])
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,327 @@
+use crate::graph::NodeSpec;
+use crate::ops::PAR_THRESHOLD;
+use crate::{EngineError, Graph, RowDomain, Scalar, Tensor};
+use rayon::prelude::*;
+
+/// Element-wise functions with known derivatives.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Unary {
+    /// x·σ(x)
+    Silu,
+    Tanh,
+    /// 1/(1+e^(−x))
+    Sigmoid,
+    /// ln(½eˣ + ½), SchNet's activation (zero at zero).
+    ShiftedSoftplus,
+    Exp,
+    /// Natural logarithm.
+    Ln,
+    Sqrt,
+    Square,
+    /// 1/x
+    Recip,
+    Neg,
+    /// c·x
+    Scale(f64),
+    /// x + c
+    AddScalar(f64),
+    /// x^p
+    Powf(f64),
+    /// Normalised SiLU as e3nn uses it: c·x·σ(x).
+    ScaledSilu(f64),
+}
+
+impl Unary {
+    fn name(&self) -> &'static str {
+        match self {
+            Unary::Silu => "silu",
+            Unary::Tanh => "tanh",
+            Unary::Sigmoid => "sigmoid",
+            Unary::ShiftedSoftplus => "shifted_softplus",
+            Unary::Exp => "exp",
+            Unary::Ln => "ln",
+            Unary::Sqrt => "sqrt",
+            Unary::Square => "square",
+            Unary::Recip => "recip",
+            Unary::Neg => "neg",
+            Unary::Scale(_) => "scale",
+            Unary::AddScalar(_) => "add_scalar",
+            Unary::Powf(_) => "powf",
+            Unary::ScaledSilu(_) => "scaled_silu",
+        }
+    }
+
+    #[inline]
+    fn apply<T: Scalar>(&self, x: T) -> T {
+        let one = T::one();
+        match *self {
+            Unary::Silu => x / (one + (-x).exp()),
+            Unary::Tanh => x.tanh(),
+            Unary::Sigmoid => one / (one + (-x).exp()),
+            Unary::ShiftedSoftplus => softplus(x) - T::of(std::f64::consts::LN_2),
+            Unary::Exp => x.exp(),
+            Unary::Ln => x.ln(),
+            Unary::Sqrt => x.sqrt(),
+            Unary::Square => x * x,
+            Unary::Recip => one / x,
+            Unary::Neg => -x,
+            Unary::Scale(c) => T::of(c) * x,
+            Unary::AddScalar(c) => x + T::of(c),
+            Unary::Powf(p) => x.powf(T::of(p)),
+            Unary::ScaledSilu(c) => T::of(c) * x / (one + (-x).exp()),
+        }
+    }
+
+    /// dy/dx given x and y.
+    #[inline]
+    fn derivative<T: Scalar>(&self, x: T, y: T) -> T {
+        let one = T::one();
+        match *self {
+            Unary::Silu => {
+                let s = one / (one + (-x).exp());
+                s * (one + x * (one - s))
+            }
+            Unary::ScaledSilu(c) => {
+                let s = one / (one + (-x).exp());
+                T::of(c) * s * (one + x * (one - s))
+            }
+            Unary::Tanh => one - y * y,
+            Unary::Sigmoid => y * (one - y),
+            Unary::ShiftedSoftplus => one / (one + (-x).exp()),
+            Unary::Exp => y,
+            Unary::Ln => one / x,
+            Unary::Sqrt => T::of(0.5) / y,
+            Unary::Square => T::of(2.0) * x,
+            Unary::Recip => -y * y,
+            Unary::Neg => -one,
+            Unary::Scale(c) => T::of(c),
+            Unary::AddScalar(_) => one,
+            Unary::Powf(p) => T::of(p) * x.powf(T::of(p - 1.0)),
+        }
+    }
+}
+
+#[inline]
+fn softplus<T: Scalar>(x: T) -> T {
+    // Stable for large |x|.
+    if x > T::zero() {
+        x + (-x).exp().ln_1p()
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+fn map_into<T: Scalar>(out: &mut [T], f: impl Fn(usize) -> T + Sync) {
+    if out.len() >= PAR_THRESHOLD {
+        out.par_iter_mut().enumerate().for_each(|(i, o)| *o = f(i));
+    } else {
+        out.iter_mut().enumerate().for_each(|(i, o)| *o = f(i));
+    }
+}
+
+/// How the second operand of a binary op broadcasts against the first.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Broadcast {
+    Full,
+    PerRow,
+    PerCol,
+    Scalar,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum BinaryKind {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+impl<T: Scalar> Graph<T> {
+    /// Applies an element-wise function.
+    pub fn unary(&mut self, x: Tensor, f: Unary) -> Result<Tensor, EngineError> {
+        let (rows, cols) = self.shape(x);
+        let n = &self.nodes[x.id];
+        let xs = &n.value;
+        let mut out = vec![T::zero(); xs.len()];
+        map_into(&mut out, |i| f.apply(xs[i]));
+        let spec = NodeSpec {
+            op: f.name().to_string(),
+            rows,
+            cols,
+            domain: n.domain,
+            fresh: n.fresh,
+            replicated: n.replicated,
+        };
+        let out_id = crate::Tensor {
+            id: self.nodes.len(),
+        };
+        self.push_op(
+            spec,
+            out,
+            &[x],
+            &[],
+            None,
+            Box::new(move |ctx, g| {
+                if !ctx.wants(x) {
+                    return Ok(());
+                }
+                let xs = ctx.value(x);
+                let ys = ctx.value(out_id);
+                let mut gx = vec![T::zero(); g.len()];
+                map_into(&mut gx, |i| g[i] * f.derivative(xs[i], ys[i]));
+                ctx.accumulate(x, gx);
+                Ok(())
+            }),
+        )
+    }
+
+    /// x·σ(x)
+    pub fn silu(&mut self, x: Tensor) -> Result<Tensor, EngineError> {
+        self.unary(x, Unary::Silu)
+    }
+
+    /// tanh(x)
+    pub fn tanh(&mut self, x: Tensor) -> Result<Tensor, EngineError> {
+        self.unary(x, Unary::Tanh)
+    }
+
+    /// σ(x)
+    pub fn sigmoid(&mut self, x: Tensor) -> Result<Tensor, EngineError> {
+        self.unary(x, Unary::Sigmoid)
+    }
+
+    /// ln(½eˣ + ½)
+    pub fn shifted_softplus(&mut self, x: Tensor) -> Result<Tensor, EngineError> {
+        self.unary(x, Unary::ShiftedSoftplus)
+    }
+
+    /// c·x
+    pub fn scale(&mut self, x: Tensor, c: f64) -> Result<Tensor, EngineError> {
+        self.unary(x, Unary::Scale(c))
+    }
+
+    fn binary(&mut self, a: Tensor, b: Tensor, kind: BinaryKind) -> Result<Tensor, EngineError> {
+        let name = match kind {
+            BinaryKind::Add => "add",
+            BinaryKind::Sub => "sub",
+            BinaryKind::Mul => "mul",
+            BinaryKind::Div => "div",
+        };
+        let (ra, ca) = self.shape(a);
+        let (rb, cb) = self.shape(b);
+        let bc = if (rb, cb) == (ra, ca) {
+            Broadcast::Full
+        } else if (rb, cb) == (ra, 1) {
+            Broadcast::PerRow
+        } else if (rb, cb) == (1, ca) {
+            Broadcast::PerCol
+        } else if (rb, cb) == (1, 1) {
+            Broadcast::Scalar
+        } else {
+            return Err(EngineError::shape(
+                name,
+                format!("cannot broadcast {rb}×{cb} against {ra}×{ca}"),
+            ));
+        };
+        let na = &self.nodes[a.id];
+        let nb = &self.nodes[b.id];
+        let (av, bv) = (&na.value, &nb.value);
+        let bidx = move |i: usize| -> usize {
+            match bc {
+                Broadcast::Full => i,
+                Broadcast::PerRow => i / ca.max(1),
+                Broadcast::PerCol => i % ca.max(1),
+                Broadcast::Scalar => 0,
+            }
+        };
+        let mut out = vec![T::zero(); av.len()];
+        map_into(&mut out, |i| {
+            let (x, y) = (av[i], bv[bidx(i)]);
+            match kind {
+                BinaryKind::Add => x + y,
+                BinaryKind::Sub => x - y,
+                BinaryKind::Mul => x * y,
+                BinaryKind::Div => x / y,
+            }
+        });
+        let b_fresh = nb.domain != RowDomain::Atom
+            || nb.fresh
+            || bc != Broadcast::Full && bc != Broadcast::PerRow;
+        let spec = NodeSpec {
+            op: name.to_string(),
+            rows: ra,
+            cols: ca,
+            domain: na.domain,
+            fresh: na.fresh && b_fresh,
+            replicated: na.replicated && nb.replicated,
+        };
+        self.push_op(
+            spec,
+            out,
+            &[a, b],
+            &[],
+            None,
+            Box::new(move |ctx, g| {
+                let av = ctx.value(a);
+                let bv = ctx.value(b);
+                if ctx.wants(a) {
+                    let mut ga = vec![T::zero(); g.len()];
+                    map_into(&mut ga, |i| match kind {
+                        BinaryKind::Add | BinaryKind::Sub => g[i],
+                        BinaryKind::Mul => g[i] * bv[bidx(i)],
+                        BinaryKind::Div => g[i] / bv[bidx(i)],
+                    });
+                    ctx.accumulate(a, ga);
+                }
+                if ctx.wants(b) {
+                    let contrib = |i: usize| -> T {
+                        match kind {
+                            BinaryKind::Add => g[i],
+                            BinaryKind::Sub => -g[i],
+                            BinaryKind::Mul => g[i] * av[i],
+                            BinaryKind::Div => {
+                                let y = bv[bidx(i)];
+                                -g[i] * av[i] / (y * y)
+                            }
+                        }
+                    };
+                    let mut gb = vec![T::zero(); rb * cb];
+                    match bc {
+                        Broadcast::Full => map_into(&mut gb, contrib),
+                        Broadcast::PerRow => {
+                            let c = ca.max(1);
+                            map_into(&mut gb, |r| (0..c).map(|k| contrib(r * c + k)).sum())
+                        }
+                        _ => {
+                            for i in 0..g.len() {
+                                gb[bidx(i)] += contrib(i);
+                            }
+                        }
+                    }
+                    ctx.accumulate(b, gb);
+                }
+                Ok(())
+            }),
+        )
+    }
+
+    /// a + b (b may be rows×1, 1×cols or 1×1 and broadcasts).
+    pub fn add(&mut self, a: Tensor, b: Tensor) -> Result<Tensor, EngineError> {
+        self.binary(a, b, BinaryKind::Add)
+    }
+
+    /// a − b (broadcasting as in [`Graph::add`]).
+    pub fn sub(&mut self, a: Tensor, b: Tensor) -> Result<Tensor, EngineError> {
+        self.binary(a, b, BinaryKind::Sub)
+    }
+
+    /// a ⊙ b (broadcasting as in [`Graph::add`]).
+    pub fn mul(&mut self, a: Tensor, b: Tensor) -> Result<Tensor, EngineError> {
+        self.binary(a, b, BinaryKind::Mul)
+    }
+
+    /// a ⊘ b (broadcasting as in [`Graph::add`]).
+    pub fn div(&mut self, a: Tensor, b: Tensor) -> Result<Tensor, EngineError> {
+        self.binary(a, b, BinaryKind::Div)
+    }
+}

@@ -1,0 +1,291 @@
+//! Geometry: strain, edge vectors with cell shifts, row norms.
+
+use crate::graph::NodeSpec;
+use crate::ops::PAR_THRESHOLD;
+use crate::{EngineError, Graph, Index, RowDomain, Scalar, Tensor};
+use ddmlip_spec::GatherMode;
+use rayon::prelude::*;
+use std::sync::Arc;
+
+impl<T: Scalar> Graph<T> {
+    /// Applies a per-system strain to row vectors: `r' = r·(I + ε_s)` where
+    /// `eps` is System×9 (row-major 3×3) and `idx` maps each row to its system.
+    /// Used for positions (Atom rows) and cell vectors (3 rows per system), so
+    /// that `∂E/∂ε` gives the virial.
+    pub fn apply_strain(
+        &mut self,
+        x: Tensor,
+        eps: Tensor,
+        idx: Index,
+    ) -> Result<Tensor, EngineError> {
+        let (rows, cols) = self.shape(x);
+        let (_, ecols) = self.shape(eps);
+        if cols != 3 || ecols != 9 {
+            return Err(EngineError::shape(
+                "apply_strain",
+                format!("need rows×3 vectors and n×9 strain, got {rows}×{cols} and ·×{ecols}"),
+            ));
+        }
+        let ids = self.indices[idx.id].values.clone();
+        if ids.len() != rows {
+            return Err(EngineError::shape(
+                "apply_strain",
+                "index length differs from the rows",
+            ));
+        }
+        let xv = &self.nodes[x.id].value;
+        let ev = &self.nodes[eps.id].value;
+        let mut out = vec![T::zero(); rows * 3];
+        for r in 0..rows {
+            let e = &ev[ids[r] as usize * 9..ids[r] as usize * 9 + 9];
+            for k in 0..3 {
+                let mut s = xv[r * 3 + k];
+                for m in 0..3 {
+                    s += xv[r * 3 + m] * e[m * 3 + k];
+                }
+                out[r * 3 + k] = s;
+            }
+        }
+        let nx = &self.nodes[x.id];
+        let spec = NodeSpec {
+            op: "apply_strain".into(),
+            rows,
+            cols: 3,
+            domain: nx.domain,
+            fresh: nx.fresh,
+            replicated: nx.replicated,
+        };
+        self.push_op(
+            spec,
+            out,
+            &[x, eps],
+            &[idx],
+            None,
+            Box::new(move |ctx, g| {
+                let ids = ctx.index(idx);
+                let ev = ctx.value(eps);
+                let xv = ctx.value(x);
+                if ctx.wants(x) {
+                    let mut gx = vec![T::zero(); rows * 3];
+                    for r in 0..rows {
+                        let e = &ev[ids[r] as usize * 9..ids[r] as usize * 9 + 9];
+                        for m in 0..3 {
+                            let mut s = g[r * 3 + m];
+                            for k in 0..3 {
+                                s += g[r * 3 + k] * e[m * 3 + k];
+                            }
+                            gx[r * 3 + m] = s;
+                        }
+                    }
+                    ctx.accumulate(x, gx);
+                }
+                if ctx.wants(eps) {
+                    ctx.accumulate_with(eps, |ge| {
+                        for r in 0..rows {
+                            let s = ids[r] as usize * 9;
+                            for m in 0..3 {
+                                for k in 0..3 {
+                                    ge[s + m * 3 + k] += xv[r * 3 + m] * g[r * 3 + k];
+                                }
+                            }
+                        }
+                    });
+                }
+                Ok(())
+            }),
+        )
+    }
+
+    /// Edge vectors `r_j − r_i + S·cell_s` (Edge×3) from positions (Atom×3),
+    /// `center` (i) and `neighbor` (j) indices, and — for periodic images —
+    /// integer shifts with the cell as a (3·n_systems)×3 tensor and each edge's system.
+    pub fn edge_vectors(
+        &mut self,
+        positions: Tensor,
+        center: Index,
+        neighbor: Index,
+        periodic: Option<(Tensor, Arc<Vec<[i32; 3]>>, Index)>,
+    ) -> Result<Tensor, EngineError> {
+        let mut positions = positions;
+        let mut handler = None;
+        let mode = match &self.dist {
+            Some(d)
+                if self.nodes[positions.id].rows == d.n_local()
+                    && self.nodes[positions.id].domain == RowDomain::Atom =>
+            {
+                Some(d.spec().policy.gather)
+            }
+            _ => None,
+        };
+        if let Some(mode) = mode {
+            if mode == GatherMode::HaloRead && !self.nodes[positions.id].fresh {
+                positions = self.halo_refresh(positions, "gather:halo_read(refresh)")?;
+            }
+            handler = Some(match mode {
+                GatherMode::HaloRead => "gather:halo_read",
+                GatherMode::Local => "gather:local",
+            });
+        }
+        let ci = self.indices[center.id].values.clone();
+        let ni = self.indices[neighbor.id].values.clone();
+        if ci.len() != ni.len() {
+            return Err(EngineError::shape(
+                "edge_vectors",
+                "center and neighbor indices differ in length",
+            ));
+        }
+        let n_edges = ci.len();
+        let pv = &self.nodes[positions.id].value;
+        let mut out = vec![T::zero(); n_edges * 3];
+        let fill = |(e, o): (usize, &mut [T])| {
+            let (i, j) = (ci[e] as usize, ni[e] as usize);
+            for k in 0..3 {
+                o[k] = pv[j * 3 + k] - pv[i * 3 + k];
+            }
+        };
+        if out.len() >= PAR_THRESHOLD {
+            out.par_chunks_mut(3).enumerate().for_each(fill);
+        } else {
+            out.chunks_mut(3).enumerate().for_each(fill);
+        }
+        let mut inputs = vec![positions];
+        let mut idxs = vec![center, neighbor];
+        let mut shift_data = None;
+        if let Some((cell, shifts, esys)) = periodic {
+            if shifts.len() != n_edges || self.indices[esys.id].values.len() != n_edges {
+                return Err(EngineError::shape(
+                    "edge_vectors",
+                    "shifts / edge systems differ in length from the edges",
+                ));
+            }
+            let cv = &self.nodes[cell.id].value;
+            let sys = self.indices[esys.id].values.clone();
+            for e in 0..n_edges {
+                let s = shifts[e];
+                if s == [0, 0, 0] {
+                    continue;
+                }
+                let base = sys[e] as usize * 9;
+                for (a, &sa) in s.iter().enumerate() {
+                    if sa != 0 {
+                        for k in 0..3 {
+                            out[e * 3 + k] += T::of(sa as f64) * cv[base + a * 3 + k];
+                        }
+                    }
+                }
+            }
+            inputs.push(cell);
+            idxs.push(esys);
+            shift_data = Some((cell, shifts, sys));
+        }
+        let spec = NodeSpec {
+            op: "edge_vectors".into(),
+            rows: n_edges,
+            cols: 3,
+            domain: RowDomain::Edge,
+            fresh: true,
+            replicated: false,
+        };
+        self.push_op(
+            spec,
+            out,
+            &inputs,
+            &idxs,
+            handler,
+            Box::new(move |ctx, g| {
+                if ctx.wants(positions) {
+                    let csr_c = ctx.index_node(center).csr();
+                    let csr_n = ctx.index_node(neighbor).csr();
+                    ctx.accumulate_with(positions, |gp| {
+                        let body = |(a, o): (usize, &mut [T])| {
+                            for &e in &csr_n.sources[csr_n.offsets[a]..csr_n.offsets[a + 1]] {
+                                for k in 0..3 {
+                                    o[k] += g[e as usize * 3 + k];
+                                }
+                            }
+                            for &e in &csr_c.sources[csr_c.offsets[a]..csr_c.offsets[a + 1]] {
+                                for k in 0..3 {
+                                    o[k] -= g[e as usize * 3 + k];
+                                }
+                            }
+                        };
+                        if g.len() >= PAR_THRESHOLD {
+                            gp.par_chunks_mut(3).enumerate().for_each(body);
+                        } else {
+                            gp.chunks_mut(3).enumerate().for_each(body);
+                        }
+                    });
+                }
+                if let Some((cell, shifts, sys)) = &shift_data {
+                    if ctx.wants(*cell) {
+                        ctx.accumulate_with(*cell, |gc| {
+                            for e in 0..shifts.len() {
+                                let s = shifts[e];
+                                let base = sys[e] as usize * 9;
+                                for (a, &sa) in s.iter().enumerate() {
+                                    if sa != 0 {
+                                        for k in 0..3 {
+                                            gc[base + a * 3 + k] += T::of(sa as f64) * g[e * 3 + k];
+                                        }
+                                    }
+                                }
+                            }
+                        });
+                    }
+                }
+                Ok(())
+            }),
+        )
+    }
+
+    /// Euclidean norm of each row (rows×cols → rows×1).
+    pub fn row_norm(&mut self, x: Tensor) -> Result<Tensor, EngineError> {
+        let (rows, cols) = self.shape(x);
+        let xv = &self.nodes[x.id].value;
+        let mut out = vec![T::zero(); rows];
+        for r in 0..rows {
+            out[r] = xv[r * cols..(r + 1) * cols]
+                .iter()
+                .map(|&v| v * v)
+                .sum::<T>()
+                .sqrt();
+        }
+        let nx = &self.nodes[x.id];
+        let spec = NodeSpec {
+            op: "row_norm".into(),
+            rows,
+            cols: 1,
+            domain: nx.domain,
+            fresh: nx.fresh,
+            replicated: nx.replicated,
+        };
+        let out_t = Tensor {
+            id: self.nodes.len(),
+        };
+        self.push_op(
+            spec,
+            out,
+            &[x],
+            &[],
+            None,
+            Box::new(move |ctx, g| {
+                if !ctx.wants(x) {
+                    return Ok(());
+                }
+                let xv = ctx.value(x);
+                let nv = ctx.value(out_t);
+                let mut gx = vec![T::zero(); rows * cols];
+                for r in 0..rows {
+                    if nv[r] > T::zero() {
+                        let f = g[r] / nv[r];
+                        for c in 0..cols {
+                            gx[r * cols + c] = f * xv[r * cols + c];
+                        }
+                    }
+                }
+                ctx.accumulate(x, gx);
+                Ok(())
+            }),
+        )
+    }
+}

@@ -1,0 +1,422 @@
+//! Ops that move rows between domains — the ones with a distributed meaning:
+//! gather (Atom → Edge), scatter-add (Edge → Atom), system reductions
+//! (Atom → System), and the halo / all-reduce steps their handlers insert.
+
+use crate::graph::{Csr, NodeSpec};
+use crate::ops::PAR_THRESHOLD;
+use crate::{EngineError, Graph, Index, RowDomain, Scalar, Tensor};
+use ddmlip_spec::{GatherMode, ScatterMode};
+use rayon::prelude::*;
+
+pub(crate) fn gather_rows<T: Scalar>(x: &[T], cols: usize, idx: &[u32], out: &mut [T]) {
+    if cols == 0 {
+        return;
+    }
+    let body = |(r, o): (usize, &mut [T])| {
+        let s = idx[r] as usize * cols;
+        o.copy_from_slice(&x[s..s + cols]);
+    };
+    if out.len() >= PAR_THRESHOLD {
+        out.par_chunks_mut(cols).enumerate().for_each(body);
+    } else {
+        out.chunks_mut(cols).enumerate().for_each(body);
+    }
+}
+
+/// `out[t] += Σ_{s: idx[s] = t} src[s]`, race-free through the inverse map;
+/// sums in ascending source order so results do not depend on thread count.
+pub(crate) fn scatter_rows<T: Scalar>(src: &[T], cols: usize, csr: &Csr, out: &mut [T]) {
+    if cols == 0 {
+        return;
+    }
+    let body = |(t, o): (usize, &mut [T])| {
+        for &s in &csr.sources[csr.offsets[t]..csr.offsets[t + 1]] {
+            let row = &src[s as usize * cols..(s as usize + 1) * cols];
+            for (a, &b) in o.iter_mut().zip(row) {
+                *a += b;
+            }
+        }
+    };
+    if src.len() >= PAR_THRESHOLD {
+        out.par_chunks_mut(cols).enumerate().for_each(body);
+    } else {
+        out.chunks_mut(cols).enumerate().for_each(body);
+    }
+}
+
+impl<T: Scalar> Graph<T> {
+    fn check_index(&self, op: &str, x: Tensor, idx: Index) -> Result<(), EngineError> {
+        let ix = &self.indices[idx.id];
+        let n = &self.nodes[x.id];
+        if ix.target_rows != n.rows {
+            return Err(EngineError::shape(
+                op,
+                format!(
+                    "index `{}` points into {} rows but the tensor has {} rows",
+                    ix.role, ix.target_rows, n.rows
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Rows `x[idx[r]]` for every entry r of `idx` (Atom → Edge, species → table, System → Atom).
+    ///
+    /// Distributed, on Atom rows: `halo_read` refreshes ghost rows first when
+    /// they may be stale; `local` reads them as they are.
+    pub fn gather(&mut self, x: Tensor, idx: Index) -> Result<Tensor, EngineError> {
+        self.check_index("gather", x, idx)?;
+        let mut x = x;
+        let mut handler = None;
+        if let Some(d) = &self.dist {
+            if self.nodes[x.id].domain == RowDomain::Atom && self.nodes[x.id].rows == d.n_local() {
+                match d.spec().policy.gather {
+                    GatherMode::HaloRead => {
+                        if !self.nodes[x.id].fresh {
+                            x = self.halo_refresh(x, "gather:halo_read(refresh)")?;
+                        }
+                        handler = Some("gather:halo_read");
+                    }
+                    GatherMode::Local => handler = Some("gather:local"),
+                }
+            }
+        }
+        self.gather_local(x, idx, handler)
+    }
+
+    pub(crate) fn gather_local(
+        &mut self,
+        x: Tensor,
+        idx: Index,
+        handler: Option<&str>,
+    ) -> Result<Tensor, EngineError> {
+        let (_, cols) = self.shape(x);
+        let ix = &self.indices[idx.id];
+        let rows = ix.values.len();
+        let mut out = vec![T::zero(); rows * cols];
+        gather_rows(&self.nodes[x.id].value, cols, &ix.values, &mut out);
+        let nx = &self.nodes[x.id];
+        let spec = NodeSpec {
+            op: "gather".into(),
+            rows,
+            cols,
+            domain: ix.domain,
+            fresh: true,
+            replicated: nx.replicated
+                && ix.domain != RowDomain::Atom
+                && ix.domain != RowDomain::Edge,
+        };
+        self.push_op(
+            spec,
+            out,
+            &[x],
+            &[idx],
+            handler,
+            Box::new(move |ctx, g| {
+                if !ctx.wants(x) {
+                    return Ok(());
+                }
+                let csr = ctx.index_node(idx).csr();
+                ctx.accumulate_with(x, |gx| scatter_rows(g, cols, &csr, gx));
+                Ok(())
+            }),
+        )
+    }
+
+    /// Sums rows of `src` into the rows `idx` points at (Edge → Atom, Atom → System).
+    ///
+    /// Distributed, onto Atom rows, the spec's scatter mode applies:
+    /// `halo_correction` (reverse-sum ghost partials to owners, then refresh),
+    /// `refresh` (refresh ghosts from owners), or `local` (no exchange).
+    pub fn scatter_add(&mut self, src: Tensor, idx: Index) -> Result<Tensor, EngineError> {
+        let target = self.indices[idx.id].target;
+        let target_rows = self.indices[idx.id].target_rows;
+        let mode = match &self.dist {
+            Some(d) if target == RowDomain::Atom && target_rows == d.n_local() => {
+                Some(d.spec().policy.scatter)
+            }
+            _ => None,
+        };
+        let handler = mode.map(|m| match m {
+            ScatterMode::HaloCorrection => "scatter:halo_correction",
+            ScatterMode::Refresh => "scatter:refresh",
+            ScatterMode::Local => "scatter:local",
+        });
+        let y = self.scatter_local(src, idx, handler, mode.is_none())?;
+        match mode {
+            Some(ScatterMode::HaloCorrection) => {
+                let y = self.halo_reverse_sum(y, "halo:reverse_sum")?;
+                self.halo_refresh(y, "halo:refresh")
+            }
+            Some(ScatterMode::Refresh) => self.halo_refresh(y, "halo:refresh"),
+            Some(ScatterMode::Local) | None => Ok(y),
+        }
+    }
+
+    fn scatter_local(
+        &mut self,
+        src: Tensor,
+        idx: Index,
+        handler: Option<&str>,
+        fresh: bool,
+    ) -> Result<Tensor, EngineError> {
+        let (rows_src, cols) = self.shape(src);
+        let ix = &self.indices[idx.id];
+        if ix.values.len() != rows_src {
+            return Err(EngineError::shape(
+                "scatter_add",
+                format!(
+                    "index `{}` has {} entries but the source has {} rows",
+                    ix.role,
+                    ix.values.len(),
+                    rows_src
+                ),
+            ));
+        }
+        let rows = ix.target_rows;
+        let domain = ix.target;
+        let csr = ix.csr();
+        let mut out = vec![T::zero(); rows * cols];
+        scatter_rows(&self.nodes[src.id].value, cols, &csr, &mut out);
+        let spec = NodeSpec {
+            op: "scatter_add".into(),
+            rows,
+            cols,
+            domain,
+            fresh,
+            replicated: false,
+        };
+        self.push_op(
+            spec,
+            out,
+            &[src],
+            &[idx],
+            handler,
+            Box::new(move |ctx, g| {
+                if !ctx.wants(src) {
+                    return Ok(());
+                }
+                let ids = ctx.index(idx);
+                ctx.accumulate_with(src, |gs| {
+                    let mut tmp = vec![T::zero(); gs.len()];
+                    gather_rows(g, cols, ids, &mut tmp);
+                    for (a, b) in gs.iter_mut().zip(tmp) {
+                        *a += b;
+                    }
+                });
+                Ok(())
+            }),
+        )
+    }
+
+    /// Per-system sums of Atom rows (`idx`: atom → system).
+    ///
+    /// Distributed with `system_reductions` on: sum owned rows only, then
+    /// all-reduce, so every rank holds the full (replicated) sum. Off: sum
+    /// every local row (ghosts included) — what a halo-unaware model does.
+    pub fn segment_sum(&mut self, x: Tensor, idx: Index) -> Result<Tensor, EngineError> {
+        self.check_index_rows("segment_sum", x, idx)?;
+        let (reduce, limit) = match &self.dist {
+            Some(d) if self.nodes[x.id].rows == d.n_local() => {
+                if d.spec().system_reductions {
+                    (true, d.n_owned())
+                } else {
+                    (false, d.n_local())
+                }
+            }
+            _ => (false, self.nodes[x.id].rows),
+        };
+        let handler = if self.dist.is_some() {
+            Some(if reduce {
+                "reduce:system(owned+all_reduce)"
+            } else {
+                "reduce:system(local)"
+            })
+        } else {
+            None
+        };
+        let (_, cols) = self.shape(x);
+        let ix = &self.indices[idx.id];
+        let out_rows = ix.target_rows;
+        let mut out = vec![T::zero(); out_rows * cols];
+        {
+            let xv = &self.nodes[x.id].value;
+            for (r, &s) in ix.values.iter().enumerate().take(limit) {
+                let o = &mut out[s as usize * cols..(s as usize + 1) * cols];
+                for (a, &b) in o.iter_mut().zip(&xv[r * cols..(r + 1) * cols]) {
+                    *a += b;
+                }
+            }
+        }
+        let spec = NodeSpec {
+            op: "segment_sum".into(),
+            rows: out_rows,
+            cols,
+            domain: ix.target,
+            fresh: true,
+            replicated: false,
+        };
+        let y = self.push_op(
+            spec,
+            out,
+            &[x],
+            &[idx],
+            handler,
+            Box::new(move |ctx, g| {
+                if !ctx.wants(x) {
+                    return Ok(());
+                }
+                let ids = ctx.index(idx);
+                ctx.accumulate_with(x, |gx| {
+                    for (r, &s) in ids.iter().enumerate().take(limit) {
+                        let src = &g[s as usize * cols..(s as usize + 1) * cols];
+                        for (a, &b) in gx[r * cols..(r + 1) * cols].iter_mut().zip(src) {
+                            *a += b;
+                        }
+                    }
+                });
+                Ok(())
+            }),
+        )?;
+        if reduce {
+            self.all_reduce(y, "reduce:all_reduce")
+        } else {
+            Ok(y)
+        }
+    }
+
+    fn check_index_rows(&self, op: &str, x: Tensor, idx: Index) -> Result<(), EngineError> {
+        let ix = &self.indices[idx.id];
+        if ix.values.len() != self.nodes[x.id].rows {
+            return Err(EngineError::shape(
+                op,
+                format!(
+                    "index `{}` has {} entries but the tensor has {} rows",
+                    ix.role,
+                    ix.values.len(),
+                    self.nodes[x.id].rows
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Overwrites ghost rows with their owners' rows. Adjoint: reverse-sum.
+    pub(crate) fn halo_refresh(&mut self, x: Tensor, handler: &str) -> Result<Tensor, EngineError> {
+        let (rows, cols) = self.shape(x);
+        let mut v = self.nodes[x.id].value.clone();
+        let d = self
+            .dist
+            .as_deref_mut()
+            .ok_or_else(|| EngineError::shape("halo_refresh", "not distributed"))?;
+        d.refresh(T::data_mut(&mut v), cols)?;
+        let spec = NodeSpec {
+            op: "halo_refresh".into(),
+            rows,
+            cols,
+            domain: RowDomain::Atom,
+            fresh: true,
+            replicated: false,
+        };
+        self.push_op(
+            spec,
+            v,
+            &[x],
+            &[],
+            Some(handler),
+            Box::new(move |ctx, g| {
+                // Every rank runs this adjoint (requires_grad is rank-independent).
+                let mut gx = g.to_vec();
+                ctx.count("halo:reverse_sum(adjoint)");
+                ctx.dist("halo_refresh.backward")?
+                    .reverse_sum(T::data_mut(&mut gx), cols)?;
+                ctx.accumulate(x, gx);
+                Ok(())
+            }),
+        )
+    }
+
+    /// Adds ghost rows into their owners and zeroes them. Adjoint: refresh.
+    pub(crate) fn halo_reverse_sum(
+        &mut self,
+        x: Tensor,
+        handler: &str,
+    ) -> Result<Tensor, EngineError> {
+        let (rows, cols) = self.shape(x);
+        let mut v = self.nodes[x.id].value.clone();
+        let d = self
+            .dist
+            .as_deref_mut()
+            .ok_or_else(|| EngineError::shape("halo_reverse_sum", "not distributed"))?;
+        d.reverse_sum(T::data_mut(&mut v), cols)?;
+        let spec = NodeSpec {
+            op: "halo_reverse_sum".into(),
+            rows,
+            cols,
+            domain: RowDomain::Atom,
+            fresh: false,
+            replicated: false,
+        };
+        self.push_op(
+            spec,
+            v,
+            &[x],
+            &[],
+            Some(handler),
+            Box::new(move |ctx, g| {
+                let mut gx = g.to_vec();
+                ctx.count("halo:refresh(adjoint)");
+                ctx.dist("halo_reverse_sum.backward")?
+                    .refresh(T::data_mut(&mut gx), cols)?;
+                ctx.accumulate(x, gx);
+                Ok(())
+            }),
+        )
+    }
+
+    /// Element-wise sum over ranks (replicated result). Adjoint: all-reduce of
+    /// the gradient — the transpose of the map (x₁…x_P) ↦ (Σx, …, Σx).
+    pub(crate) fn all_reduce(&mut self, x: Tensor, handler: &str) -> Result<Tensor, EngineError> {
+        let (rows, cols) = self.shape(x);
+        let mut v = self.nodes[x.id].value.clone();
+        let d = self
+            .dist
+            .as_deref_mut()
+            .ok_or_else(|| EngineError::shape("all_reduce", "not distributed"))?;
+        d.all_reduce_sum(T::data_mut(&mut v))?;
+        let domain = self.nodes[x.id].domain;
+        let spec = NodeSpec {
+            op: "all_reduce".into(),
+            rows,
+            cols,
+            domain,
+            fresh: true,
+            replicated: true,
+        };
+        self.push_op(
+            spec,
+            v,
+            &[x],
+            &[],
+            Some(handler),
+            Box::new(move |ctx, g| {
+                let mut gx = g.to_vec();
+                ctx.count("reduce:all_reduce(adjoint)");
+                ctx.dist("all_reduce.backward")?
+                    .all_reduce_sum(T::data_mut(&mut gx))?;
+                ctx.accumulate(x, gx);
+                Ok(())
+            }),
+        )
+    }
+
+    /// Public all-reduce for models that need a global sum of a per-rank
+    /// partial (a no-op copy in a single process).
+    pub fn all_reduce_sum(&mut self, x: Tensor) -> Result<Tensor, EngineError> {
+        if self.dist.is_some() {
+            self.all_reduce(x, "reduce:all_reduce(explicit)")
+        } else {
+            Ok(x)
+        }
+    }
+}

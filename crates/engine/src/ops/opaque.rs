@@ -1,0 +1,225 @@
+//! Opaque custom ops: user kernels on raw slices that the dispatcher cannot
+//! see into. Decomposed, an op adapter from the spec says how to feed them
+//! (`slice_owned`, `gather_halo`) and how to combine what they return
+//! (`scatter_outputs`, `all_reduce_sum`, `slice_outputs_owned`).
+
+use crate::graph::NodeSpec;
+use crate::{EngineError, Graph, RowDomain, Scalar, Tensor};
+use ddmlip_spec::{InputTransform, OutputTransform};
+use std::sync::Arc;
+
+/// (row domain, rows, cols) of a kernel input or output.
+pub type Shape = (RowDomain, usize, usize);
+
+/// A user kernel on raw row-major slices.
+pub trait OpaqueKernel<T: Scalar>: Send + Sync {
+    /// The op name the trace and spec adapters use.
+    fn name(&self) -> &str;
+    /// Shape of the single output given the inputs' shapes.
+    fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, String>;
+    /// Computes the output into `out` (zeroed, sized from `output_shape`).
+    fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), String>;
+    /// Adds input gradients into `grads` (one zeroed buffer per input) given
+    /// the output gradient. `None` means the kernel has no backward.
+    fn backward(
+        &self,
+        _inputs: &[&[T]],
+        _shapes: &[Shape],
+        _grad_out: &[T],
+        _grads: &mut [Vec<T>],
+    ) -> Option<Result<(), String>> {
+        None
+    }
+}
+
+impl<T: Scalar> Graph<T> {
+    /// Runs an opaque kernel. Single process: just computes. Decomposed: the
+    /// spec's adapter for `kernel.name()` transforms inputs and output; with
+    /// no adapter the kernel sees all local rows as they are.
+    pub fn opaque(
+        &mut self,
+        kernel: Arc<dyn OpaqueKernel<T>>,
+        inputs: &[Tensor],
+    ) -> Result<Tensor, EngineError> {
+        let name = kernel.name().to_string();
+        let adapter = self
+            .dist
+            .as_ref()
+            .and_then(|d| d.spec().adapter(&name).cloned());
+        let mut ins = inputs.to_vec();
+        if let Some(a) = &adapter {
+            for (pos, t) in ins.iter_mut().enumerate() {
+                match a.inputs.get(&pos.to_string()) {
+                    Some(InputTransform::SliceOwned) => *t = self.slice_owned(*t)?,
+                    Some(InputTransform::GatherHalo) => {
+                        *t = self.halo_refresh(*t, "adapter:gather_halo")?
+                    }
+                    None => {}
+                }
+            }
+        }
+        let shapes: Vec<Shape> = ins
+            .iter()
+            .map(|t| {
+                (
+                    self.nodes[t.id].domain,
+                    self.nodes[t.id].rows,
+                    self.nodes[t.id].cols,
+                )
+            })
+            .collect();
+        let (domain, rows, cols) =
+            kernel
+                .output_shape(&shapes)
+                .map_err(|message| EngineError::Kernel {
+                    op: name.clone(),
+                    message,
+                })?;
+        let mut out = vec![T::zero(); rows * cols];
+        {
+            let slices: Vec<&[T]> = ins
+                .iter()
+                .map(|t| self.nodes[t.id].value.as_slice())
+                .collect();
+            kernel
+                .forward(&slices, &shapes, &mut out)
+                .map_err(|message| EngineError::Kernel {
+                    op: name.clone(),
+                    message,
+                })?;
+        }
+        let handler = if self.dist.is_some() {
+            Some(if adapter.is_some() {
+                format!("opaque:{name}(adapter)")
+            } else {
+                format!("opaque:{name}(undeclared)")
+            })
+        } else {
+            None
+        };
+        let spec = NodeSpec {
+            op: format!("opaque:{name}"),
+            rows,
+            cols,
+            domain,
+            fresh: false,
+            replicated: false,
+        };
+        let ins_b = ins.clone();
+        let k = kernel.clone();
+        let y = self.push_op(
+            spec,
+            out,
+            &ins,
+            &[],
+            handler.as_deref(),
+            Box::new(move |ctx, g| {
+                let slices: Vec<&[T]> = ins_b.iter().map(|&t| ctx.value(t)).collect();
+                let mut grads: Vec<Vec<T>> =
+                    slices.iter().map(|s| vec![T::zero(); s.len()]).collect();
+                match k.backward(&slices, &shapes, g, &mut grads) {
+                    None => {
+                        return Err(EngineError::NoBackward {
+                            op: format!("opaque:{}", k.name()),
+                        })
+                    }
+                    Some(Err(message)) => {
+                        return Err(EngineError::Kernel {
+                            op: k.name().to_string(),
+                            message,
+                        })
+                    }
+                    Some(Ok(())) => {}
+                }
+                for (&t, gt) in ins_b.iter().zip(grads) {
+                    ctx.accumulate(t, gt);
+                }
+                Ok(())
+            }),
+        )?;
+        match adapter.as_ref().and_then(|a| a.outputs.get("0")) {
+            Some(OutputTransform::ScatterOutputs) => {
+                let y = self.halo_reverse_sum(y, "adapter:scatter_outputs")?;
+                self.halo_refresh(y, "halo:refresh")
+            }
+            Some(OutputTransform::AllReduceSum) => self.all_reduce(y, "adapter:all_reduce_sum"),
+            Some(OutputTransform::SliceOutputsOwned) => {
+                let y = self.pad_ghosts(y)?;
+                self.halo_refresh(y, "adapter:slice_outputs_owned")
+            }
+            None => Ok(y),
+        }
+    }
+
+    /// The owned rows of a local Atom tensor. Backward pads ghost rows with zeros.
+    fn slice_owned(&mut self, x: Tensor) -> Result<Tensor, EngineError> {
+        let n_owned = self
+            .dist
+            .as_ref()
+            .map(|d| d.n_owned())
+            .unwrap_or(self.nodes[x.id].rows);
+        let (rows, cols) = self.shape(x);
+        let keep = n_owned.min(rows);
+        let out = self.nodes[x.id].value[..keep * cols].to_vec();
+        let spec = NodeSpec {
+            op: "slice_owned".into(),
+            rows: keep,
+            cols,
+            domain: RowDomain::Atom,
+            fresh: true,
+            replicated: false,
+        };
+        self.push_op(
+            spec,
+            out,
+            &[x],
+            &[],
+            Some("adapter:slice_owned"),
+            Box::new(move |ctx, g| {
+                ctx.accumulate_with(x, |gx| {
+                    for (a, &b) in gx[..keep * cols].iter_mut().zip(g) {
+                        *a += b;
+                    }
+                });
+                Ok(())
+            }),
+        )
+    }
+
+    /// Extends an owned-rows tensor to all local rows with zero ghost rows.
+    fn pad_ghosts(&mut self, x: Tensor) -> Result<Tensor, EngineError> {
+        let n_local = self
+            .dist
+            .as_ref()
+            .map(|d| d.n_local())
+            .unwrap_or(self.nodes[x.id].rows);
+        let (rows, cols) = self.shape(x);
+        if rows > n_local {
+            return Err(EngineError::shape(
+                "pad_ghosts",
+                format!("{rows} rows exceed the {n_local} local rows"),
+            ));
+        }
+        let mut out = vec![T::zero(); n_local * cols];
+        out[..rows * cols].copy_from_slice(&self.nodes[x.id].value);
+        let spec = NodeSpec {
+            op: "pad_ghosts".into(),
+            rows: n_local,
+            cols,
+            domain: RowDomain::Atom,
+            fresh: false,
+            replicated: false,
+        };
+        self.push_op(
+            spec,
+            out,
+            &[x],
+            &[],
+            None,
+            Box::new(move |ctx, g| {
+                ctx.accumulate(x, g[..rows * cols].to_vec());
+                Ok(())
+            }),
+        )
+    }
+}

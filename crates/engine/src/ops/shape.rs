@@ -1,0 +1,185 @@
+//! Concatenation, column slices and reductions along rows or columns.
+
+use crate::graph::NodeSpec;
+use crate::{EngineError, Graph, RowDomain, Scalar, Tensor};
+
+impl<T: Scalar> Graph<T> {
+    /// Concatenates tensors with equal row counts along columns.
+    pub fn concat_cols(&mut self, parts: &[Tensor]) -> Result<Tensor, EngineError> {
+        let Some(&first) = parts.first() else {
+            return Err(EngineError::shape("concat_cols", "no inputs"));
+        };
+        let rows = self.shape(first).0;
+        let widths: Vec<usize> = parts.iter().map(|&t| self.shape(t).1).collect();
+        if parts.iter().any(|&t| self.shape(t).0 != rows) {
+            return Err(EngineError::shape(
+                "concat_cols",
+                "inputs differ in row count",
+            ));
+        }
+        let cols: usize = widths.iter().sum();
+        let mut out = vec![T::zero(); rows * cols];
+        let mut off = 0;
+        for (&t, &w) in parts.iter().zip(&widths) {
+            let v = &self.nodes[t.id].value;
+            for r in 0..rows {
+                out[r * cols + off..r * cols + off + w].copy_from_slice(&v[r * w..(r + 1) * w]);
+            }
+            off += w;
+        }
+        let n0 = &self.nodes[first.id];
+        let spec = NodeSpec {
+            op: "concat_cols".into(),
+            rows,
+            cols,
+            domain: n0.domain,
+            fresh: parts.iter().all(|t| self.nodes[t.id].fresh),
+            replicated: parts.iter().all(|t| self.nodes[t.id].replicated),
+        };
+        let parts_v = parts.to_vec();
+        self.push_op(
+            spec,
+            out,
+            parts,
+            &[],
+            None,
+            Box::new(move |ctx, g| {
+                let mut off = 0;
+                for (&t, &w) in parts_v.iter().zip(&widths) {
+                    if ctx.wants(t) {
+                        let mut gt = vec![T::zero(); rows * w];
+                        for r in 0..rows {
+                            gt[r * w..(r + 1) * w]
+                                .copy_from_slice(&g[r * cols + off..r * cols + off + w]);
+                        }
+                        ctx.accumulate(t, gt);
+                    }
+                    off += w;
+                }
+                Ok(())
+            }),
+        )
+    }
+
+    /// Columns `start..end` of every row.
+    pub fn slice_cols(
+        &mut self,
+        x: Tensor,
+        start: usize,
+        end: usize,
+    ) -> Result<Tensor, EngineError> {
+        let (rows, cols) = self.shape(x);
+        if start > end || end > cols {
+            return Err(EngineError::shape(
+                "slice_cols",
+                format!("range {start}..{end} outside 0..{cols}"),
+            ));
+        }
+        let w = end - start;
+        let v = &self.nodes[x.id].value;
+        let mut out = Vec::with_capacity(rows * w);
+        for r in 0..rows {
+            out.extend_from_slice(&v[r * cols + start..r * cols + end]);
+        }
+        let n = &self.nodes[x.id];
+        let spec = NodeSpec {
+            op: "slice_cols".into(),
+            rows,
+            cols: w,
+            domain: n.domain,
+            fresh: n.fresh,
+            replicated: n.replicated,
+        };
+        self.push_op(
+            spec,
+            out,
+            &[x],
+            &[],
+            None,
+            Box::new(move |ctx, g| {
+                ctx.accumulate_with(x, |gx| {
+                    for r in 0..rows {
+                        for c in 0..w {
+                            gx[r * cols + start + c] += g[r * w + c];
+                        }
+                    }
+                });
+                Ok(())
+            }),
+        )
+    }
+
+    /// Sum over the columns of each row (rows×cols → rows×1).
+    pub fn sum_cols(&mut self, x: Tensor) -> Result<Tensor, EngineError> {
+        let (rows, cols) = self.shape(x);
+        let v = &self.nodes[x.id].value;
+        let out: Vec<T> = (0..rows)
+            .map(|r| v[r * cols..(r + 1) * cols].iter().copied().sum())
+            .collect();
+        let n = &self.nodes[x.id];
+        let spec = NodeSpec {
+            op: "sum_cols".into(),
+            rows,
+            cols: 1,
+            domain: n.domain,
+            fresh: n.fresh,
+            replicated: n.replicated,
+        };
+        self.push_op(
+            spec,
+            out,
+            &[x],
+            &[],
+            None,
+            Box::new(move |ctx, g| {
+                ctx.accumulate_with(x, |gx| {
+                    for r in 0..rows {
+                        for c in 0..cols {
+                            gx[r * cols + c] += g[r];
+                        }
+                    }
+                });
+                Ok(())
+            }),
+        )
+    }
+
+    /// Sum over all rows (rows×cols → 1×cols, domain none). A purely local
+    /// reduction: in a decomposed run it does not combine ranks — use
+    /// [`Graph::segment_sum`] for per-system totals.
+    pub fn sum_rows(&mut self, x: Tensor) -> Result<Tensor, EngineError> {
+        let (rows, cols) = self.shape(x);
+        let v = &self.nodes[x.id].value;
+        let mut out = vec![T::zero(); cols];
+        for r in 0..rows {
+            for c in 0..cols {
+                out[c] += v[r * cols + c];
+            }
+        }
+        let spec = NodeSpec {
+            op: "sum_rows".into(),
+            rows: 1,
+            cols,
+            domain: RowDomain::None,
+            fresh: true,
+            replicated: false,
+        };
+        self.push_op(
+            spec,
+            out,
+            &[x],
+            &[],
+            None,
+            Box::new(move |ctx, g| {
+                ctx.accumulate_with(x, |gx| {
+                    for r in 0..rows {
+                        for c in 0..cols {
+                            gx[r * cols + c] += g[c];
+                        }
+                    }
+                });
+                Ok(())
+            }),
+        )
+    }
+}

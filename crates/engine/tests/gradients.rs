@@ -1,0 +1,416 @@
+//! Every op's backward against central finite differences of its forward, in f64.
+
+use ddmlip_engine::ops::Unary;
+use ddmlip_engine::{EngineError, Graph, OpaqueKernel, RowDomain, Tensor};
+use std::sync::Arc;
+
+/// Deterministic pseudo-random numbers in [-1, 1).
+fn rand_vec(n: usize, seed: u64) -> Vec<f64> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// Builds `L = Σ w ⊙ f(inputs)` and returns (L, ∂L/∂inputs).
+fn eval(
+    inputs: &[(Vec<f64>, usize, usize, RowDomain)],
+    f: &dyn Fn(&mut Graph<f64>, &[Tensor]) -> Result<Tensor, EngineError>,
+    with_grad: bool,
+) -> (f64, Vec<Vec<f64>>) {
+    let mut g = Graph::<f64>::new();
+    let leaves: Vec<Tensor> = inputs
+        .iter()
+        .map(|(v, r, c, d)| g.leaf(v.clone(), *r, *c, *d))
+        .collect();
+    let y = f(&mut g, &leaves).unwrap();
+    let (r, c) = g.shape(y);
+    let w = rand_vec(r * c, 99);
+    let loss: f64 = g.value(y).iter().zip(&w).map(|(a, b)| a * b).sum();
+    if !with_grad {
+        return (loss, vec![]);
+    }
+    let grads = g.grad(y, Some(w), &leaves).unwrap();
+    (loss, grads)
+}
+
+fn check(
+    inputs: Vec<(Vec<f64>, usize, usize, RowDomain)>,
+    f: &dyn Fn(&mut Graph<f64>, &[Tensor]) -> Result<Tensor, EngineError>,
+) {
+    let (_, grads) = eval(&inputs, f, true);
+    let h = 1e-6;
+    for (k, (v, _, _, _)) in inputs.iter().enumerate() {
+        for i in 0..v.len() {
+            let mut plus = inputs.clone();
+            plus[k].0[i] += h;
+            let mut minus = inputs.clone();
+            minus[k].0[i] -= h;
+            let fd = (eval(&plus, f, false).0 - eval(&minus, f, false).0) / (2.0 * h);
+            let an = grads[k][i];
+            assert!(
+                (fd - an).abs() <= 1e-6 * (1.0 + fd.abs()),
+                "input {k} element {i}: analytic {an} vs finite difference {fd}"
+            );
+        }
+    }
+}
+
+fn atoms(n: usize, c: usize, seed: u64) -> (Vec<f64>, usize, usize, RowDomain) {
+    (rand_vec(n * c, seed), n, c, RowDomain::Atom)
+}
+
+#[test]
+fn unary_ops_match_finite_differences() {
+    for f in [
+        Unary::Silu,
+        Unary::Tanh,
+        Unary::Sigmoid,
+        Unary::ShiftedSoftplus,
+        Unary::Exp,
+        Unary::Square,
+        Unary::Neg,
+        Unary::Scale(1.7),
+        Unary::AddScalar(0.3),
+        Unary::ScaledSilu(1.679),
+    ] {
+        check(vec![atoms(4, 3, 1)], &move |g, t| g.unary(t[0], f));
+    }
+    // Positive-domain functions.
+    let pos = (
+        rand_vec(12, 2).iter().map(|x| x + 1.5).collect(),
+        4,
+        3,
+        RowDomain::Atom,
+    );
+    for f in [Unary::Ln, Unary::Sqrt, Unary::Recip, Unary::Powf(2.5)] {
+        check(vec![pos.clone()], &move |g, t| g.unary(t[0], f));
+    }
+}
+
+#[test]
+fn binary_ops_with_broadcasting() {
+    let a = atoms(5, 3, 3);
+    let full = atoms(5, 3, 4);
+    let per_row = atoms(5, 1, 5);
+    let per_col = (rand_vec(3, 6), 1, 3, RowDomain::None);
+    let scalar = (vec![0.7], 1, 1, RowDomain::None);
+    for b in [full, per_row, per_col, scalar] {
+        check(vec![a.clone(), b.clone()], &|g, t| g.add(t[0], t[1]));
+        check(vec![a.clone(), b.clone()], &|g, t| g.sub(t[0], t[1]));
+        check(vec![a.clone(), b.clone()], &|g, t| g.mul(t[0], t[1]));
+        let mut bpos = b.clone();
+        bpos.0.iter_mut().for_each(|x| *x += 2.0);
+        check(vec![a.clone(), bpos], &|g, t| g.div(t[0], t[1]));
+    }
+}
+
+#[test]
+fn matmul_and_linear() {
+    check(
+        vec![atoms(6, 4, 7), (rand_vec(12, 8), 4, 3, RowDomain::None)],
+        &|g, t| g.matmul(t[0], t[1]),
+    );
+    // Tall enough to take the row-blocked parallel path.
+    check(
+        vec![atoms(600, 5, 9), (rand_vec(30, 10), 5, 6, RowDomain::None)],
+        &|g, t| {
+            let y = g.matmul(t[0], t[1])?;
+            g.sum_rows(y)
+        },
+    );
+    check(
+        vec![
+            atoms(3, 4, 11),
+            (rand_vec(8, 12), 4, 2, RowDomain::None),
+            (rand_vec(2, 13), 1, 2, RowDomain::None),
+        ],
+        &|g, t| g.linear(t[0], t[1], Some(t[2])),
+    );
+}
+
+#[test]
+fn gather_scatter_segment() {
+    let edges_i: Arc<Vec<u32>> = Arc::new(vec![0, 0, 1, 2, 3, 3, 3, 1]);
+    let edges_j: Arc<Vec<u32>> = Arc::new(vec![1, 2, 0, 3, 0, 1, 2, 2]);
+    let (ei, ej) = (edges_i.clone(), edges_j.clone());
+    check(vec![atoms(4, 2, 14)], &move |g, t| {
+        let j = g.index(
+            ej.clone(),
+            RowDomain::Edge,
+            RowDomain::Atom,
+            4,
+            "edge_neighbor",
+        )?;
+        let i = g.index(
+            ei.clone(),
+            RowDomain::Edge,
+            RowDomain::Atom,
+            4,
+            "edge_center",
+        )?;
+        let m = g.gather(t[0], j)?;
+        let m = g.silu(m)?;
+        g.scatter_add(m, i)
+    });
+    let sys: Arc<Vec<u32>> = Arc::new(vec![0, 1, 1, 0]);
+    check(vec![atoms(4, 3, 15)], &move |g, t| {
+        let s = g.index(
+            sys.clone(),
+            RowDomain::Atom,
+            RowDomain::System,
+            2,
+            "atom_system",
+        )?;
+        let e = g.segment_sum(t[0], s)?;
+        let e2 = g.unary(e, Unary::Square)?;
+        let back = g.gather(e2, s)?; // System → Atom broadcast
+        g.mul(back, t[0])
+    });
+}
+
+#[test]
+fn geometry_strain_and_edge_vectors() {
+    let ci: Arc<Vec<u32>> = Arc::new(vec![0, 1, 2, 0]);
+    let ni: Arc<Vec<u32>> = Arc::new(vec![1, 0, 0, 0]);
+    let shifts: Arc<Vec<[i32; 3]>> = Arc::new(vec![[0, 0, 0], [1, 0, -1], [0, 2, 0], [1, 1, 0]]);
+    let pos = (
+        rand_vec(9, 16).iter().map(|x| x * 3.0).collect(),
+        3,
+        3,
+        RowDomain::Atom,
+    );
+    let cell = (
+        vec![4.0, 0.1, 0.0, 0.3, 5.0, 0.2, -0.1, 0.4, 6.0],
+        3,
+        3,
+        RowDomain::System,
+    );
+    let eps = (
+        rand_vec(9, 17).iter().map(|x| x * 0.01).collect(),
+        1,
+        9,
+        RowDomain::System,
+    );
+    check(vec![pos, cell, eps], &move |g, t| {
+        let a_sys = g.index(
+            Arc::new(vec![0; 3]),
+            RowDomain::Atom,
+            RowDomain::System,
+            1,
+            "atom_system",
+        )?;
+        let c_sys = g.index(
+            Arc::new(vec![0; 3]),
+            RowDomain::System,
+            RowDomain::System,
+            1,
+            "cell_system",
+        )?;
+        let e_sys = g.index(
+            Arc::new(vec![0; 4]),
+            RowDomain::Edge,
+            RowDomain::System,
+            1,
+            "edge_system",
+        )?;
+        let i = g.index(
+            ci.clone(),
+            RowDomain::Edge,
+            RowDomain::Atom,
+            3,
+            "edge_center",
+        )?;
+        let j = g.index(
+            ni.clone(),
+            RowDomain::Edge,
+            RowDomain::Atom,
+            3,
+            "edge_neighbor",
+        )?;
+        let p = g.apply_strain(t[0], t[2], a_sys)?;
+        let c = g.apply_strain(t[1], t[2], c_sys)?;
+        let v = g.edge_vectors(p, i, j, Some((c, shifts.clone(), e_sys)))?;
+        let d = g.row_norm(v)?;
+        g.concat_cols(&[v, d])
+    });
+}
+
+#[test]
+fn radial_bases_and_cutoffs() {
+    use ddmlip_engine::ops::Radial;
+    let d = (vec![0.9, 1.7, 2.5, 3.3, 4.4, 4.9], 6, 1, RowDomain::Edge);
+    for f in [
+        Radial::Gaussian {
+            centers: vec![0.5, 1.5, 2.5, 3.5],
+            gamma: 2.0,
+        },
+        Radial::Bessel { n: 5, cutoff: 5.0 },
+        Radial::CosineCutoff { cutoff: 4.0 },
+        Radial::PolynomialCutoff { cutoff: 4.0, p: 6 },
+    ] {
+        check(vec![d.clone()], &move |g, t| g.radial(t[0], f.clone()));
+    }
+}
+
+#[test]
+fn shape_ops() {
+    check(vec![atoms(3, 4, 18), atoms(3, 2, 19)], &|g, t| {
+        let c = g.concat_cols(&[t[0], t[1]])?;
+        let s = g.slice_cols(c, 1, 5)?;
+        let a = g.sum_cols(s)?;
+        let b = g.sum_rows(c)?;
+        let b = g.sum_cols(b)?;
+        g.mul(a, b)
+    });
+}
+
+struct Cube;
+impl OpaqueKernel<f64> for Cube {
+    fn name(&self) -> &str {
+        "cube"
+    }
+    fn output_shape(
+        &self,
+        inputs: &[(RowDomain, usize, usize)],
+    ) -> Result<(RowDomain, usize, usize), String> {
+        Ok(inputs[0])
+    }
+    fn forward(
+        &self,
+        inputs: &[&[f64]],
+        _s: &[(RowDomain, usize, usize)],
+        out: &mut [f64],
+    ) -> Result<(), String> {
+        for (o, x) in out.iter_mut().zip(inputs[0]) {
+            *o = x * x * x;
+        }
+        Ok(())
+    }
+    fn backward(
+        &self,
+        inputs: &[&[f64]],
+        _s: &[(RowDomain, usize, usize)],
+        g: &[f64],
+        grads: &mut [Vec<f64>],
+    ) -> Option<Result<(), String>> {
+        for i in 0..g.len() {
+            grads[0][i] += 3.0 * inputs[0][i] * inputs[0][i] * g[i];
+        }
+        Some(Ok(()))
+    }
+}
+
+#[test]
+fn opaque_op_with_user_backward() {
+    check(vec![atoms(4, 2, 20)], &|g, t| {
+        g.opaque(Arc::new(Cube), &[t[0]])
+    });
+}
+
+struct NoBackward;
+impl OpaqueKernel<f64> for NoBackward {
+    fn name(&self) -> &str {
+        "frozen"
+    }
+    fn output_shape(
+        &self,
+        inputs: &[(RowDomain, usize, usize)],
+    ) -> Result<(RowDomain, usize, usize), String> {
+        Ok(inputs[0])
+    }
+    fn forward(
+        &self,
+        inputs: &[&[f64]],
+        _s: &[(RowDomain, usize, usize)],
+        out: &mut [f64],
+    ) -> Result<(), String> {
+        out.copy_from_slice(inputs[0]);
+        Ok(())
+    }
+}
+
+#[test]
+fn opaque_op_without_backward_reports_severed_path() {
+    let mut g = Graph::<f64>::new();
+    let x = g.leaf(vec![1.0, 2.0], 2, 1, RowDomain::Atom);
+    let y = g.opaque(Arc::new(NoBackward), &[x]).unwrap();
+    let err = g.grad(y, None, &[x]).unwrap_err();
+    assert!(err.to_string().contains("frozen"), "{err}");
+    assert!(err.to_string().contains("severed"), "{err}");
+}
+
+#[test]
+fn f32_graph_agrees_with_f64() {
+    let x: Vec<f64> = rand_vec(20, 21);
+    let mut g64 = Graph::<f64>::new();
+    let a = g64.leaf(x.clone(), 5, 4, RowDomain::Atom);
+    let b = g64.silu(a).unwrap();
+    let c = g64.sum_cols(b).unwrap();
+    let ga = g64.grad(c, None, &[a]).unwrap();
+    let mut g32 = Graph::<f32>::new();
+    let a32 = g32.leaf(x.iter().map(|&v| v as f32).collect(), 5, 4, RowDomain::Atom);
+    let b32 = g32.silu(a32).unwrap();
+    let c32 = g32.sum_cols(b32).unwrap();
+    let ga32 = g32.grad(c32, None, &[a32]).unwrap();
+    for (p, q) in ga[0].iter().zip(&ga32[0]) {
+        assert!((p - *q as f64).abs() < 1e-6);
+    }
+}
+
+#[test]
+fn trace_records_ops_indices_and_backward() {
+    let mut g = Graph::<f64>::new();
+    g.enable_trace();
+    let x = g.leaf(rand_vec(6, 22), 3, 2, RowDomain::Atom);
+    let i = g
+        .index(
+            Arc::new(vec![0, 1, 2, 0]),
+            RowDomain::Edge,
+            RowDomain::Atom,
+            3,
+            "edge_center",
+        )
+        .unwrap();
+    let j = g
+        .index(
+            Arc::new(vec![1, 2, 0, 2]),
+            RowDomain::Edge,
+            RowDomain::Atom,
+            3,
+            "edge_neighbor",
+        )
+        .unwrap();
+    let m = g.gather(x, j).unwrap();
+    let s = g.scatter_add(m, i).unwrap();
+    let _ = g.grad(s, None, &[x]).unwrap();
+    let tr = g.trace().unwrap();
+    let ops: Vec<&str> = tr.events.iter().map(|e| e.op.as_str()).collect();
+    assert!(
+        ops.contains(&"gather")
+            && ops.contains(&"scatter_add")
+            && ops.contains(&"scatter_add.backward"),
+        "{ops:?}"
+    );
+    let sc = tr.events.iter().find(|e| e.op == "scatter_add").unwrap();
+    assert_eq!(sc.indices, vec!["edge_center (Edge → Atom)".to_string()]);
+    assert_eq!(sc.output.domain, RowDomain::Atom);
+    assert!(tr.to_json().contains("\"scatter_add\""));
+    assert!(tr.render().contains("by edge_neighbor"));
+}
+
+#[test]
+fn finite_checks_name_the_op() {
+    let mut g = Graph::<f64>::new();
+    g.enable_finite_checks();
+    let x = g.leaf(vec![-1.0, 2.0], 2, 1, RowDomain::Atom);
+    let err = g.unary(x, Unary::Sqrt).unwrap_err();
+    assert!(err.to_string().contains("sqrt"), "{err}");
+}

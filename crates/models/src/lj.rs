@@ -1,0 +1,113 @@
+use ddmlip_engine::ops::Unary;
+use ddmlip_engine::{
+    EngineError, Graph, ModelForward, ModelInfo, ModelInputs, ModelOutputs, Scalar, SpeciesSupport,
+};
+use ddmlip_spec::MLIPSpec;
+use serde::Deserialize;
+
+/// Lennard-Jones pair potential `4ε[(σ/r)¹² − (σ/r)⁶]`, truncated at `cutoff`,
+/// optionally shifted to zero there (as ASE's `LennardJones` does by default).
+/// Each pair's energy is split half-and-half between its two atoms.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LennardJones {
+    /// Well depth ε (eV).
+    pub epsilon: f64,
+    /// Zero-crossing distance σ (Å).
+    pub sigma: f64,
+    /// Cutoff (Å).
+    pub cutoff: f64,
+    /// Shift the pair energy to zero at the cutoff.
+    #[serde(default = "default_shift")]
+    pub shift: bool,
+}
+
+fn default_shift() -> bool {
+    true
+}
+
+impl LennardJones {
+    /// The built-in `lj`: argon-like ε = 0.0104 eV, σ = 3.4 Å, cutoff 3σ, shifted.
+    pub fn argon() -> Self {
+        Self {
+            epsilon: 0.0104,
+            sigma: 3.4,
+            cutoff: 10.2,
+            shift: true,
+        }
+    }
+
+    /// Checks the parameters are usable.
+    pub fn check(&self) -> Result<(), String> {
+        for (name, v) in [
+            ("epsilon", self.epsilon),
+            ("sigma", self.sigma),
+            ("cutoff", self.cutoff),
+        ] {
+            if !v.is_finite() || v <= 0.0 {
+                return Err(format!(
+                    "`{name}` must be a positive finite number, got {v}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn pair_at_cutoff(&self) -> f64 {
+        let s6 = (self.sigma / self.cutoff).powi(6);
+        4.0 * self.epsilon * (s6 * s6 - s6)
+    }
+}
+
+impl ModelInfo for LennardJones {
+    fn name(&self) -> String {
+        "lj".into()
+    }
+    fn description(&self) -> String {
+        format!(
+            "Lennard-Jones pair potential (ε = {} eV, σ = {} Å, cutoff {} Å{})",
+            self.epsilon,
+            self.sigma,
+            self.cutoff,
+            if self.shift { ", shifted" } else { "" }
+        )
+    }
+    fn cutoff(&self) -> f64 {
+        self.cutoff
+    }
+    fn species(&self) -> SpeciesSupport {
+        SpeciesSupport::UpTo(118)
+    }
+    fn declared_spec(&self) -> Option<MLIPSpec> {
+        Some(MLIPSpec::standard_energy_model())
+    }
+}
+
+impl ModelForward for LennardJones {
+    fn forward<T: Scalar>(
+        &self,
+        g: &mut Graph<T>,
+        inputs: &ModelInputs,
+    ) -> Result<ModelOutputs, EngineError> {
+        let edges = inputs
+            .edges
+            .ok_or_else(|| EngineError::Input("lj needs the runtime neighbour graph".into()))?;
+        let inv = g.unary(edges.lengths, Unary::Recip)?;
+        let s = g.scale(inv, self.sigma)?;
+        let s6 = g.unary(s, Unary::Powf(6.0))?;
+        let s12 = g.unary(s6, Unary::Square)?;
+        let diff = g.sub(s12, s6)?;
+        let mut pair = g.scale(diff, 4.0 * self.epsilon)?;
+        if self.shift {
+            pair = g.unary(pair, Unary::AddScalar(-self.pair_at_cutoff()))?;
+        }
+        let half = g.scale(pair, 0.5)?;
+        let atomic = g.scatter_add(half, edges.center)?;
+        let energy = g.segment_sum(atomic, inputs.atom_system)?;
+        Ok(ModelOutputs {
+            energy,
+            atomic_energies: Some(atomic),
+            extra: vec![],
+        })
+    }
+}

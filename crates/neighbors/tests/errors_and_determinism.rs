@@ -1,0 +1,107 @@
+//! Input errors, and identical output for 1 and 2 threads.
+
+mod common;
+
+use common::{fcc, Rng};
+use ddmlip_atoms::Cell;
+use ddmlip_neighbors::{neighbor_list, NeighborError, NeighborOptions};
+
+fn full(cutoff: f64) -> NeighborOptions {
+    NeighborOptions {
+        cutoff,
+        half: false,
+    }
+}
+
+#[test]
+fn invalid_inputs_are_typed_errors() {
+    let cell = Cell::orthorhombic(5.0, 5.0, 5.0);
+    let r = [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]];
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        assert!(matches!(
+            neighbor_list(&r, Some(&cell), [true; 3], &full(bad)),
+            Err(NeighborError::InvalidCutoff(_))
+        ));
+    }
+    let nan = [[0.0, 0.0, 0.0], [1.0, f64::NAN, 1.0]];
+    assert!(matches!(
+        neighbor_list(&nan, Some(&cell), [true; 3], &full(2.0)),
+        Err(NeighborError::NonFinitePosition { atom: 1, .. })
+    ));
+    assert_eq!(
+        neighbor_list(&r, None, [false, false, true], &full(2.0)),
+        Err(NeighborError::MissingCell { axis: 2 })
+    );
+    let singular = Cell::new([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [1.0, 1.0, 0.0]]);
+    assert!(matches!(
+        neighbor_list(&r, Some(&singular), [true; 3], &full(2.0)),
+        Err(NeighborError::DegenerateCell { .. })
+    ));
+    // A singular cell is fine when the dependent vector is on an open axis.
+    assert!(neighbor_list(&r, Some(&singular), [true, true, false], &full(2.0)).is_ok());
+    let far = [[0.0, 0.0, 0.0], [1e12, 0.0, 0.0]];
+    assert!(matches!(
+        neighbor_list(&far, Some(&cell), [true; 3], &full(2.0)),
+        Err(NeighborError::PositionTooFar {
+            atom: 1,
+            axis: 0,
+            ..
+        })
+    ));
+    // The same far atom is fine without periodicity.
+    assert_eq!(
+        neighbor_list(&far, None, [false; 3], &full(2.0))
+            .unwrap()
+            .len(),
+        0
+    );
+    // A 1 Å cell with a 1000 Å cutoff would need ~4e9 images per atom.
+    let tiny = Cell::orthorhombic(1.0, 1.0, 1.0);
+    assert!(matches!(
+        neighbor_list(&r, Some(&tiny), [true; 3], &full(1000.0)),
+        Err(NeighborError::TooManyPairs { .. })
+    ));
+    // No atoms: an empty list, not an error.
+    assert!(neighbor_list(&[], Some(&cell), [true; 3], &full(2.0))
+        .unwrap()
+        .is_empty());
+}
+
+#[test]
+fn one_and_two_threads_give_identical_lists() {
+    let mut rng = Rng(7);
+    let (mut positions, matrix) = fcc(3.615, 6);
+    for p in &mut positions {
+        for x in p.iter_mut() {
+            *x += rng.uniform(-0.3, 0.3);
+        }
+    }
+    // Shear the box so the cell is triclinic; leave some atoms outside.
+    let mut m = matrix;
+    m[1][0] = 0.4 * m[0][0];
+    m[2][1] = -0.3 * m[1][1];
+    let cell = Cell::new(m);
+    let run = |threads: usize, half: bool, pbc: [bool; 3]| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            neighbor_list(
+                &positions,
+                Some(&cell),
+                pbc,
+                &NeighborOptions { cutoff: 5.0, half },
+            )
+        })
+        .unwrap()
+    };
+    for half in [false, true] {
+        for pbc in [[true; 3], [true, true, false]] {
+            let one = run(1, half, pbc);
+            let two = run(2, half, pbc);
+            assert!(one.len() > 10 * positions.len());
+            assert_eq!(one, two);
+        }
+    }
+}
