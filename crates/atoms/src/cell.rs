@@ -84,11 +84,11 @@ impl Cell {
         }
         let m = &self.matrix;
         let mut inv = [[0.0; 3]; 3];
-        for i in 0..3 {
-            for j in 0..3 {
+        for (i, row) in inv.iter_mut().enumerate() {
+            for (j, entry) in row.iter_mut().enumerate() {
                 let (i1, i2) = ((j + 1) % 3, (j + 2) % 3);
                 let (j1, j2) = ((i + 1) % 3, (i + 2) % 3);
-                inv[i][j] = (m[i1][j1] * m[i2][j2] - m[i1][j2] * m[i2][j1]) / det;
+                *entry = (m[i1][j1] * m[i2][j2] - m[i1][j2] * m[i2][j1]) / det;
             }
         }
         Ok(inv)
@@ -157,9 +157,9 @@ mod tests {
     fn inverse_times_matrix_is_identity() {
         let c = Cell::new([[5.2, 0.0, 0.0], [0.9, 5.6, 0.0], [-0.6, 0.7, 6.1]]);
         let inv = c.inverse().unwrap();
-        for i in 0..3 {
-            for j in 0..3 {
-                let s: f64 = (0..3).map(|k| c.matrix[i][k] * inv[k][j]).sum();
+        for (i, row) in c.matrix.iter().enumerate() {
+            let product = (0..3).map(|j| (0..3).map(|k| row[k] * inv[k][j]).sum::<f64>());
+            for (j, s) in product.enumerate() {
                 assert!((s - if i == j { 1.0 } else { 0.0 }).abs() < 1e-14);
             }
         }

@@ -304,6 +304,58 @@ fn parse_json_string(text: &str) -> Option<(String, &str)> {
     None
 }
 
+/// True when `text` is one complete JSON value as Python's `json.loads`
+/// accepts it (including `NaN`, `Infinity`, `-Infinity`).
+pub(crate) fn is_valid_json(text: &str) -> bool {
+    match skip_json_value(text.trim_start(), 0) {
+        Some(rest) => rest.trim().is_empty(),
+        None => false,
+    }
+}
+
+/// Skips one JSON value at the start of `text`, returning the rest.
+fn skip_json_value(text: &str, depth: usize) -> Option<&str> {
+    // Deeply nested input must not overflow the stack.
+    if depth > 64 {
+        return None;
+    }
+    let text = text.trim_start();
+    let first = text.chars().next()?;
+    match first {
+        '"' => parse_json_string(text).map(|(_, rest)| rest),
+        '[' | '{' => {
+            let close = if first == '[' { ']' } else { '}' };
+            let mut rest = text[1..].trim_start();
+            if let Some(after) = rest.strip_prefix(close) {
+                return Some(after);
+            }
+            loop {
+                if first == '{' {
+                    rest = parse_json_string(rest.trim_start())?
+                        .1
+                        .trim_start()
+                        .strip_prefix(':')?;
+                }
+                rest = skip_json_value(rest, depth + 1)?.trim_start();
+                if let Some(after) = rest.strip_prefix(',') {
+                    rest = after;
+                } else {
+                    return rest.strip_prefix(close);
+                }
+            }
+        }
+        _ => {
+            let end = text
+                .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+                .unwrap_or(text.len());
+            let token = &text[..end];
+            let literal =
+                matches!(token, "true" | "false" | "null") || json_number(token).is_some();
+            literal.then_some(&text[end..])
+        }
+    }
+}
+
 fn read_hex4(chars: &mut std::str::CharIndices<'_>) -> Option<u32> {
     let mut v = 0;
     for _ in 0..4 {
@@ -431,6 +483,24 @@ mod tests {
         assert_eq!(classify_value("k", "_JSON [1, 2]"), IntArray(vec![1, 2]));
         assert_eq!(classify_value("k", "_JSON [true]"), BoolArray(vec![true]));
         assert_eq!(classify_value("k", "_JSON []"), FloatArray(vec![]));
+        assert!(is_valid_json(
+            r#" {"a": [1, 2.5e3, -0.0, NaN], "b": {"c": null}, "d": "x\"y"} "#
+        ));
+        assert!(
+            is_valid_json("[[1, 2], [3, 4]]") && is_valid_json("-Infinity") && is_valid_json("[]")
+        );
+        for bad in [
+            "",
+            "not json",
+            "[1, 2",
+            "{\"a\" 1}",
+            "[1,]",
+            "\"open",
+            "1 2",
+            "tru",
+        ] {
+            assert!(!is_valid_json(bad), "{bad}");
+        }
         let nested = r#"_JSON {"a": [1, 2]}"#;
         assert_eq!(classify_value("k", nested), Str(nested.into()));
     }

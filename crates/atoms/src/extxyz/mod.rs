@@ -303,6 +303,17 @@ mod tests {
     }
 
     #[test]
+    fn absurd_counts_and_widths_fail_cleanly() {
+        assert_error(
+            "99999999999999999\n\nH 0 0 0\n",
+            4,
+            &["truncated", "1 of 99999999999999999"],
+        );
+        let wide = "1\nProperties=species:S:1:pos:R:3:x:R:18446744073709551615\nH 0 0 0 1\n";
+        assert_error(wide, 3, &["too few columns"]);
+    }
+
+    #[test]
     fn too_few_columns_and_non_numeric_values() {
         let props = "Properties=species:S:1:pos:R:3:q:I:1";
         assert_error(
@@ -431,6 +442,11 @@ mod tests {
             .properties
             .arrays
             .insert("s".into(), Column::Str(vec!["a b".into()], 1));
+        let mut wide_int = ok.clone();
+        wide_int
+            .properties
+            .arrays
+            .insert("i".into(), Column::Int(vec![1 << 31], 1));
         let mut reserved = ok.clone();
         reserved
             .properties
@@ -447,6 +463,7 @@ mod tests {
             (bad_z, "atomic number 200"),
             (bad_col, "expected 1 atoms"),
             (spaced, "whitespace"),
+            (wide_int, "32-bit"),
             (reserved, "reserved"),
             (bad_stress, "9 numbers"),
         ];

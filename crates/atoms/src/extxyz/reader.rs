@@ -308,7 +308,7 @@ fn parse_properties(spec: &str) -> Result<Vec<ColumnSpec>, ParseErrorKind> {
         reason,
     };
     let fields: Vec<&str> = spec.split(':').collect();
-    if fields.len() % 3 != 0 {
+    if !fields.chunks_exact(3).remainder().is_empty() {
         return Err(bad(format!(
             "expected name:type:width triples, found {} colon-separated fields",
             fields.len()
@@ -399,6 +399,8 @@ struct FrameBuilder {
 impl FrameBuilder {
     fn new(columns: &[ColumnSpec], n_atoms: usize) -> Self {
         let rows = n_atoms.min(MAX_RESERVED_ROWS);
+        // Widths come from the file, so the reservation is capped too.
+        let reserve = |width: usize| rows.saturating_mul(width).min(MAX_RESERVED_ROWS * 3);
         let has_species = columns.iter().any(|c| c.name == "species");
         let sinks = columns
             .iter()
@@ -407,10 +409,10 @@ impl FrameBuilder {
                 ("pos", _) => Sink::Position,
                 ("Z", _) if has_species => Sink::Ignore,
                 ("Z", _) => Sink::AtomicNumber,
-                (_, ColumnType::Real) => Sink::Real(Vec::with_capacity(rows * c.width)),
-                (_, ColumnType::Int) => Sink::Int(Vec::with_capacity(rows * c.width)),
-                (_, ColumnType::Bool) => Sink::Bool(Vec::with_capacity(rows * c.width)),
-                (_, ColumnType::Str) => Sink::Str(Vec::with_capacity(rows * c.width)),
+                (_, ColumnType::Real) => Sink::Real(Vec::with_capacity(reserve(c.width))),
+                (_, ColumnType::Int) => Sink::Int(Vec::with_capacity(reserve(c.width))),
+                (_, ColumnType::Bool) => Sink::Bool(Vec::with_capacity(reserve(c.width))),
+                (_, ColumnType::Str) => Sink::Str(Vec::with_capacity(reserve(c.width))),
             })
             .collect();
         Self {
@@ -418,7 +420,9 @@ impl FrameBuilder {
             types: columns.iter().map(|c| c.ty).collect(),
             widths: columns.iter().map(|c| c.width).collect(),
             sinks,
-            total_width: columns.iter().map(|c| c.width).sum(),
+            total_width: columns
+                .iter()
+                .fold(0usize, |acc, c| acc.saturating_add(c.width)),
             positions: Vec::with_capacity(rows),
             numbers: Vec::with_capacity(rows),
         }

@@ -1,7 +1,7 @@
 //! Extended XYZ writer whose output ASE (and this crate's reader) read back
 //! bit-exactly: floats use Rust's shortest round-trip representation.
 
-use super::comment::{classify_value, json_string, quote};
+use super::comment::{classify_value, is_valid_json, json_string, quote};
 use super::XyzError;
 use crate::elements;
 use crate::{Column, InfoValue, System};
@@ -25,7 +25,8 @@ const FLUSH_BYTES: usize = 1 << 20;
 /// 3×3 matrix, as ASE does. Errors (before anything of the offending frame is
 /// written) when a system cannot be read back: lengths that disagree,
 /// non-finite positions, unknown atomic numbers, reserved or malformed names,
-/// string column values that are empty or contain whitespace.
+/// string column values that are empty or contain whitespace, integer column
+/// values outside the 32-bit range (ASE parses `I` columns as `int32`).
 pub fn write_frames<W: Write>(mut writer: W, frames: &[System]) -> Result<(), XyzError> {
     let io_error = |source| XyzError::Io { file: None, source };
     let mut buf: Vec<u8> = Vec::with_capacity(FLUSH_BYTES + 4096);
@@ -123,10 +124,17 @@ fn checked_columns(system: &System) -> Result<Vec<(&str, &Column)>, String> {
         if width == 0 {
             return Err(format!("column `{name}` has width 0"));
         }
-        if len != n * width {
+        if Some(len) != n.checked_mul(width) {
             return Err(format!(
                 "column `{name}` has {len} values, expected {n} atoms × width {width}"
             ));
+        }
+        if let Column::Int(values, _) = column {
+            if let Some(bad) = values.iter().find(|&&i| i32::try_from(i).is_err()) {
+                return Err(format!(
+                    "column `{name}` has the value {bad}; ASE reads I columns as 32-bit integers"
+                ));
+            }
         }
         if let Column::Str(values, _) = column {
             if let Some(bad) = values
@@ -320,7 +328,15 @@ fn format_info_value(key: &str, value: &InfoValue) -> String {
             }))),
         },
         InfoValue::Str(s) => {
-            let plain = !s.chars().any(char::is_control)
+            // A `_JSON ` string left undecoded by the reader (an object, a
+            // nested list) goes back verbatim so ASE decodes it again; one that
+            // is not JSON at all would make ASE fail, so it is wrapped instead.
+            let json_ok = match s.strip_prefix("_JSON ") {
+                Some(json) => is_valid_json(json),
+                None => true,
+            };
+            let plain = json_ok
+                && !s.chars().any(char::is_control)
                 && classify_value(key, s) == InfoValue::Str(s.clone());
             if plain {
                 quote(s)
