@@ -20,6 +20,7 @@ pub use dist::{DataMut, Distributor};
 pub use error::EngineError;
 pub use graph::{Graph, Index, Tensor};
 pub use model::{Edges, Model, ModelForward, ModelInfo, ModelInputs, ModelOutputs, SpeciesSupport};
+pub use ops::message::{MessageInputs, MessageKernel};
 pub use ops::opaque::OpaqueKernel;
 pub use scalar::{DType, Scalar};
 pub use trace::{Phase, Trace, TraceEvent, TraceShape};

@@ -414,3 +414,71 @@ fn finite_checks_name_the_op() {
     let err = g.unary(x, Unary::Sqrt).unwrap_err();
     assert!(err.to_string().contains("sqrt"), "{err}");
 }
+
+/// out[i] = Σ_e w_e · tanh(h[j]) — a message kernel with a hand-written backward.
+struct TanhMessage;
+impl ddmlip_engine::MessageKernel<f64> for TanhMessage {
+    fn name(&self) -> &str {
+        "tanh_message"
+    }
+    fn out_cols(&self) -> usize {
+        2
+    }
+    fn forward(
+        &self,
+        x: &ddmlip_engine::MessageInputs<'_, f64>,
+        out: &mut [f64],
+    ) -> Result<(), String> {
+        for e in 0..x.center.len() {
+            let (i, j) = (x.center[e] as usize, x.neighbor[e] as usize);
+            for c in 0..2 {
+                out[i * 2 + c] += x.edges[0][e] * x.nodes[0][j * 2 + c].tanh();
+            }
+        }
+        Ok(())
+    }
+    fn backward(
+        &self,
+        x: &ddmlip_engine::MessageInputs<'_, f64>,
+        g: &[f64],
+        gn: &mut [Vec<f64>],
+        ge: &mut [Vec<f64>],
+    ) -> Result<(), String> {
+        for e in 0..x.center.len() {
+            let (i, j) = (x.center[e] as usize, x.neighbor[e] as usize);
+            for c in 0..2 {
+                let t = x.nodes[0][j * 2 + c].tanh();
+                gn[0][j * 2 + c] += g[i * 2 + c] * x.edges[0][e] * (1.0 - t * t);
+                ge[0][e] += g[i * 2 + c] * t;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn fused_message_passing_and_rowwise() {
+    let ci: Arc<Vec<u32>> = Arc::new(vec![0, 0, 1, 2, 2]);
+    let ni: Arc<Vec<u32>> = Arc::new(vec![1, 2, 0, 0, 1]);
+    check(
+        vec![atoms(3, 2, 30), (rand_vec(5, 31), 5, 1, RowDomain::Edge)],
+        &move |g, t| {
+            let c = g.index(
+                ci.clone(),
+                RowDomain::Edge,
+                RowDomain::Atom,
+                3,
+                "edge_center",
+            )?;
+            let n = g.index(
+                ni.clone(),
+                RowDomain::Edge,
+                RowDomain::Atom,
+                3,
+                "edge_neighbor",
+            )?;
+            let m = g.message_passing(Arc::new(TanhMessage), &[t[0]], &[t[1]], c, n)?;
+            g.rowwise(Arc::new(Cube), &[m])
+        },
+    );
+}

@@ -7,6 +7,7 @@ mod elementwise;
 mod geometry;
 mod index;
 mod linalg;
+pub mod message;
 pub mod opaque;
 mod radial;
 mod shape;

@@ -1,0 +1,272 @@
+//! Fused message passing: one kernel reads node rows at each edge's
+//! neighbour, combines them with edge rows, and sums the messages onto each
+//! edge's centre — without materialising per-edge messages. The dispatcher
+//! sees it as a gather (node inputs) plus a scatter (output), so under
+//! decomposition it gets exactly those handlers. Also row-wise custom ops:
+//! kernels that act on each row independently, which need no exchange.
+
+use crate::graph::NodeSpec;
+use crate::ops::opaque::Shape;
+use crate::{EngineError, Graph, Index, OpaqueKernel, RowDomain, Scalar, Tensor};
+use ddmlip_spec::{GatherMode, ScatterMode};
+use std::sync::Arc;
+
+/// The slices a message kernel works on.
+pub struct MessageInputs<'a, T> {
+    /// Node tensors (n_rows × width each), read at `neighbor[e]`.
+    pub nodes: Vec<&'a [T]>,
+    /// Edge tensors (n_edges × width each).
+    pub edges: Vec<&'a [T]>,
+    /// Receiver row of each edge.
+    pub center: &'a [u32],
+    /// Sender row of each edge.
+    pub neighbor: &'a [u32],
+    /// Rows of the node tensors and of the output.
+    pub n_rows: usize,
+}
+
+/// A fused gather → per-edge message → scatter-sum kernel.
+pub trait MessageKernel<T: Scalar>: Send + Sync {
+    /// Op name in traces.
+    fn name(&self) -> &str;
+    /// Output row width.
+    fn out_cols(&self) -> usize;
+    /// `out[i] = Σ_{e: center[e] = i} msg(nodes[neighbor[e]], edges[e])`; `out` is zeroed.
+    fn forward(&self, inputs: &MessageInputs<'_, T>, out: &mut [T]) -> Result<(), String>;
+    /// Adds gradients into `grad_nodes` / `grad_edges` (zeroed, one per input).
+    fn backward(
+        &self,
+        inputs: &MessageInputs<'_, T>,
+        grad_out: &[T],
+        grad_nodes: &mut [Vec<T>],
+        grad_edges: &mut [Vec<T>],
+    ) -> Result<(), String>;
+}
+
+impl<T: Scalar> Graph<T> {
+    /// Runs a fused message-passing kernel. Decomposed, node inputs are read
+    /// like a gather (`halo_read` refreshes stale ghost rows first) and the
+    /// output is combined like a scatter-add (the spec's scatter mode).
+    pub fn message_passing(
+        &mut self,
+        kernel: Arc<dyn MessageKernel<T>>,
+        nodes: &[Tensor],
+        edges: &[Tensor],
+        center: Index,
+        neighbor: Index,
+    ) -> Result<Tensor, EngineError> {
+        let name = kernel.name().to_string();
+        let n_rows = self.indices[center.id].target_rows;
+        let n_edges = self.indices[center.id].values.len();
+        if self.indices[neighbor.id].values.len() != n_edges
+            || self.indices[neighbor.id].target_rows != n_rows
+        {
+            return Err(EngineError::shape(
+                &name,
+                "center and neighbor indices disagree",
+            ));
+        }
+        for &t in nodes {
+            if self.nodes[t.id].rows != n_rows {
+                return Err(EngineError::shape(
+                    &name,
+                    format!(
+                        "node input has {} rows, expected {n_rows}",
+                        self.nodes[t.id].rows
+                    ),
+                ));
+            }
+        }
+        for &t in edges {
+            if self.nodes[t.id].rows != n_edges {
+                return Err(EngineError::shape(
+                    &name,
+                    format!(
+                        "edge input has {} rows, expected {n_edges}",
+                        self.nodes[t.id].rows
+                    ),
+                ));
+            }
+        }
+        let (gather_mode, scatter_mode) = match &self.dist {
+            Some(d) if n_rows == d.n_local() => {
+                (Some(d.spec().policy.gather), Some(d.spec().policy.scatter))
+            }
+            _ => (None, None),
+        };
+        let mut node_ins = nodes.to_vec();
+        if gather_mode == Some(GatherMode::HaloRead) {
+            for t in node_ins.iter_mut() {
+                if !self.nodes[t.id].fresh {
+                    *t = self.halo_refresh(*t, "gather:halo_read(refresh)")?;
+                }
+            }
+        }
+        let cols = kernel.out_cols();
+        let mut out = vec![T::zero(); n_rows * cols];
+        {
+            let inputs = MessageInputs {
+                nodes: node_ins
+                    .iter()
+                    .map(|t| self.nodes[t.id].value.as_slice())
+                    .collect(),
+                edges: edges
+                    .iter()
+                    .map(|t| self.nodes[t.id].value.as_slice())
+                    .collect(),
+                center: &self.indices[center.id].values,
+                neighbor: &self.indices[neighbor.id].values,
+                n_rows,
+            };
+            kernel
+                .forward(&inputs, &mut out)
+                .map_err(|message| EngineError::Kernel {
+                    op: name.clone(),
+                    message,
+                })?;
+        }
+        let handler = scatter_mode.map(|m| match m {
+            ScatterMode::HaloCorrection => "scatter:halo_correction",
+            ScatterMode::Refresh => "scatter:refresh",
+            ScatterMode::Local => "scatter:local",
+        });
+        let all: Vec<Tensor> = node_ins.iter().chain(edges).copied().collect();
+        let n_nodes = node_ins.len();
+        let spec = NodeSpec {
+            op: format!("message:{name}"),
+            rows: n_rows,
+            cols,
+            domain: RowDomain::Atom,
+            fresh: scatter_mode.is_none(),
+            replicated: false,
+        };
+        let k = kernel.clone();
+        let all_in = all.clone();
+        let y = self.push_op(
+            spec,
+            out,
+            &all_in,
+            &[neighbor, center],
+            handler,
+            Box::new(move |ctx, g| {
+                let inputs = MessageInputs {
+                    nodes: all[..n_nodes].iter().map(|&t| ctx.value(t)).collect(),
+                    edges: all[n_nodes..].iter().map(|&t| ctx.value(t)).collect(),
+                    center: ctx.index(center),
+                    neighbor: ctx.index(neighbor),
+                    n_rows,
+                };
+                let mut gn: Vec<Vec<T>> = inputs
+                    .nodes
+                    .iter()
+                    .map(|s| vec![T::zero(); s.len()])
+                    .collect();
+                let mut ge: Vec<Vec<T>> = inputs
+                    .edges
+                    .iter()
+                    .map(|s| vec![T::zero(); s.len()])
+                    .collect();
+                k.backward(&inputs, g, &mut gn, &mut ge)
+                    .map_err(|message| EngineError::Kernel {
+                        op: k.name().to_string(),
+                        message,
+                    })?;
+                for (&t, gt) in all.iter().zip(gn.into_iter().chain(ge)) {
+                    ctx.accumulate(t, gt);
+                }
+                Ok(())
+            }),
+        )?;
+        match scatter_mode {
+            Some(ScatterMode::HaloCorrection) => {
+                let y = self.halo_reverse_sum(y, "halo:reverse_sum")?;
+                self.halo_refresh(y, "halo:refresh")
+            }
+            Some(ScatterMode::Refresh) => self.halo_refresh(y, "halo:refresh"),
+            _ => Ok(y),
+        }
+    }
+
+    /// Runs a kernel that maps each input row to an output row independently
+    /// (a linear layer on irreps, a gate, edge features…). Row-local, so it
+    /// needs no exchange: ghost rows stay as fresh as the inputs were.
+    pub fn rowwise(
+        &mut self,
+        kernel: Arc<dyn OpaqueKernel<T>>,
+        inputs: &[Tensor],
+    ) -> Result<Tensor, EngineError> {
+        let name = kernel.name().to_string();
+        let shapes: Vec<Shape> = inputs
+            .iter()
+            .map(|t| {
+                (
+                    self.nodes[t.id].domain,
+                    self.nodes[t.id].rows,
+                    self.nodes[t.id].cols,
+                )
+            })
+            .collect();
+        let (domain, rows, cols) =
+            kernel
+                .output_shape(&shapes)
+                .map_err(|message| EngineError::Kernel {
+                    op: name.clone(),
+                    message,
+                })?;
+        let mut out = vec![T::zero(); rows * cols];
+        {
+            let slices: Vec<&[T]> = inputs
+                .iter()
+                .map(|t| self.nodes[t.id].value.as_slice())
+                .collect();
+            kernel
+                .forward(&slices, &shapes, &mut out)
+                .map_err(|message| EngineError::Kernel {
+                    op: name.clone(),
+                    message,
+                })?;
+        }
+        let fresh = inputs.iter().all(|t| self.nodes[t.id].fresh);
+        let replicated = inputs.iter().all(|t| self.nodes[t.id].replicated);
+        let spec = NodeSpec {
+            op: format!("rowwise:{name}"),
+            rows,
+            cols,
+            domain,
+            fresh,
+            replicated,
+        };
+        let ins = inputs.to_vec();
+        let k = kernel.clone();
+        self.push_op(
+            spec,
+            out,
+            inputs,
+            &[],
+            None,
+            Box::new(move |ctx, g| {
+                let slices: Vec<&[T]> = ins.iter().map(|&t| ctx.value(t)).collect();
+                let mut grads: Vec<Vec<T>> =
+                    slices.iter().map(|s| vec![T::zero(); s.len()]).collect();
+                match k.backward(&slices, &shapes, g, &mut grads) {
+                    None => {
+                        return Err(EngineError::NoBackward {
+                            op: format!("rowwise:{}", k.name()),
+                        })
+                    }
+                    Some(Err(message)) => {
+                        return Err(EngineError::Kernel {
+                            op: k.name().to_string(),
+                            message,
+                        })
+                    }
+                    Some(Ok(())) => {}
+                }
+                for (&t, gt) in ins.iter().zip(grads) {
+                    ctx.accumulate(t, gt);
+                }
+                Ok(())
+            }),
+        )
+    }
+}
