@@ -124,9 +124,10 @@ impl<T: Real> ConvPaths<T> {
     }
 
     /// e3nn `uvu` paths of `irreps_in ⊗ Y(0..=lmax_sh)` in **sorted** order
-    /// (stable sort of the output blocks by irrep, as e3nn ≥ 0.11 sevenn uses),
+    /// (stable sort of the output blocks by irrep, as sevenn ≥ 0.11 uses),
     /// keeping output degrees for which `keep(l3)` holds. The SH of degree l
-    /// has parity `sh_parity(l)`. `cg(l1,l2,l3)` supplies each CG tensor.
+    /// has parity `sh_parity(l)`. `cg(l1,l2,l3)` supplies each CG tensor and
+    /// is called once per path, in sorted order.
     ///
     /// Returns the paths, the message irreps (unsimplified, sorted) and, per
     /// sorted path, its index in e3nn's creation order (input block outer,
@@ -136,48 +137,12 @@ impl<T: Real> ConvPaths<T> {
         lmax_sh: usize,
         sh_parity: impl Fn(usize) -> i8,
         keep: impl Fn(usize) -> bool,
-        mut cg: impl FnMut(usize, usize, usize) -> Result<Vec<f64>, E3nnError>,
+        cg: impl FnMut(usize, usize, usize) -> Result<Vec<f64>, E3nnError>,
     ) -> Result<(Self, Irreps, Vec<usize>), E3nnError> {
-        // Creation order.
-        let mut created: Vec<(usize, usize, usize, MulIr)> = Vec::new(); // (block, l2, l3, out)
-        for (b, blk) in irreps_in.blocks.iter().enumerate() {
-            for l2 in 0..=lmax_sh {
-                for l3 in blk.ir.l.abs_diff(l2)..=blk.ir.l + l2 {
-                    if keep(l3) {
-                        let ir = Irrep { l: l3, p: blk.ir.p * sh_parity(l2) };
-                        created.push((b, l2, l3, MulIr { mul: blk.mul, ir }));
-                    }
-                }
-            }
-        }
-        let msg_created = Irreps { blocks: created.iter().map(|c| c.3).collect() };
-        let (msg_sorted, perm) = msg_created.sort();
-        let mut order = vec![0; perm.len()];
-        for (old, &new) in perm.iter().enumerate() {
-            order[new] = old;
-        }
-        let in_offs = irreps_in.offsets();
-        let out_offs = msg_sorted.offsets();
-        let mut paths = Vec::with_capacity(order.len());
-        let mut w_off = 0;
-        for (pos, &k) in order.iter().enumerate() {
-            let (b, l2, l3, out) = created[k];
-            let l1 = irreps_in.blocks[b].ir.l;
-            paths.push(TpPath {
-                l1,
-                l2,
-                l3,
-                mul: out.mul,
-                in_offset: in_offs[b],
-                weight_offset: w_off,
-                out_offset: out_offs[pos],
-                path_weight: ((2 * l3 + 1) as f64).sqrt(),
-                cg: cg(l1, l2, l3)?,
-            });
-            w_off += out.mul;
-        }
-        let me = Self::new(irreps_in.dim(), lmax_sh, w_off, msg_sorted.dim(), paths)?;
-        Ok((me, msg_sorted, order))
+        let (paths, msg, order) = uvu_sorted_paths(irreps_in, lmax_sh, sh_parity, keep, cg)?;
+        let dim_w = paths.iter().map(|p| p.mul).sum();
+        let me = Self::new(irreps_in.dim(), lmax_sh, dim_w, msg.dim(), paths)?;
+        Ok((me, msg, order))
     }
 
     /// Width of `h` rows.
@@ -219,6 +184,57 @@ impl<T: Real> ConvPaths<T> {
             }
         }
     }
+}
+
+/// The [`TpPath`] list behind [`ConvPaths::uvu_sorted`] (same arguments and
+/// order), for callers that want to adjust the paths before validation.
+pub fn uvu_sorted_paths(
+    irreps_in: &Irreps,
+    lmax_sh: usize,
+    sh_parity: impl Fn(usize) -> i8,
+    keep: impl Fn(usize) -> bool,
+    mut cg: impl FnMut(usize, usize, usize) -> Result<Vec<f64>, E3nnError>,
+) -> Result<(Vec<TpPath>, Irreps, Vec<usize>), E3nnError> {
+    // Creation order: (input block, l2, l3) and the output block.
+    let mut created: Vec<(usize, usize, usize, MulIr)> = Vec::new();
+    for (b, blk) in irreps_in.blocks.iter().enumerate() {
+        for l2 in 0..=lmax_sh {
+            for l3 in blk.ir.l.abs_diff(l2)..=blk.ir.l + l2 {
+                if keep(l3) {
+                    let ir = Irrep { l: l3, p: blk.ir.p * sh_parity(l2) };
+                    created.push((b, l2, l3, MulIr { mul: blk.mul, ir }));
+                }
+            }
+        }
+    }
+    let msg_created = Irreps { blocks: created.iter().map(|c| c.3).collect() };
+    let (msg_sorted, perm) = msg_created.sort();
+    let mut order = vec![0; perm.len()];
+    for (old, &new) in perm.iter().enumerate() {
+        order[new] = old;
+    }
+    let in_offs = irreps_in.offsets();
+    let out_offs = msg_sorted.offsets();
+    let mut paths = Vec::with_capacity(order.len());
+    let mut w_off = 0;
+    for (pos, &k) in order.iter().enumerate() {
+        let (b, l2, l3, out) = created[k];
+        let l1 = irreps_in.blocks[b].ir.l;
+        paths.push(TpPath {
+            l1,
+            l2,
+            l3,
+            mul: out.mul,
+            in_offset: in_offs[b],
+            weight_offset: w_off,
+            out_offset: out_offs[pos],
+            // One instruction per output block and mul2 = 1 in uvu mode.
+            path_weight: ((2 * l3 + 1) as f64).sqrt(),
+            cg: cg(l1, l2, l3)?,
+        });
+        w_off += out.mul;
+    }
+    Ok((paths, msg_sorted, order))
 }
 
 /// Receiver- and sender-sorted views (CSR) of an edge list over `n_rows` rows.
