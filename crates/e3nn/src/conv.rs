@@ -90,11 +90,18 @@ impl<T: Real> ConvPaths<T> {
                 return Err(bad(format!("degrees above {CONV_LMAX}")));
             }
             if p.l2 > lmax_sh {
-                return Err(bad(format!("filter degree {} above lmax_sh {lmax_sh}", p.l2)));
+                return Err(bad(format!(
+                    "filter degree {} above lmax_sh {lmax_sh}",
+                    p.l2
+                )));
             }
             let (d1, d2, d3) = (2 * p.l1 + 1, 2 * p.l2 + 1, 2 * p.l3 + 1);
             if p.cg.len() != d1 * d2 * d3 {
-                return Err(bad(format!("CG tensor has {} entries, expected {}", p.cg.len(), d1 * d2 * d3)));
+                return Err(bad(format!(
+                    "CG tensor has {} entries, expected {}",
+                    p.cg.len(),
+                    d1 * d2 * d3
+                )));
             }
             if p.in_offset + p.mul * d1 > dim_in {
                 return Err(bad(format!("input block ends past dim_in {dim_in}")));
@@ -120,7 +127,14 @@ impl<T: Real> ConvPaths<T> {
             });
             t_size += d1 * d3;
         }
-        Ok(Self { dim_in, lmax_sh, dim_w, dim_msg, paths: out, t_size })
+        Ok(Self {
+            dim_in,
+            lmax_sh,
+            dim_w,
+            dim_msg,
+            paths: out,
+            t_size,
+        })
     }
 
     /// e3nn `uvu` paths of `irreps_in ⊗ Y(0..=lmax_sh)` in **sorted** order
@@ -201,13 +215,18 @@ pub fn uvu_sorted_paths(
         for l2 in 0..=lmax_sh {
             for l3 in blk.ir.l.abs_diff(l2)..=blk.ir.l + l2 {
                 if keep(l3) {
-                    let ir = Irrep { l: l3, p: blk.ir.p * sh_parity(l2) };
+                    let ir = Irrep {
+                        l: l3,
+                        p: blk.ir.p * sh_parity(l2),
+                    };
                     created.push((b, l2, l3, MulIr { mul: blk.mul, ir }));
                 }
             }
         }
     }
-    let msg_created = Irreps { blocks: created.iter().map(|c| c.3).collect() };
+    let msg_created = Irreps {
+        blocks: created.iter().map(|c| c.3).collect(),
+    };
     let (msg_sorted, perm) = msg_created.sort();
     let mut order = vec![0; perm.len()];
     for (old, &new) in perm.iter().enumerate() {
@@ -276,8 +295,15 @@ impl ConvGraph {
             return Err(E3nnError::Unsupported("more than 2^32 edges".into()));
         }
         for (what, arr) in [("centers", centers), ("neighbors", neighbors)] {
-            if let Some((position, &i)) = arr.iter().enumerate().find(|(_, &i)| i as usize >= n_rows) {
-                return Err(E3nnError::Index { what, position, index: i as usize, n_rows });
+            if let Some((position, &i)) =
+                arr.iter().enumerate().find(|(_, &i)| i as usize >= n_rows)
+            {
+                return Err(E3nnError::Index {
+                    what,
+                    position,
+                    index: i as usize,
+                    n_rows,
+                });
             }
         }
         let (center_offsets, center_edges) = csr(n_rows, centers);
@@ -376,7 +402,12 @@ fn bwd_edge_kernel<T: Real, const D1: usize, const D3: usize>(
 ) {
     let tm = load_t::<T, D1, D3>(t);
     let mut acc_t = [[T::ZERO; D3]; D1];
-    for (((hu, &wu), gu), gw) in h.chunks_exact(D1).zip(w).zip(g.chunks_exact(D3)).zip(grad_w.iter_mut()) {
+    for (((hu, &wu), gu), gw) in h
+        .chunks_exact(D1)
+        .zip(w)
+        .zip(g.chunks_exact(D3))
+        .zip(grad_w.iter_mut())
+    {
         let mut s = [T::ZERO; D3];
         for a in 0..D1 {
             let x = hu[a];
@@ -405,7 +436,12 @@ fn bwd_edge_kernel<T: Real, const D1: usize, const D3: usize>(
 
 /// gh[u,a] += w[u] Σ_k T[a,k] g[u,k]
 #[inline(always)]
-fn bwd_h_kernel<T: Real, const D1: usize, const D3: usize>(t: &[T], w: &[T], g: &[T], gh: &mut [T]) {
+fn bwd_h_kernel<T: Real, const D1: usize, const D3: usize>(
+    t: &[T],
+    w: &[T],
+    g: &[T],
+    gh: &mut [T],
+) {
     let tm = load_t::<T, D1, D3>(t);
     for ((ghu, &wu), gu) in gh.chunks_exact_mut(D1).zip(w).zip(g.chunks_exact(D3)) {
         for a in 0..D1 {
@@ -431,9 +467,15 @@ fn check_inputs<T: Real>(
     check_len("conv sh", e * paths.dim_sh(), sh.len())?;
     check_len("conv w", e * paths.dim_w, w.len())?;
     if !(denominator.is_finite() && denominator != 0.0) {
-        return Err(E3nnError::Config(format!("conv denominator must be finite and non-zero, got {denominator}")));
+        return Err(E3nnError::Config(format!(
+            "conv denominator must be finite and non-zero, got {denominator}"
+        )));
     }
-    Ok(paths.paths.iter().map(|p| T::from_f64(p.alpha / denominator)).collect())
+    Ok(paths
+        .paths
+        .iter()
+        .map(|p| T::from_f64(p.alpha / denominator))
+        .collect())
 }
 
 /// Forward: `out` (n_rows × dim_msg, overwritten) = Σ_{edges into i} msg_e / denominator.
@@ -515,7 +557,11 @@ pub fn conv_backward<T: Real>(
                 || (vec![T::ZERO; paths.t_size], vec![T::ZERO; paths.t_size]),
                 |(t, gt), (e, (gw, gy))| {
                     let (i, j) = (graph.centers[e] as usize, graph.neighbors[e] as usize);
-                    let (hj, we, gi) = (&h[j * di..(j + 1) * di], &w[e * dw..(e + 1) * dw], &grad_a[i * dm..(i + 1) * dm]);
+                    let (hj, we, gi) = (
+                        &h[j * di..(j + 1) * di],
+                        &w[e * dw..(e + 1) * dw],
+                        &grad_a[i * dm..(i + 1) * dm],
+                    );
                     paths.filters(&sh[e * ds..(e + 1) * ds], &scales, t);
                     gy.fill(T::ZERO);
                     for (p, &s) in paths.paths.iter().zip(&scales) {
@@ -553,7 +599,9 @@ pub fn conv_backward<T: Real>(
             || vec![T::ZERO; paths.t_size],
             |t, (j, gh)| {
                 gh.fill(T::ZERO);
-                for &e in &graph.neighbor_edges[graph.neighbor_offsets[j]..graph.neighbor_offsets[j + 1]] {
+                for &e in
+                    &graph.neighbor_edges[graph.neighbor_offsets[j]..graph.neighbor_offsets[j + 1]]
+                {
                     let e = e as usize;
                     let i = graph.centers[e] as usize;
                     let (we, gi) = (&w[e * dw..(e + 1) * dw], &grad_a[i * dm..(i + 1) * dm]);

@@ -42,6 +42,9 @@ pub enum E3nnError {
     /// The state dict does not describe a SevenNet-0 model.
     #[error("not a SevenNet-0 checkpoint (a checkpoint of another architecture?): {0}")]
     Checkpoint(String),
+    /// The checkpoint file could not be read.
+    #[error(transparent)]
+    CheckpointRead(#[from] ddmlip_checkpoint::CheckpointError),
     /// An atomic number the model has no species for.
     #[error("unknown element: atomic number {0} is not one of the model's species")]
     UnknownElement(u32),

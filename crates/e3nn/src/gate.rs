@@ -36,31 +36,44 @@ impl Gate {
     }
 
     /// `output` (N × dim_out, overwritten) from `input` (N × dim_in).
-    pub fn forward<T: Real>(&self, input: &[T], n_rows: usize, output: &mut [T]) -> Result<(), E3nnError> {
-        let (di, dout, ns, ng) = (self.dim_in(), self.dim_out(), self.n_scalars, self.n_gates());
+    pub fn forward<T: Real>(
+        &self,
+        input: &[T],
+        n_rows: usize,
+        output: &mut [T],
+    ) -> Result<(), E3nnError> {
+        let (di, dout, ns, ng) = (
+            self.dim_in(),
+            self.dim_out(),
+            self.n_scalars,
+            self.n_gates(),
+        );
         check_len("gate input", n_rows * di, input.len())?;
         check_len("gate output", n_rows * dout, output.len())?;
         if n_rows == 0 || dout == 0 {
             return Ok(());
         }
-        output.par_chunks_mut(dout).zip(input.par_chunks(di)).for_each(|(o, x)| {
-            for c in 0..ns {
-                o[c] = nsilu(x[c]);
-            }
-            let (mut gi, mut src, mut dst) = (ns, ns + ng, ns);
-            for &(mul, l) in &self.gated {
-                let d = 2 * l + 1;
-                for _ in 0..mul {
-                    let g = nsilu(x[gi]);
-                    for c in 0..d {
-                        o[dst + c] = g * x[src + c];
-                    }
-                    gi += 1;
-                    src += d;
-                    dst += d;
+        output
+            .par_chunks_mut(dout)
+            .zip(input.par_chunks(di))
+            .for_each(|(o, x)| {
+                for c in 0..ns {
+                    o[c] = nsilu(x[c]);
                 }
-            }
-        });
+                let (mut gi, mut src, mut dst) = (ns, ns + ng, ns);
+                for &(mul, l) in &self.gated {
+                    let d = 2 * l + 1;
+                    for _ in 0..mul {
+                        let g = nsilu(x[gi]);
+                        for c in 0..d {
+                            o[dst + c] = g * x[src + c];
+                        }
+                        gi += 1;
+                        src += d;
+                        dst += d;
+                    }
+                }
+            });
         Ok(())
     }
 
@@ -72,7 +85,12 @@ impl Gate {
         n_rows: usize,
         grad_in: &mut [T],
     ) -> Result<(), E3nnError> {
-        let (di, dout, ns, ng) = (self.dim_in(), self.dim_out(), self.n_scalars, self.n_gates());
+        let (di, dout, ns, ng) = (
+            self.dim_in(),
+            self.dim_out(),
+            self.n_scalars,
+            self.n_gates(),
+        );
         check_len("gate input", n_rows * di, input.len())?;
         check_len("gate grad_out", n_rows * dout, grad_out.len())?;
         check_len("gate grad_in", n_rows * di, grad_in.len())?;
@@ -114,11 +132,16 @@ mod tests {
 
     #[test]
     fn gate_forward_and_fd() {
-        let gate = Gate { n_scalars: 3, gated: vec![(2, 1), (1, 2)] };
+        let gate = Gate {
+            n_scalars: 3,
+            gated: vec![(2, 1), (1, 2)],
+        };
         assert_eq!(gate.dim_in(), 3 + 3 + 6 + 5);
         assert_eq!(gate.dim_out(), 3 + 6 + 5);
         let n = 4;
-        let x: Vec<f64> = (0..n * gate.dim_in()).map(|i| ((i as f64) * 0.71).sin() * 2.0).collect();
+        let x: Vec<f64> = (0..n * gate.dim_in())
+            .map(|i| ((i as f64) * 0.71).sin() * 2.0)
+            .collect();
         let mut y = vec![0.0; n * gate.dim_out()];
         gate.forward(&x, n, &mut y).unwrap();
         // Direct check of the layout on row 1.
@@ -128,7 +151,9 @@ mod tests {
         assert!((yr[3 + 1] - phi(xr[3]) * xr[6 + 1]).abs() < 1e-15);
         assert!((yr[6 + 2] - phi(xr[4]) * xr[9 + 2]).abs() < 1e-15);
         assert!((yr[9 + 4] - phi(xr[5]) * xr[12 + 4]).abs() < 1e-15);
-        let g: Vec<f64> = (0..n * gate.dim_out()).map(|i| ((i as f64) * 1.3).cos()).collect();
+        let g: Vec<f64> = (0..n * gate.dim_out())
+            .map(|i| ((i as f64) * 1.3).cos())
+            .collect();
         let mut gx = vec![0.0; x.len()];
         gate.backward(&x, &g, n, &mut gx).unwrap();
         let loss = |x: &[f64]| {

@@ -72,10 +72,28 @@ pub(crate) fn gemm<T: Real>(alpha: T, a: MatRef<T>, b: MatRef<T>, beta: T, c: Ma
 pub(crate) fn matmul<T: Real>(m: usize, k: usize, n: usize, a: &[T], b: &[T], c: &mut [T]) {
     gemm(
         T::ONE,
-        MatRef { data: a, rows: m, cols: k, rs: k, cs: 1 },
-        MatRef { data: b, rows: k, cols: n, rs: n, cs: 1 },
+        MatRef {
+            data: a,
+            rows: m,
+            cols: k,
+            rs: k,
+            cs: 1,
+        },
+        MatRef {
+            data: b,
+            rows: k,
+            cols: n,
+            rs: n,
+            cs: 1,
+        },
         T::ZERO,
-        MatMut { data: c, rows: m, cols: n, rs: n, cs: 1 },
+        MatMut {
+            data: c,
+            rows: m,
+            cols: n,
+            rs: n,
+            cs: 1,
+        },
     );
 }
 
@@ -83,9 +101,27 @@ pub(crate) fn matmul<T: Real>(m: usize, k: usize, n: usize, a: &[T], b: &[T], c:
 pub(crate) fn matmul_bt<T: Real>(m: usize, n: usize, k: usize, g: &[T], b: &[T], c: &mut [T]) {
     gemm(
         T::ONE,
-        MatRef { data: g, rows: m, cols: n, rs: n, cs: 1 },
-        MatRef { data: b, rows: n, cols: k, rs: 1, cs: n },
+        MatRef {
+            data: g,
+            rows: m,
+            cols: n,
+            rs: n,
+            cs: 1,
+        },
+        MatRef {
+            data: b,
+            rows: n,
+            cols: k,
+            rs: 1,
+            cs: n,
+        },
         T::ZERO,
-        MatMut { data: c, rows: m, cols: k, rs: k, cs: 1 },
+        MatMut {
+            data: c,
+            rows: m,
+            cols: k,
+            rs: k,
+            cs: 1,
+        },
     );
 }

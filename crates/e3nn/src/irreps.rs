@@ -57,7 +57,10 @@ impl Irreps {
     /// Parses e3nn syntax: blocks `MULxLP` (or `LP` for mul 1) joined by `+`,
     /// P ∈ {e, o}; whitespace is ignored; `""` is the empty list.
     pub fn parse(s: &str) -> Result<Self, E3nnError> {
-        let err = |reason: &str| E3nnError::IrrepsParse { input: s.to_string(), reason: reason.to_string() };
+        let err = |reason: &str| E3nnError::IrrepsParse {
+            input: s.to_string(),
+            reason: reason.to_string(),
+        };
         let compact: String = s.chars().filter(|c| !c.is_whitespace()).collect();
         let mut blocks = Vec::new();
         if compact.is_empty() {
@@ -65,7 +68,11 @@ impl Irreps {
         }
         for part in compact.split('+') {
             let (mul, ir) = match part.split_once('x') {
-                Some((m, ir)) => (m.parse::<usize>().map_err(|_| err(&format!("bad multiplicity in {part:?}")))?, ir),
+                Some((m, ir)) => (
+                    m.parse::<usize>()
+                        .map_err(|_| err(&format!("bad multiplicity in {part:?}")))?,
+                    ir,
+                ),
                 None => (1, part),
             };
             let p = match ir.chars().last() {
@@ -73,8 +80,13 @@ impl Irreps {
                 Some('o') => -1,
                 _ => return Err(err(&format!("block {part:?} must end with parity e or o"))),
             };
-            let l = ir[..ir.len() - 1].parse::<usize>().map_err(|_| err(&format!("bad degree in {part:?}")))?;
-            blocks.push(MulIr { mul, ir: Irrep { l, p } });
+            let l = ir[..ir.len() - 1]
+                .parse::<usize>()
+                .map_err(|_| err(&format!("bad degree in {part:?}")))?;
+            blocks.push(MulIr {
+                mul,
+                ir: Irrep { l, p },
+            });
         }
         Ok(Self { blocks })
     }
@@ -121,7 +133,12 @@ impl Irreps {
         for (new, &old) in idx.iter().enumerate() {
             perm[old] = new;
         }
-        (Self { blocks: idx.iter().map(|&i| self.blocks[i]).collect() }, perm)
+        (
+            Self {
+                blocks: idx.iter().map(|&i| self.blocks[i]).collect(),
+            },
+            perm,
+        )
     }
 }
 
@@ -164,29 +181,53 @@ impl<T: Real> IrrepsLinear<T> {
     /// Builds the Linear from e3nn's flat weight vector (unscaled, as stored
     /// in `*.linear.weight`). Fails if its length does not match the
     /// instructions.
-    pub fn new(irreps_in: &Irreps, irreps_out: &Irreps, flat_weights: &[f64]) -> Result<Self, E3nnError> {
+    pub fn new(
+        irreps_in: &Irreps,
+        irreps_out: &Irreps,
+        flat_weights: &[f64],
+    ) -> Result<Self, E3nnError> {
         let mut instrs = Vec::new();
         let mut fan_in = vec![0usize; irreps_out.blocks.len()];
         let mut off = 0;
         for (a, bi) in irreps_in.blocks.iter().enumerate() {
             for (b, bo) in irreps_out.blocks.iter().enumerate() {
                 if bi.ir == bo.ir {
-                    instrs.push(LinearInstr { block_in: a, block_out: b, w_offset: off });
+                    instrs.push(LinearInstr {
+                        block_in: a,
+                        block_out: b,
+                        w_offset: off,
+                    });
                     off += bi.mul * bo.mul;
                     fan_in[b] += bi.mul;
                 }
             }
         }
-        check_len(&format!("Linear {irreps_in} -> {irreps_out} weights"), off, flat_weights.len())?;
+        check_len(
+            &format!("Linear {irreps_in} -> {irreps_out} weights"),
+            off,
+            flat_weights.len(),
+        )?;
         let mut weights = vec![T::ZERO; off];
         for ins in &instrs {
-            let (mi, mo) = (irreps_in.blocks[ins.block_in].mul, irreps_out.blocks[ins.block_out].mul);
-            let alpha = if fan_in[ins.block_out] > 0 { 1.0 / (fan_in[ins.block_out] as f64).sqrt() } else { 0.0 };
+            let (mi, mo) = (
+                irreps_in.blocks[ins.block_in].mul,
+                irreps_out.blocks[ins.block_out].mul,
+            );
+            let alpha = if fan_in[ins.block_out] > 0 {
+                1.0 / (fan_in[ins.block_out] as f64).sqrt()
+            } else {
+                0.0
+            };
             for k in ins.w_offset..ins.w_offset + mi * mo {
                 weights[k] = T::from_f64(flat_weights[k] * alpha);
             }
         }
-        Ok(Self { irreps_in: irreps_in.clone(), irreps_out: irreps_out.clone(), instrs, weights })
+        Ok(Self {
+            irreps_in: irreps_in.clone(),
+            irreps_out: irreps_out.clone(),
+            instrs,
+            weights,
+        })
     }
 
     /// Input irreps.
@@ -206,36 +247,62 @@ impl<T: Real> IrrepsLinear<T> {
 
     /// Gradient w.r.t. the input: `grad_in` (N × dim_in, overwritten) from
     /// `grad_out` (N × dim_out). The weights are constants.
-    pub fn backward(&self, grad_out: &[T], n_rows: usize, grad_in: &mut [T]) -> Result<(), E3nnError> {
+    pub fn backward(
+        &self,
+        grad_out: &[T],
+        n_rows: usize,
+        grad_in: &mut [T],
+    ) -> Result<(), E3nnError> {
         self.apply(grad_out, n_rows, grad_in, true)
     }
 
     /// One GEMM per (instruction, component) over a chunk of rows; the
     /// transposed flag swaps the roles of input and output (backward).
-    fn apply(&self, src: &[T], n_rows: usize, dst: &mut [T], transposed: bool) -> Result<(), E3nnError> {
-        let (ir_src, ir_dst) = if transposed { (&self.irreps_out, &self.irreps_in) } else { (&self.irreps_in, &self.irreps_out) };
+    fn apply(
+        &self,
+        src: &[T],
+        n_rows: usize,
+        dst: &mut [T],
+        transposed: bool,
+    ) -> Result<(), E3nnError> {
+        let (ir_src, ir_dst) = if transposed {
+            (&self.irreps_out, &self.irreps_in)
+        } else {
+            (&self.irreps_in, &self.irreps_out)
+        };
         let (ds, dd) = (ir_src.dim(), ir_dst.dim());
         check_len("Linear source", n_rows * ds, src.len())?;
         check_len("Linear destination", n_rows * dd, dst.len())?;
         if n_rows == 0 || dd == 0 {
             return Ok(());
         }
-        let (off_src, off_dst) = (ir_src.offsets(), ir_dst.offsets());
+        if ds == 0 {
+            dst.fill(T::ZERO);
+            return Ok(());
+        }
         let (off_in, off_out) = (self.irreps_in.offsets(), self.irreps_out.offsets());
-        let _ = (off_src, off_dst);
         dst.par_chunks_mut(LINEAR_CHUNK * dd)
-            .zip(src.par_chunks(LINEAR_CHUNK * ds.max(1)))
+            .zip(src.par_chunks(LINEAR_CHUNK * ds))
             .for_each(|(d, s)| {
                 let rows = d.len() / dd;
                 let mut written = vec![false; ir_dst.blocks.len()];
                 for ins in &self.instrs {
-                    let (bi, bo) = (self.irreps_in.blocks[ins.block_in], self.irreps_out.blocks[ins.block_out]);
+                    let (bi, bo) = (
+                        self.irreps_in.blocks[ins.block_in],
+                        self.irreps_out.blocks[ins.block_out],
+                    );
                     let dim = bi.ir.dim();
                     let w = &self.weights[ins.w_offset..ins.w_offset + bi.mul * bo.mul];
                     // Weight as (mul_in × mul_out) row-major, or its transpose.
                     let (wm, src_off, src_mul, dst_blk, dst_off, dst_mul) = if transposed {
                         (
-                            MatRef { data: w, rows: bo.mul, cols: bi.mul, rs: 1, cs: bo.mul },
+                            MatRef {
+                                data: w,
+                                rows: bo.mul,
+                                cols: bi.mul,
+                                rs: 1,
+                                cs: bo.mul,
+                            },
                             off_out[ins.block_out],
                             bo.mul,
                             ins.block_in,
@@ -244,7 +311,13 @@ impl<T: Real> IrrepsLinear<T> {
                         )
                     } else {
                         (
-                            MatRef { data: w, rows: bi.mul, cols: bo.mul, rs: bo.mul, cs: 1 },
+                            MatRef {
+                                data: w,
+                                rows: bi.mul,
+                                cols: bo.mul,
+                                rs: bo.mul,
+                                cs: 1,
+                            },
                             off_in[ins.block_in],
                             bi.mul,
                             ins.block_out,
@@ -257,10 +330,22 @@ impl<T: Real> IrrepsLinear<T> {
                     for c in 0..dim {
                         gemm(
                             T::ONE,
-                            MatRef { data: &s[src_off + c..], rows, cols: src_mul, rs: ds, cs: dim },
+                            MatRef {
+                                data: &s[src_off + c..],
+                                rows,
+                                cols: src_mul,
+                                rs: ds,
+                                cs: dim,
+                            },
                             wm,
                             beta,
-                            MatMut { data: &mut d[dst_off + c..], rows, cols: dst_mul, rs: dd, cs: dim },
+                            MatMut {
+                                data: &mut d[dst_off + c..],
+                                rows,
+                                cols: dst_mul,
+                                rs: dd,
+                                cs: dim,
+                            },
                         );
                     }
                 }
@@ -288,7 +373,13 @@ mod tests {
         assert_eq!(ir.dim(), 128 + 192 + 160);
         assert_eq!(ir.offsets(), vec![0, 128, 320]);
         assert_eq!(ir.to_string(), "128x0e+64x1e+32x2e");
-        assert_eq!(Irreps::parse("0e+2x1o").unwrap().blocks[1], MulIr { mul: 2, ir: Irrep { l: 1, p: -1 } });
+        assert_eq!(
+            Irreps::parse("0e+2x1o").unwrap().blocks[1],
+            MulIr {
+                mul: 2,
+                ir: Irrep { l: 1, p: -1 }
+            }
+        );
         assert!(Irreps::parse("12x1").is_err());
         assert!(Irreps::parse("ax1e").is_err());
         assert!(Irreps::parse("3xqe").is_err());
@@ -308,7 +399,9 @@ mod tests {
         let mut s = seed;
         (0..n)
             .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((s >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
             })
             .collect()
@@ -336,7 +429,8 @@ mod tests {
                 for u in 0..bi.mul {
                     for v in 0..bo.mul {
                         for c in 0..d {
-                            y[oo[b] + v * d + c] += w[woff + u * bo.mul + v] * x[oi[a] + u * d + c] / (fan[b] as f64).sqrt();
+                            y[oo[b] + v * d + c] += w[woff + u * bo.mul + v] * x[oi[a] + u * d + c]
+                                / (fan[b] as f64).sqrt();
                         }
                     }
                 }
@@ -359,7 +453,12 @@ mod tests {
         let mut y = vec![7.0; n * ir_out.dim()];
         lin.forward(&x, n, &mut y).unwrap();
         for r in [0, 63, 64, 149] {
-            let want = naive(&ir_in, &ir_out, &w, &x[r * ir_in.dim()..(r + 1) * ir_in.dim()]);
+            let want = naive(
+                &ir_in,
+                &ir_out,
+                &w,
+                &x[r * ir_in.dim()..(r + 1) * ir_in.dim()],
+            );
             for (c, wv) in want.iter().enumerate() {
                 assert!((y[r * ir_out.dim() + c] - wv).abs() < 1e-13);
             }

@@ -6,6 +6,10 @@
 //! touch graphs take explicit index arrays and row counts, so they can run on a
 //! rank's local rows (owned + ghost atoms) of a domain-decomposed system.
 
+// The kernels index small fixed-size arrays (CG tensors, 3-vectors) by
+// component; explicit index loops mirror the formulas they implement.
+#![allow(clippy::needless_range_loop)]
+
 pub mod conv;
 pub mod error;
 pub mod gate;

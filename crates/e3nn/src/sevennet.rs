@@ -21,16 +21,95 @@ use std::time::Instant;
 
 /// Species of SevenNet-0 in type-index order (alphabetical by symbol), with Z.
 pub const SPECIES: [(&str, u32); 89] = [
-    ("Ac", 89), ("Ag", 47), ("Al", 13), ("Ar", 18), ("As", 33), ("Au", 79), ("B", 5), ("Ba", 56), ("Be", 4),
-    ("Bi", 83), ("Br", 35), ("C", 6), ("Ca", 20), ("Cd", 48), ("Ce", 58), ("Cl", 17), ("Co", 27), ("Cr", 24),
-    ("Cs", 55), ("Cu", 29), ("Dy", 66), ("Er", 68), ("Eu", 63), ("F", 9), ("Fe", 26), ("Ga", 31), ("Gd", 64),
-    ("Ge", 32), ("H", 1), ("He", 2), ("Hf", 72), ("Hg", 80), ("Ho", 67), ("I", 53), ("In", 49), ("Ir", 77),
-    ("K", 19), ("Kr", 36), ("La", 57), ("Li", 3), ("Lu", 71), ("Mg", 12), ("Mn", 25), ("Mo", 42), ("N", 7),
-    ("Na", 11), ("Nb", 41), ("Nd", 60), ("Ne", 10), ("Ni", 28), ("Np", 93), ("O", 8), ("Os", 76), ("P", 15),
-    ("Pa", 91), ("Pb", 82), ("Pd", 46), ("Pm", 61), ("Pr", 59), ("Pt", 78), ("Pu", 94), ("Rb", 37), ("Re", 75),
-    ("Rh", 45), ("Ru", 44), ("S", 16), ("Sb", 51), ("Sc", 21), ("Se", 34), ("Si", 14), ("Sm", 62), ("Sn", 50),
-    ("Sr", 38), ("Ta", 73), ("Tb", 65), ("Tc", 43), ("Te", 52), ("Th", 90), ("Ti", 22), ("Tl", 81), ("Tm", 69),
-    ("U", 92), ("V", 23), ("W", 74), ("Xe", 54), ("Y", 39), ("Yb", 70), ("Zn", 30), ("Zr", 40),
+    ("Ac", 89),
+    ("Ag", 47),
+    ("Al", 13),
+    ("Ar", 18),
+    ("As", 33),
+    ("Au", 79),
+    ("B", 5),
+    ("Ba", 56),
+    ("Be", 4),
+    ("Bi", 83),
+    ("Br", 35),
+    ("C", 6),
+    ("Ca", 20),
+    ("Cd", 48),
+    ("Ce", 58),
+    ("Cl", 17),
+    ("Co", 27),
+    ("Cr", 24),
+    ("Cs", 55),
+    ("Cu", 29),
+    ("Dy", 66),
+    ("Er", 68),
+    ("Eu", 63),
+    ("F", 9),
+    ("Fe", 26),
+    ("Ga", 31),
+    ("Gd", 64),
+    ("Ge", 32),
+    ("H", 1),
+    ("He", 2),
+    ("Hf", 72),
+    ("Hg", 80),
+    ("Ho", 67),
+    ("I", 53),
+    ("In", 49),
+    ("Ir", 77),
+    ("K", 19),
+    ("Kr", 36),
+    ("La", 57),
+    ("Li", 3),
+    ("Lu", 71),
+    ("Mg", 12),
+    ("Mn", 25),
+    ("Mo", 42),
+    ("N", 7),
+    ("Na", 11),
+    ("Nb", 41),
+    ("Nd", 60),
+    ("Ne", 10),
+    ("Ni", 28),
+    ("Np", 93),
+    ("O", 8),
+    ("Os", 76),
+    ("P", 15),
+    ("Pa", 91),
+    ("Pb", 82),
+    ("Pd", 46),
+    ("Pm", 61),
+    ("Pr", 59),
+    ("Pt", 78),
+    ("Pu", 94),
+    ("Rb", 37),
+    ("Re", 75),
+    ("Rh", 45),
+    ("Ru", 44),
+    ("S", 16),
+    ("Sb", 51),
+    ("Sc", 21),
+    ("Se", 34),
+    ("Si", 14),
+    ("Sm", 62),
+    ("Sn", 50),
+    ("Sr", 38),
+    ("Ta", 73),
+    ("Tb", 65),
+    ("Tc", 43),
+    ("Te", 52),
+    ("Th", 90),
+    ("Ti", 22),
+    ("Tl", 81),
+    ("Tm", 69),
+    ("U", 92),
+    ("V", 23),
+    ("W", 74),
+    ("Xe", 54),
+    ("Y", 39),
+    ("Yb", 70),
+    ("Zn", 30),
+    ("Zr", 40),
 ];
 
 /// Number of species (rows of the one-hot embedding).
@@ -40,8 +119,14 @@ pub const CUTOFF: f64 = 5.0;
 /// Start of the XPLOR switch (Å).
 pub const CUTOFF_ON: f64 = 4.5;
 /// Node irreps: entry t is the input of layer t, entry t+1 its output.
-pub const NODE_IRREPS: [&str; 6] =
-    ["128x0e", "128x0e+64x1e+32x2e", "128x0e+64x1e+32x2e", "128x0e+64x1e+32x2e", "128x0e+64x1e+32x2e", "128x0e"];
+pub const NODE_IRREPS: [&str; 6] = [
+    "128x0e",
+    "128x0e+64x1e+32x2e",
+    "128x0e+64x1e+32x2e",
+    "128x0e+64x1e+32x2e",
+    "128x0e+64x1e+32x2e",
+    "128x0e",
+];
 /// Degree of the edge spherical harmonics.
 pub const LMAX_SH: usize = 2;
 const N_LAYERS: usize = 5;
@@ -51,7 +136,10 @@ const FEATURES: usize = 128;
 
 /// Type index (one-hot row) of atomic number `z`.
 pub fn type_index(z: u32) -> Result<usize, E3nnError> {
-    SPECIES.iter().position(|&(_, zz)| zz == z).ok_or(E3nnError::UnknownElement(z))
+    SPECIES
+        .iter()
+        .position(|&(_, zz)| zz == z)
+        .ok_or(E3nnError::UnknownElement(z))
 }
 
 /// Type indices of a list of atomic numbers; the first unknown one is an error.
@@ -118,7 +206,8 @@ impl<'a> Dict<'a> {
             .get(name)
             .ok_or_else(|| E3nnError::Checkpoint(format!("tensor {name:?} is missing")))?;
         let numel: usize = shape.iter().product();
-        let same = *s == shape || (s.iter().product::<usize>() == numel && s.len() <= 1 && shape.len() <= 1);
+        let same = *s == shape
+            || (s.iter().product::<usize>() == numel && s.len() <= 1 && shape.len() <= 1);
         if !same || d.len() != numel {
             return Err(E3nnError::Checkpoint(format!(
                 "tensor {name:?} has shape {s:?} ({} values), SevenNet-0 needs {shape:?}",
@@ -138,14 +227,27 @@ impl<'a> Dict<'a> {
 
 /// `|a − b| ≤ atol + rtol·|b|` everywhere (torch.allclose).
 fn allclose(a: &[f64], b: &[f64]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-8 + 1e-5 * y.abs())
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| (x - y).abs() <= 1e-8 + 1e-5 * y.abs())
 }
 
 /// Gate-input irreps and gate layout for an output irreps list: scalars, one
 /// gate scalar per non-scalar copy, then the gated blocks.
 fn gate_layout(out: &Irreps) -> (Irreps, Gate) {
-    let n_scalars: usize = out.blocks.iter().filter(|b| b.ir.l == 0).map(|b| b.mul).sum();
-    let gated: Vec<(usize, usize)> = out.blocks.iter().filter(|b| b.ir.l > 0).map(|b| (b.mul, b.ir.l)).collect();
+    let n_scalars: usize = out
+        .blocks
+        .iter()
+        .filter(|b| b.ir.l == 0)
+        .map(|b| b.mul)
+        .sum();
+    let gated: Vec<(usize, usize)> = out
+        .blocks
+        .iter()
+        .filter(|b| b.ir.l > 0)
+        .map(|b| (b.mul, b.ir.l))
+        .collect();
     let gate = Gate { n_scalars, gated };
     let mut s = format!("{}x0e", n_scalars + gate.n_gates());
     for &(m, l) in &gate.gated {
@@ -165,7 +267,10 @@ impl SevenNetWeights {
     /// [`E3nnError::Checkpoint`].
     pub fn from_state_dict(entries: &[(String, Vec<usize>, Vec<f32>)]) -> Result<Self, E3nnError> {
         let dict = Dict {
-            map: entries.iter().map(|(n, s, d)| (n.as_str(), (s.as_slice(), d.as_slice()))).collect(),
+            map: entries
+                .iter()
+                .map(|(n, s, d)| (n.as_str(), (s.as_slice(), d.as_slice())))
+                .collect(),
         };
         let bessel_freqs = dict.get("edge_embedding.basis_function.coeffs", &[N_BASIS])?;
         let onehot = dict.get("onehot_to_feature_x.linear.weight", &[N_SPECIES * FEATURES])?;
@@ -177,7 +282,38 @@ impl SevenNetWeights {
         let readout_energy = dict.get("reduce_hidden_to_energy.linear.weight", &[64])?;
         let shift = dict.get("rescale_atomic_energy.shift", &[N_SPECIES])?;
         let scale = dict.get("rescale_atomic_energy.scale", &[N_SPECIES])?;
-        Ok(Self { bessel_freqs, onehot, layers, readout_hidden, readout_energy, shift, scale })
+        Ok(Self {
+            bessel_freqs,
+            onehot,
+            layers,
+            readout_hidden,
+            readout_energy,
+            shift,
+            scale,
+        })
+    }
+
+    /// Reads a SevenNet-0 checkpoint file (`checkpoint_sevennet_0.pth`) and
+    /// builds the weights as [`SevenNetWeights::from_state_dict`] does. When
+    /// the config holds `_type_map`, it must agree with [`SPECIES`].
+    pub fn from_checkpoint(path: impl AsRef<std::path::Path>) -> Result<Self, E3nnError> {
+        let ckpt = ddmlip_checkpoint::load(path)?;
+        if let Ok(map) = ckpt.config_int_map("_type_map") {
+            for (z, idx) in map {
+                let ours = u32::try_from(z).ok().and_then(|z| type_index(z).ok());
+                if ours != usize::try_from(idx).ok() {
+                    return Err(E3nnError::Checkpoint(format!(
+                        "config _type_map sends Z={z} to {idx}, SevenNet-0 uses {ours:?}"
+                    )));
+                }
+            }
+        }
+        let entries: Vec<(String, Vec<usize>, Vec<f32>)> = ckpt
+            .state_dict()?
+            .into_iter()
+            .map(|(name, t)| (name, t.shape, t.data))
+            .collect();
+        Self::from_state_dict(&entries)
     }
 
     fn layer(dict: &Dict, t: usize) -> Result<LayerWeights, E3nnError> {
@@ -194,11 +330,19 @@ impl SevenNetWeights {
         // one (paths with every l > 0), exact wigner_3j otherwise.
         let mut flipped = Vec::new();
         let mut signs = Vec::new();
-        let (paths, irreps_msg, order) =
-            uvu_sorted_paths(&irreps_in, LMAX_SH, |_| 1, |l| l <= lmax_out, |l1, l2, l3| {
+        let (paths, irreps_msg, order) = uvu_sorted_paths(
+            &irreps_in,
+            LMAX_SH,
+            |_| 1,
+            |l| l <= lmax_out,
+            |l1, l2, l3| {
                 let exact = wigner_3j(l1, l2, l3)?;
                 let shape = [2 * l1 + 1, 2 * l2 + 1, 2 * l3 + 1];
-                let stored = if l1 > 0 && l2 > 0 && l3 > 0 { dict.opt(&buffer_name(l1, l2, l3), &shape)? } else { None };
+                let stored = if l1 > 0 && l2 > 0 && l3 > 0 {
+                    dict.opt(&buffer_name(l1, l2, l3), &shape)?
+                } else {
+                    None
+                };
                 let Some(stored) = stored else {
                     signs.push(1.0);
                     return Ok(exact);
@@ -218,10 +362,14 @@ impl SevenNetWeights {
                         buffer_name(l1, l2, l3)
                     )))
                 }
-            })?;
+            },
+        )?;
         let w_total: usize = paths.iter().map(|p| p.mul).sum();
         // Stored columns are in creation order; move them to sorted order.
-        let raw2 = dict.get(&format!("{prefix}.weight_nn.layer2.weight"), &[HIDDEN, w_total])?;
+        let raw2 = dict.get(
+            &format!("{prefix}.weight_nn.layer2.weight"),
+            &[HIDDEN, w_total],
+        )?;
         let mut creation_offset = vec![0usize; order.len()];
         {
             let mut muls = vec![0usize; order.len()];
@@ -239,24 +387,49 @@ impl SevenNetWeights {
             let p = &paths[pos];
             for row in 0..HIDDEN {
                 for u in 0..p.mul {
-                    layer2[row * w_total + p.weight_offset + u] = signs[pos] * raw2[row * w_total + creation_offset[k] + u];
+                    layer2[row * w_total + p.weight_offset + u] =
+                        signs[pos] * raw2[row * w_total + creation_offset[k] + u];
                 }
             }
         }
         let msg_simple = irreps_msg.simplify();
         let n_lin = |a: &Irreps, b: &Irreps| -> usize {
-            a.blocks.iter().map(|x| b.blocks.iter().filter(|y| y.ir == x.ir).map(|y| x.mul * y.mul).sum::<usize>()).sum()
+            a.blocks
+                .iter()
+                .map(|x| {
+                    b.blocks
+                        .iter()
+                        .filter(|y| y.ir == x.ir)
+                        .map(|y| x.mul * y.mul)
+                        .sum::<usize>()
+                })
+                .sum()
         };
         let denominator = dict.get(&format!("{prefix}.denominator"), &[1])?[0];
         Ok(LayerWeights {
-            self_connection: dict.get(&format!("{t}_self_connection_intro.linear.weight"), &[n_lin(&irreps_in, &irreps_gate_in)])?,
-            linear_1: dict.get(&format!("{t}_self_interaction_1.linear.weight"), &[n_lin(&irreps_in, &irreps_in)])?,
+            self_connection: dict.get(
+                &format!("{t}_self_connection_intro.linear.weight"),
+                &[n_lin(&irreps_in, &irreps_gate_in)],
+            )?,
+            linear_1: dict.get(
+                &format!("{t}_self_interaction_1.linear.weight"),
+                &[n_lin(&irreps_in, &irreps_in)],
+            )?,
             radial: [
-                dict.get(&format!("{prefix}.weight_nn.layer0.weight"), &[N_BASIS, HIDDEN])?,
-                dict.get(&format!("{prefix}.weight_nn.layer1.weight"), &[HIDDEN, HIDDEN])?,
+                dict.get(
+                    &format!("{prefix}.weight_nn.layer0.weight"),
+                    &[N_BASIS, HIDDEN],
+                )?,
+                dict.get(
+                    &format!("{prefix}.weight_nn.layer1.weight"),
+                    &[HIDDEN, HIDDEN],
+                )?,
                 layer2,
             ],
-            linear_2: dict.get(&format!("{t}_self_interaction_2.linear.weight"), &[n_lin(&msg_simple, &irreps_gate_in)])?,
+            linear_2: dict.get(
+                &format!("{t}_self_interaction_2.linear.weight"),
+                &[n_lin(&msg_simple, &irreps_gate_in)],
+            )?,
             denominator,
             irreps_in,
             irreps_out,
@@ -323,10 +496,20 @@ impl<T: Real> InteractionBlock<T> {
         let dim_w: usize = w.paths.iter().map(|p| p.mul).sum();
         let (_, gate) = gate_layout(&w.irreps_out);
         Ok(Self {
-            self_connection: IrrepsLinear::new(&w.irreps_in, &w.irreps_gate_in, &w.self_connection)?,
+            self_connection: IrrepsLinear::new(
+                &w.irreps_in,
+                &w.irreps_gate_in,
+                &w.self_connection,
+            )?,
             linear_1: IrrepsLinear::new(&w.irreps_in, &w.irreps_in, &w.linear_1)?,
             radial: RadialMlp::new(&[N_BASIS, HIDDEN, HIDDEN, dim_w], &w.radial)?,
-            conv: ConvPaths::new(w.irreps_in.dim(), LMAX_SH, dim_w, w.irreps_msg.dim(), w.paths.clone())?,
+            conv: ConvPaths::new(
+                w.irreps_in.dim(),
+                LMAX_SH,
+                dim_w,
+                w.irreps_msg.dim(),
+                w.paths.clone(),
+            )?,
             denominator: w.denominator,
             linear_2: IrrepsLinear::new(&w.irreps_msg.simplify(), &w.irreps_gate_in, &w.linear_2)?,
             gate,
@@ -344,7 +527,13 @@ impl<T: Real> InteractionBlock<T> {
 
     /// Forward over `graph.n_rows()` rows: `x` (N × dim_in), `emb` (E × 8),
     /// `sh` (E × 9). Returns the block output (N × dim_out) and its cache.
-    pub fn forward(&self, graph: &ConvGraph, x: &[T], emb: &[T], sh: &[T]) -> Result<(Vec<T>, BlockCache<T>), E3nnError> {
+    pub fn forward(
+        &self,
+        graph: &ConvGraph,
+        x: &[T],
+        emb: &[T],
+        sh: &[T],
+    ) -> Result<(Vec<T>, BlockCache<T>), E3nnError> {
         self.forward_timed(graph, x, emb, sh, &mut Timings::default())
     }
 
@@ -367,13 +556,17 @@ impl<T: Real> InteractionBlock<T> {
         let mut w = vec![T::ZERO; ne * self.radial.dim_out()];
         timed(&mut tm.radial_mlp, || self.radial.forward(emb, ne, &mut w))?;
         let mut a = vec![T::ZERO; n * self.conv.dim_msg()];
-        timed(&mut tm.conv, || conv_forward(&self.conv, graph, &h, sh, &w, self.denominator, &mut a))?;
+        timed(&mut tm.conv, || {
+            conv_forward(&self.conv, graph, &h, sh, &w, self.denominator, &mut a)
+        })?;
         drop(w);
         let mut y = vec![T::ZERO; n * dg];
         timed(&mut tm.linear, || self.linear_2.forward(&a, n, &mut y))?;
         let mut out = vec![T::ZERO; n * self.dim_out()];
         timed(&mut tm.other, || -> Result<(), E3nnError> {
-            y.par_iter_mut().zip(sc.par_iter()).for_each(|(v, s)| *v += *s);
+            y.par_iter_mut()
+                .zip(sc.par_iter())
+                .for_each(|(v, s)| *v += *s);
             self.gate.forward(&y, n, &mut out)
         })?;
         Ok((out, BlockCache { h, y }))
@@ -393,7 +586,16 @@ impl<T: Real> InteractionBlock<T> {
         grad_emb: &mut [T],
         grad_sh: &mut [T],
     ) -> Result<Vec<T>, E3nnError> {
-        self.backward_timed(graph, emb, sh, cache, grad_out, grad_emb, grad_sh, &mut Timings::default())
+        self.backward_timed(
+            graph,
+            emb,
+            sh,
+            cache,
+            grad_out,
+            grad_emb,
+            grad_sh,
+            &mut Timings::default(),
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -413,7 +615,9 @@ impl<T: Real> InteractionBlock<T> {
         check_len("block grad_emb", ne * N_BASIS, grad_emb.len())?;
         check_len("block grad_sh", ne * sh_dim(LMAX_SH), grad_sh.len())?;
         let mut gy = vec![T::ZERO; n * dg];
-        timed(&mut tm.other, || self.gate.backward(&cache.y, grad_out, n, &mut gy))?;
+        timed(&mut tm.other, || {
+            self.gate.backward(&cache.y, grad_out, n, &mut gy)
+        })?;
         let mut ga = vec![T::ZERO; n * self.conv.dim_msg()];
         timed(&mut tm.linear, || self.linear_2.backward(&gy, n, &mut ga))?;
         let mut w = vec![T::ZERO; ne * dw];
@@ -422,14 +626,33 @@ impl<T: Real> InteractionBlock<T> {
         let mut gsh = vec![T::ZERO; grad_sh.len()];
         let mut gw = vec![T::ZERO; ne * dw];
         timed(&mut tm.conv, || {
-            conv_backward(&self.conv, graph, &cache.h, sh, &w, self.denominator, &ga, &mut gh, &mut gsh, &mut gw)
+            conv_backward(
+                &self.conv,
+                graph,
+                &cache.h,
+                sh,
+                &w,
+                self.denominator,
+                &ga,
+                &mut gh,
+                &mut gsh,
+                &mut gw,
+            )
         })?;
         drop(w);
         let mut gemb = vec![T::ZERO; grad_emb.len()];
-        timed(&mut tm.radial_mlp, || self.radial.backward(emb, ne, &gw, &mut gemb))?;
+        timed(&mut tm.radial_mlp, || {
+            self.radial.backward(emb, ne, &gw, &mut gemb)
+        })?;
         timed(&mut tm.other, || {
-            grad_emb.par_iter_mut().zip(gemb.par_iter()).for_each(|(a, b)| *a += *b);
-            grad_sh.par_iter_mut().zip(gsh.par_iter()).for_each(|(a, b)| *a += *b);
+            grad_emb
+                .par_iter_mut()
+                .zip(gemb.par_iter())
+                .for_each(|(a, b)| *a += *b);
+            grad_sh
+                .par_iter_mut()
+                .zip(gsh.par_iter())
+                .for_each(|(a, b)| *a += *b);
         });
         let mut gx = vec![T::ZERO; n * di];
         let mut gx_sc = vec![T::ZERO; n * di];
@@ -437,7 +660,9 @@ impl<T: Real> InteractionBlock<T> {
             self.linear_1.backward(&gh, n, &mut gx)?;
             self.self_connection.backward(&gy, n, &mut gx_sc)
         })?;
-        gx.par_iter_mut().zip(gx_sc.par_iter()).for_each(|(a, b)| *a += *b);
+        gx.par_iter_mut()
+            .zip(gx_sc.par_iter())
+            .for_each(|(a, b)| *a += *b);
         Ok(gx)
     }
 }
@@ -476,10 +701,22 @@ impl<T: Real> SevenNet<T> {
         let s = 1.0 / (N_SPECIES as f64).sqrt();
         let scalars = |n: usize| Irreps::parse(&format!("{n}x0e"));
         Ok(Self {
-            embedding: EdgeEmbedding { freqs: w.bessel_freqs.clone(), cutoff: CUTOFF, cutoff_on: CUTOFF_ON },
+            embedding: EdgeEmbedding {
+                freqs: w.bessel_freqs.clone(),
+                cutoff: CUTOFF,
+                cutoff_on: CUTOFF_ON,
+            },
             onehot: w.onehot.iter().map(|&v| T::from_f64(v * s)).collect(),
-            blocks: w.layers.iter().map(InteractionBlock::new).collect::<Result<_, _>>()?,
-            readout_hidden: IrrepsLinear::new(&scalars(FEATURES)?, &scalars(64)?, &w.readout_hidden)?,
+            blocks: w
+                .layers
+                .iter()
+                .map(InteractionBlock::new)
+                .collect::<Result<_, _>>()?,
+            readout_hidden: IrrepsLinear::new(
+                &scalars(FEATURES)?,
+                &scalars(64)?,
+                &w.readout_hidden,
+            )?,
             readout_energy: IrrepsLinear::new(&scalars(64)?, &scalars(1)?, &w.readout_energy)?,
             shift: w.shift.iter().map(|&v| T::from_f64(v)).collect(),
             scale: w.scale.iter().map(|&v| T::from_f64(v)).collect(),
@@ -494,7 +731,10 @@ impl<T: Real> SevenNet<T> {
     /// Lengths, radial embedding and SH of the edge vectors (Å).
     pub fn edge_features(&self, vectors: &[[T; 3]]) -> Result<EdgeFeatures<T>, E3nnError> {
         let ne = vectors.len();
-        let lengths: Vec<T> = vectors.par_iter().map(|v| (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt()).collect();
+        let lengths: Vec<T> = vectors
+            .par_iter()
+            .map(|v| (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt())
+            .collect();
         let mut emb = vec![T::ZERO; ne * N_BASIS];
         self.embedding.forward(&lengths, &mut emb)?;
         let mut sh = vec![T::ZERO; ne * sh_dim(LMAX_SH)];
@@ -513,7 +753,8 @@ impl<T: Real> SevenNet<T> {
     ) -> Result<Vec<[T; 3]>, E3nnError> {
         let ne = vectors.len();
         let mut g_len = vec![T::ZERO; ne];
-        self.embedding.backward(&feats.lengths, grad_emb, &mut g_len)?;
+        self.embedding
+            .backward(&feats.lengths, grad_emb, &mut g_len)?;
         let mut grad: Vec<[T; 3]> = vectors
             .par_iter()
             .zip(feats.lengths.par_iter())
@@ -529,7 +770,12 @@ impl<T: Real> SevenNet<T> {
         let mut x = vec![T::ZERO; types.len() * FEATURES];
         for (row, &t) in x.chunks_mut(FEATURES).zip(types) {
             if t >= N_SPECIES {
-                return Err(E3nnError::Index { what: "types", position: 0, index: t, n_rows: N_SPECIES });
+                return Err(E3nnError::Index {
+                    what: "types",
+                    position: 0,
+                    index: t,
+                    n_rows: N_SPECIES,
+                });
             }
             row.copy_from_slice(&self.onehot[t * FEATURES..(t + 1) * FEATURES]);
         }
@@ -555,7 +801,11 @@ impl<T: Real> SevenNet<T> {
     pub fn readout_backward(&self, grad_e: &[T], types: &[usize]) -> Result<Vec<T>, E3nnError> {
         let n = types.len();
         check_len("readout grad_e", n, grad_e.len())?;
-        let ge: Vec<T> = grad_e.iter().zip(types).map(|(&g, &t)| g * self.scale[t.min(N_SPECIES - 1)]).collect();
+        let ge: Vec<T> = grad_e
+            .iter()
+            .zip(types)
+            .map(|(&g, &t)| g * self.scale[t.min(N_SPECIES - 1)])
+            .collect();
         let mut gq = vec![T::ZERO; n * 64];
         self.readout_energy.backward(&ge, n, &mut gq)?;
         let mut gx = vec![T::ZERO; n * FEATURES];
@@ -588,7 +838,12 @@ pub fn evaluate<T: Real>(
 ) -> Result<Evaluation<T>, E3nnError> {
     let n = types.len();
     if let Some((position, &t)) = types.iter().enumerate().find(|(_, &t)| t >= N_SPECIES) {
-        return Err(E3nnError::Index { what: "types", position, index: t, n_rows: N_SPECIES });
+        return Err(E3nnError::Index {
+            what: "types",
+            position,
+            index: t,
+            n_rows: N_SPECIES,
+        });
     }
     check_len("edge vectors", centers.len(), vectors.len())?;
     let graph = ConvGraph::new(n, centers, neighbors)?;
@@ -611,11 +866,25 @@ pub fn evaluate<T: Real>(
     let mut grad_emb = vec![T::ZERO; ne * N_BASIS];
     let mut grad_sh = vec![T::ZERO; ne * sh_dim(LMAX_SH)];
     for (block, cache) in model.blocks.iter().zip(&caches).rev() {
-        gx = block.backward_timed(&graph, &feats.emb, &feats.sh, cache, &gx, &mut grad_emb, &mut grad_sh, &mut tm)?;
+        gx = block.backward_timed(
+            &graph,
+            &feats.emb,
+            &feats.sh,
+            cache,
+            &gx,
+            &mut grad_emb,
+            &mut grad_sh,
+            &mut tm,
+        )?;
     }
-    let edge_gradients =
-        timed(&mut tm.edge_features, || model.edge_features_backward(vectors, &feats, &grad_emb, &grad_sh))?;
-    Ok(Evaluation { atomic_energies: energies, edge_gradients, timings: tm })
+    let edge_gradients = timed(&mut tm.edge_features, || {
+        model.edge_features_backward(vectors, &feats, &grad_emb, &grad_sh)
+    })?;
+    Ok(Evaluation {
+        atomic_energies: energies,
+        edge_gradients,
+        timings: tm,
+    })
 }
 
 /// Forces `F_i = Σ_{e: center=i} g_e − Σ_{e: neighbor=i} g_e` (eV/Å) from
@@ -632,7 +901,12 @@ pub fn forces_from_edge_gradients<T: Real>(
     for (e, g) in grads.iter().enumerate() {
         let (i, j) = (centers[e] as usize, neighbors[e] as usize);
         if i >= n_atoms || j >= n_atoms {
-            return Err(E3nnError::Index { what: "centers/neighbors", position: e, index: i.max(j), n_rows: n_atoms });
+            return Err(E3nnError::Index {
+                what: "centers/neighbors",
+                position: e,
+                index: i.max(j),
+                n_rows: n_atoms,
+            });
         }
         for k in 0..3 {
             f[i][k] += g[k].to_f64();
@@ -645,11 +919,17 @@ pub fn forces_from_edge_gradients<T: Real>(
 /// Virial `W_ab = Σ_e r_{e,a} g_{e,b}` as ASE-ordered Voigt components
 /// (xx, yy, zz, yz, zx, xy) with sevenn's off-diagonal choice
 /// (yz = Σ r_y g_z, "xz" = Σ r_z g_x, xy = Σ r_x g_y), in eV.
-pub fn virial_from_edge_gradients<T: Real>(vectors: &[[T; 3]], grads: &[[T; 3]]) -> Result<[f64; 6], E3nnError> {
+pub fn virial_from_edge_gradients<T: Real>(
+    vectors: &[[T; 3]],
+    grads: &[[T; 3]],
+) -> Result<[f64; 6], E3nnError> {
     check_len("edge gradients", vectors.len(), grads.len())?;
     let mut w = [0.0f64; 6];
     for (r, g) in vectors.iter().zip(grads) {
-        let (r, g) = ([r[0].to_f64(), r[1].to_f64(), r[2].to_f64()], [g[0].to_f64(), g[1].to_f64(), g[2].to_f64()]);
+        let (r, g) = (
+            [r[0].to_f64(), r[1].to_f64(), r[2].to_f64()],
+            [g[0].to_f64(), g[1].to_f64(), g[2].to_f64()],
+        );
         w[0] += r[0] * g[0];
         w[1] += r[1] * g[1];
         w[2] += r[2] * g[2];

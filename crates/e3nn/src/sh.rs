@@ -92,7 +92,8 @@ fn sh_unit_vjp<T: Real>(u: [T; 3], lmax: usize, g: &[T]) -> [T; 3] {
     let d23 = [T::ZERO, s3 * z, s3 * y];
     let d24 = [-s3 * x, T::ZERO, s3 * z];
     for k in 0..3 {
-        r[k] += s5 * (g[4] * d20[k] + g[5] * d21[k] + g[6] * d22[k] + g[7] * d23[k] + g[8] * d24[k]);
+        r[k] +=
+            s5 * (g[4] * d20[k] + g[5] * d21[k] + g[6] * d22[k] + g[7] * d23[k] + g[8] * d24[k]);
     }
     if lmax == 2 {
         return r;
@@ -117,13 +118,21 @@ fn sh_unit_vjp<T: Real>(u: [T; 3], lmax: usize, g: &[T]) -> [T; 3] {
         a0 * (z * d20[2] + sh20 + x * d24[2]),
     ];
     let d31 = [a1 * y * d20[0], a1 * sh20, a1 * y * d20[2]];
-    let d32 = [a2 * (p - two * x * x), a2 * c(8.0) * y * x, a2 * (-two * z * x)];
+    let d32 = [
+        a2 * (p - two * x * x),
+        a2 * c(8.0) * y * x,
+        a2 * (-two * z * x),
+    ];
     let d33 = [
         a3 * y * (-c(6.0) * x),
         a3 * (c(6.0) * y2 - c(3.0) * x2z2),
         a3 * y * (-c(6.0) * z),
     ];
-    let d34 = [a2 * z * (-two * x), a2 * z * c(8.0) * y, a2 * (p - two * z * z)];
+    let d34 = [
+        a2 * z * (-two * x),
+        a2 * z * c(8.0) * y,
+        a2 * (p - two * z * z),
+    ];
     let d35 = [a1 * y * d24[0], a1 * sh24, a1 * y * d24[2]];
     let d36 = [
         a0 * (z * d24[0] - x * d20[0] - sh20),
@@ -160,7 +169,11 @@ fn check_lmax(lmax: usize) -> Result<(), E3nnError> {
 }
 
 /// Spherical harmonics of every vector: `out` is `E × sh_dim(lmax)` row-major.
-pub fn sh_forward<T: Real>(vectors: &[[T; 3]], lmax: usize, out: &mut [T]) -> Result<(), E3nnError> {
+pub fn sh_forward<T: Real>(
+    vectors: &[[T; 3]],
+    lmax: usize,
+    out: &mut [T],
+) -> Result<(), E3nnError> {
     check_lmax(lmax)?;
     let d = sh_dim(lmax);
     check_len("sh_forward out", vectors.len() * d, out.len())?;
@@ -185,7 +198,11 @@ pub fn sh_backward<T: Real>(
     check_lmax(lmax)?;
     let d = sh_dim(lmax);
     check_len("sh_backward grad_out", vectors.len() * d, grad_out.len())?;
-    check_len("sh_backward grad_vectors", vectors.len(), grad_vectors.len())?;
+    check_len(
+        "sh_backward grad_vectors",
+        vectors.len(),
+        grad_vectors.len(),
+    )?;
     grad_vectors
         .par_iter_mut()
         .zip(vectors.par_iter())
@@ -222,7 +239,13 @@ mod tests {
     }
 
     fn vectors() -> Vec<[f64; 3]> {
-        vec![[0.3, -0.5, 0.8], [1.2, 0.1, -0.4], [-0.7, -0.9, 0.05], [0.0, 2.0, 0.0], [0.1, 0.2, -3.0]]
+        vec![
+            [0.3, -0.5, 0.8],
+            [1.2, 0.1, -0.4],
+            [-0.7, -0.9, 0.05],
+            [0.0, 2.0, 0.0],
+            [0.1, 0.2, -3.0],
+        ]
     }
 
     #[test]
@@ -272,7 +295,11 @@ mod tests {
             }
             let pn = p.iter().map(|a| a * a).sum::<f64>().sqrt();
             let dot: f64 = p.iter().zip(&y[9..16]).map(|(a, b)| a * b).sum();
-            assert!((dot / (pn * 7f64.sqrt()) - 1.0).abs() < 1e-12, "cosine {}", dot / (pn * 7f64.sqrt()));
+            assert!(
+                (dot / (pn * 7f64.sqrt()) - 1.0).abs() < 1e-12,
+                "cosine {}",
+                dot / (pn * 7f64.sqrt())
+            );
         }
         // Same for l = 2 from Y_1 ⊗ Y_1.
         let c = wigner_3j(1, 1, 2).unwrap();
@@ -294,9 +321,14 @@ mod tests {
 
     #[test]
     fn gradient_matches_finite_differences() {
-        let vs: Vec<[f64; 3]> = vectors().iter().map(|v| [v[0] * 1.3, v[1] * 1.3, v[2] * 1.3]).collect();
+        let vs: Vec<[f64; 3]> = vectors()
+            .iter()
+            .map(|v| [v[0] * 1.3, v[1] * 1.3, v[2] * 1.3])
+            .collect();
         let d = sh_dim(3);
-        let g: Vec<f64> = (0..vs.len() * d).map(|i| ((i * 37 % 11) as f64 - 5.0) / 7.0).collect();
+        let g: Vec<f64> = (0..vs.len() * d)
+            .map(|i| ((i * 37 % 11) as f64 - 5.0) / 7.0)
+            .collect();
         let mut grad = vec![[0.0; 3]; vs.len()];
         sh_backward(&vs, 3, &g, &mut grad).unwrap();
         let h = 1e-6;
@@ -307,8 +339,14 @@ mod tests {
                 let mut vm = vs[e];
                 vm[k] -= h;
                 let (yp, ym) = (sh1(vp, 3), sh1(vm, 3));
-                let fd: f64 = (0..d).map(|c| g[e * d + c] * (yp[c] - ym[c]) / (2.0 * h)).sum();
-                assert!((fd - grad[e][k]).abs() < 1e-8, "edge {e} comp {k}: {fd} vs {}", grad[e][k]);
+                let fd: f64 = (0..d)
+                    .map(|c| g[e * d + c] * (yp[c] - ym[c]) / (2.0 * h))
+                    .sum();
+                assert!(
+                    (fd - grad[e][k]).abs() < 1e-8,
+                    "edge {e} comp {k}: {fd} vs {}",
+                    grad[e][k]
+                );
             }
         }
     }

@@ -24,7 +24,10 @@ impl Complex {
         }
     }
     fn conj(self) -> Complex {
-        Complex { re: self.re, im: -self.im }
+        Complex {
+            re: self.re,
+            im: -self.im,
+        }
     }
 }
 
@@ -44,10 +47,14 @@ fn su2_cg(l1: i64, m1: i64, l2: i64, m2: i64, l3: i64, m3: i64) -> f64 {
     let c = ((2 * l3 + 1) as f64
         * (f(l3 + l1 - l2) * f(l3 - l1 + l2) * f(l1 + l2 - l3) * f(l3 + m3) * f(l3 - m3))
         / (f(l1 + l2 + l3 + 1) * f(l1 - m1) * f(l1 + m1) * f(l2 - m2) * f(l2 + m2)))
-        .sqrt();
+    .sqrt();
     let mut s = 0.0;
     for v in vmin..=vmax {
-        let sign = if (v + l2 + m2).rem_euclid(2) == 0 { 1.0 } else { -1.0 };
+        let sign = if (v + l2 + m2).rem_euclid(2) == 0 {
+            1.0
+        } else {
+            -1.0
+        };
         s += sign * (f(l2 + l3 + m1 - v) * f(l1 - m1 + v))
             / (f(v) * f(l3 - l1 + l2 - v) * f(l3 + m3 - v) * f(v + l1 - l2 - m3));
     }
@@ -68,8 +75,14 @@ fn real_to_complex(l: i64) -> Vec<Complex> {
     q[idx(l, l)] = Complex { re: 1.0, im: 0.0 };
     for m in 1..=l {
         let sign = if m % 2 == 0 { 1.0 } else { -1.0 };
-        q[idx(l + m, l + m)] = Complex { re: sign * h, im: 0.0 };
-        q[idx(l + m, l - m)] = Complex { re: 0.0, im: sign * h };
+        q[idx(l + m, l + m)] = Complex {
+            re: sign * h,
+            im: 0.0,
+        };
+        q[idx(l + m, l - m)] = Complex {
+            re: 0.0,
+            im: sign * h,
+        };
     }
     let phase = match l.rem_euclid(4) {
         0 => Complex { re: 1.0, im: 0.0 },
@@ -96,8 +109,16 @@ pub fn wigner_3j(l1: usize, l2: usize, l3: usize) -> Result<Vec<f64>, E3nnError>
         )));
     }
     let (l1, l2, l3) = (l1 as i64, l2 as i64, l3 as i64);
-    let (d1, d2, d3) = ((2 * l1 + 1) as usize, (2 * l2 + 1) as usize, (2 * l3 + 1) as usize);
-    let (q1, q2, q3) = (real_to_complex(l1), real_to_complex(l2), real_to_complex(l3));
+    let (d1, d2, d3) = (
+        (2 * l1 + 1) as usize,
+        (2 * l2 + 1) as usize,
+        (2 * l3 + 1) as usize,
+    );
+    let (q1, q2, q3) = (
+        real_to_complex(l1),
+        real_to_complex(l2),
+        real_to_complex(l3),
+    );
     let mut out_c = vec![Complex::default(); d1 * d2 * d3];
     for i in 0..d1 {
         for k in 0..d2 {
@@ -148,13 +169,24 @@ mod tests {
             .collect()
     }
 
-    fn check_prefix(l: (usize, usize, usize), expect: &[((usize, usize, usize), f64)], count: usize, sum: f64) {
+    fn check_prefix(
+        l: (usize, usize, usize),
+        expect: &[((usize, usize, usize), f64)],
+        count: usize,
+        sum: f64,
+    ) {
         let c = wigner_3j(l.0, l.1, l.2).unwrap();
         let nz = nonzeros(&c, 2 * l.1 + 1, 2 * l.2 + 1);
         assert_eq!(nz.len(), count, "nonzero count of {l:?}");
         for (got, want) in nz.iter().zip(expect) {
             assert_eq!(got.0, want.0, "index in {l:?}");
-            assert!((got.1 - want.1).abs() < TOL, "{l:?} {:?}: {} vs {}", got.0, got.1, want.1);
+            assert!(
+                (got.1 - want.1).abs() < TOL,
+                "{l:?} {:?}: {} vs {}",
+                got.0,
+                got.1,
+                want.1
+            );
         }
         let s: f64 = c.iter().sum();
         assert!((s - sum).abs() < 1e-10, "sum of {l:?}: {s} vs {sum}");
@@ -225,37 +257,64 @@ mod tests {
     fn listed_prefixes() {
         check_prefix(
             (1, 2, 1),
-            &[((0, 0, 2), 0.316227766017), ((0, 1, 1), 0.316227766017), ((0, 2, 0), -0.182574185835), ((0, 4, 0), -0.316227766017)],
+            &[
+                ((0, 0, 2), 0.316227766017),
+                ((0, 1, 1), 0.316227766017),
+                ((0, 2, 0), -0.182574185835),
+                ((0, 4, 0), -0.316227766017),
+            ],
             11,
             1.897366596101,
         );
         check_prefix(
             (1, 2, 2),
-            &[((0, 0, 1), -0.182574185835), ((0, 1, 0), 0.182574185835), ((0, 2, 3), 0.316227766017), ((0, 3, 2), -0.316227766017)],
+            &[
+                ((0, 0, 1), -0.182574185835),
+                ((0, 1, 0), 0.182574185835),
+                ((0, 2, 3), 0.316227766017),
+                ((0, 3, 2), -0.316227766017),
+            ],
             16,
             0.0,
         );
         check_prefix(
             (2, 1, 1),
-            &[((0, 0, 2), 0.316227766017), ((0, 2, 0), 0.316227766017), ((1, 0, 1), 0.316227766017)],
+            &[
+                ((0, 0, 2), 0.316227766017),
+                ((0, 2, 0), 0.316227766017),
+                ((1, 0, 1), 0.316227766017),
+            ],
             11,
             1.897366596101,
         );
         check_prefix(
             (2, 1, 2),
-            &[((0, 0, 1), 0.182574185835), ((0, 1, 4), 0.365148371670), ((0, 2, 3), -0.182574185835)],
+            &[
+                ((0, 0, 1), 0.182574185835),
+                ((0, 1, 4), 0.365148371670),
+                ((0, 2, 3), -0.182574185835),
+            ],
             16,
             0.0,
         );
         check_prefix(
             (2, 2, 1),
-            &[((0, 1, 0), -0.182574185835), ((0, 3, 2), 0.182574185835), ((0, 4, 1), -0.365148371670)],
+            &[
+                ((0, 1, 0), -0.182574185835),
+                ((0, 3, 2), 0.182574185835),
+                ((0, 4, 1), -0.365148371670),
+            ],
             16,
             0.0,
         );
         check_prefix(
             (2, 2, 2),
-            &[((0, 0, 2), -0.239045721867), ((0, 1, 3), 0.207019667803), ((0, 2, 0), -0.239045721867), ((0, 3, 1), 0.207019667803)],
+            &[
+                ((0, 0, 2), -0.239045721867),
+                ((0, 1, 3), 0.207019667803),
+                ((0, 2, 0), -0.239045721867),
+                ((0, 3, 1), 0.207019667803),
+            ],
             25,
             0.764026563082,
         );

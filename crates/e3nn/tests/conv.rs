@@ -1,12 +1,17 @@
 //! The fused convolution against a naive per-edge implementation with
 //! materialised messages, and its gradients against finite differences.
 
-use ddmlip_e3nn::{conv_backward, conv_forward, sh_dim, sh_forward, wigner_3j, ConvGraph, ConvPaths, Irreps};
+use ddmlip_e3nn::{
+    conv_backward, conv_forward, sh_dim, sh_forward, wigner_3j, ConvGraph, ConvPaths, Irreps,
+};
 
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> f64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((self.0 >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
     }
     fn vec(&mut self, n: usize) -> Vec<f64> {
@@ -17,9 +22,12 @@ impl Rng {
     }
 }
 
+/// (l1, l2, l3, mul, input offset, weight offset, output offset, CG).
+type RawPath = (usize, usize, usize, usize, usize, usize, usize, Vec<f64>);
+
 struct Setup {
     paths: ConvPaths<f64>,
-    raw: Vec<(usize, usize, usize, usize, usize, usize, usize, Vec<f64>)>, // l1 l2 l3 mul in w out cg
+    raw: Vec<RawPath>,
     n: usize,
     centers: Vec<u32>,
     neighbors: Vec<u32>,
@@ -35,19 +43,31 @@ fn setup(irreps: &str, lmax_sh: usize, lmax_out: usize) -> Setup {
     // Random CG-shaped tensors built from true wigner_3j with random signs and
     // scales per path, so that every path has distinct coefficients.
     let mut raw = Vec::new();
-    let (paths, msg, _) = ConvPaths::<f64>::uvu_sorted(&ir, lmax_sh, |_| 1, |l| l <= lmax_out, |a, b, c| {
-        let s = 0.5 + rng.next().abs();
-        Ok(wigner_3j(a, b, c)?.iter().map(|v| v * s).collect())
-    })
+    let (paths, msg, _) = ConvPaths::<f64>::uvu_sorted(
+        &ir,
+        lmax_sh,
+        |_| 1,
+        |l| l <= lmax_out,
+        |a, b, c| {
+            let s = 0.5 + rng.next().abs();
+            Ok(wigner_3j(a, b, c)?.iter().map(|v| v * s).collect())
+        },
+    )
     .unwrap();
     // Recover the raw description through a second, identical construction.
     let mut rng2 = Rng(42);
-    let (_, _, order) = ConvPaths::<f64>::uvu_sorted(&ir, lmax_sh, |_| 1, |l| l <= lmax_out, |a, b, c| {
-        let s = 0.5 + rng2.next().abs();
-        let cg: Vec<f64> = wigner_3j(a, b, c)?.iter().map(|v| v * s).collect();
-        raw.push((a, b, c, cg));
-        Ok(vec![0.0; (2 * a + 1) * (2 * b + 1) * (2 * c + 1)])
-    })
+    let (_, _, order) = ConvPaths::<f64>::uvu_sorted(
+        &ir,
+        lmax_sh,
+        |_| 1,
+        |l| l <= lmax_out,
+        |a, b, c| {
+            let s = 0.5 + rng2.next().abs();
+            let cg: Vec<f64> = wigner_3j(a, b, c)?.iter().map(|v| v * s).collect();
+            raw.push((a, b, c, cg));
+            Ok(vec![0.0; (2 * a + 1) * (2 * b + 1) * (2 * c + 1)])
+        },
+    )
     .unwrap();
     assert_eq!(order.len(), paths.n_paths());
     // Layout bookkeeping for the naive version, derived independently.
@@ -88,16 +108,33 @@ fn setup(irreps: &str, lmax_sh: usize, lmax_out: usize) -> Setup {
         centers.push(rng.below(6));
         neighbors.push(rng.below(6));
     }
-    let vecs: Vec<[f64; 3]> = (0..ne).map(|_| [rng.next() * 3.0, rng.next() * 3.0, rng.next() * 3.0]).collect();
+    let vecs: Vec<[f64; 3]> = (0..ne)
+        .map(|_| [rng.next() * 3.0, rng.next() * 3.0, rng.next() * 3.0])
+        .collect();
     let mut sh = vec![0.0; ne * sh_dim(lmax_sh)];
     sh_forward(&vecs, lmax_sh, &mut sh).unwrap();
     let h = rng.vec(n * ir.dim());
     let w = rng.vec(ne * paths.dim_w());
-    Setup { paths, raw: full, n, centers, neighbors, h, sh, w, lmax_sh }
+    Setup {
+        paths,
+        raw: full,
+        n,
+        centers,
+        neighbors,
+        h,
+        sh,
+        w,
+        lmax_sh,
+    }
 }
 
 fn naive(s: &Setup, h: &[f64], sh: &[f64], w: &[f64], denom: f64) -> Vec<f64> {
-    let (di, dm, dw, ds) = (s.paths.dim_in(), s.paths.dim_msg(), s.paths.dim_w(), sh_dim(s.lmax_sh));
+    let (di, dm, dw, ds) = (
+        s.paths.dim_in(),
+        s.paths.dim_msg(),
+        s.paths.dim_w(),
+        sh_dim(s.lmax_sh),
+    );
     let ne = s.centers.len();
     let mut msgs = vec![0.0; ne * dm];
     for e in 0..ne {
@@ -109,7 +146,9 @@ fn naive(s: &Setup, h: &[f64], sh: &[f64], w: &[f64], denom: f64) -> Vec<f64> {
                     let mut acc = 0.0;
                     for a in 0..d1 {
                         for b in 0..d2 {
-                            acc += cg[(a * d2 + b) * d3 + k] * h[j * di + io + u * d1 + a] * sh[e * ds + l2 * l2 + b];
+                            acc += cg[(a * d2 + b) * d3 + k]
+                                * h[j * di + io + u * d1 + a]
+                                * sh[e * ds + l2 * l2 + b];
                         }
                     }
                     msgs[e * dm + oo + u * d3 + k] = (d3 as f64).sqrt() * w[e * dw + wo + u] * acc;
@@ -129,7 +168,12 @@ fn naive(s: &Setup, h: &[f64], sh: &[f64], w: &[f64], denom: f64) -> Vec<f64> {
 
 #[test]
 fn forward_matches_naive() {
-    for (irreps, lsh, lout) in [("3x0e+2x1e+2x2e", 2, 2), ("2x0e+1x1e+2x2e+1x3e", 3, 3), ("4x0e", 2, 2), ("2x0e+2x1e+1x2e", 2, 0)] {
+    for (irreps, lsh, lout) in [
+        ("3x0e+2x1e+2x2e", 2, 2),
+        ("2x0e+1x1e+2x2e+1x3e", 3, 3),
+        ("4x0e", 2, 2),
+        ("2x0e+2x1e+1x2e", 2, 0),
+    ] {
         let s = setup(irreps, lsh, lout);
         let graph = ConvGraph::new(s.n, &s.centers, &s.neighbors).unwrap();
         let denom = 3.7;
@@ -139,7 +183,10 @@ fn forward_matches_naive() {
         let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
         assert!(scale > 0.1);
         for (a, b) in out.iter().zip(&want) {
-            assert!((a - b).abs() < 1e-13 * scale.max(1.0), "{irreps}: {a} vs {b}");
+            assert!(
+                (a - b).abs() < 1e-13 * scale.max(1.0),
+                "{irreps}: {a} vs {b}"
+            );
         }
         // The row no edge points to is exactly zero.
         let dm = s.paths.dim_msg();
@@ -157,12 +204,19 @@ fn backward_matches_finite_differences() {
         let mut rng = Rng(7);
         let g = rng.vec(s.n * dm);
         let loss = |h: &[f64], sh: &[f64], w: &[f64]| -> f64 {
-            naive(&s, h, sh, w, denom).iter().zip(&g).map(|(a, b)| a * b).sum()
+            naive(&s, h, sh, w, denom)
+                .iter()
+                .zip(&g)
+                .map(|(a, b)| a * b)
+                .sum()
         };
         let mut gh = vec![f64::NAN; s.h.len()];
         let mut gsh = vec![f64::NAN; s.sh.len()];
         let mut gw = vec![f64::NAN; s.w.len()];
-        conv_backward(&s.paths, &graph, &s.h, &s.sh, &s.w, denom, &g, &mut gh, &mut gsh, &mut gw).unwrap();
+        conv_backward(
+            &s.paths, &graph, &s.h, &s.sh, &s.w, denom, &g, &mut gh, &mut gsh, &mut gw,
+        )
+        .unwrap();
         let eps = 1e-6;
         let fd = |which: usize, k: usize| -> f64 {
             let (mut h, mut sh, mut w) = (s.h.clone(), s.sh.clone(), s.w.clone());
@@ -183,10 +237,14 @@ fn backward_matches_finite_differences() {
         };
         for (which, grad) in [(0, &gh), (1, &gsh), (2, &gw)] {
             let mut max_abs = 0.0f64;
-            for k in 0..grad.len() {
+            for (k, &g) in grad.iter().enumerate() {
                 let f = fd(which, k);
                 max_abs = max_abs.max(f.abs());
-                assert!((f - grad[k]).abs() < 1e-7, "{irreps} input {which} index {k}: fd {f} vs {}", grad[k]);
+                assert!(
+                    (f - g).abs() < 1e-7,
+                    "{irreps} input {which} index {k}: fd {f} vs {}",
+                    g
+                );
             }
             assert!(max_abs > 1e-3, "gradient {which} trivially zero");
         }
@@ -205,10 +263,16 @@ fn parallel_result_is_deterministic_and_f32_close() {
     // Same paths in f32.
     let ir = Irreps::parse("3x0e+2x1e+2x2e").unwrap();
     let mut rng = Rng(42);
-    let (p32, _, _) = ConvPaths::<f32>::uvu_sorted(&ir, 2, |_| 1, |l| l <= 2, |x, y, z| {
-        let sc = 0.5 + rng.next().abs();
-        Ok(wigner_3j(x, y, z)?.iter().map(|v| v * sc).collect())
-    })
+    let (p32, _, _) = ConvPaths::<f32>::uvu_sorted(
+        &ir,
+        2,
+        |_| 1,
+        |l| l <= 2,
+        |x, y, z| {
+            let sc = 0.5 + rng.next().abs();
+            Ok(wigner_3j(x, y, z)?.iter().map(|v| v * sc).collect())
+        },
+    )
     .unwrap();
     let f = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
     let mut c = vec![0.0f32; a.len()];
