@@ -1,0 +1,64 @@
+//! Error type shared by every kernel of the crate.
+
+/// Errors reported by the kernels and the SevenNet-0 weight loader.
+#[derive(Debug, thiserror::Error)]
+pub enum E3nnError {
+    /// A slice does not have the length the kernel needs.
+    #[error("wrong length for {what}: expected {expected}, found {found}")]
+    Length {
+        /// Which argument.
+        what: String,
+        /// Required number of elements.
+        expected: usize,
+        /// Number of elements given.
+        found: usize,
+    },
+    /// An index array points outside the rows it indexes.
+    #[error("{what}[{position}] = {index} is out of range for {n_rows} rows")]
+    Index {
+        /// Which index array.
+        what: &'static str,
+        /// Position inside the index array.
+        position: usize,
+        /// Offending value.
+        index: usize,
+        /// Number of rows it indexes.
+        n_rows: usize,
+    },
+    /// An irreps string could not be parsed.
+    #[error("cannot parse irreps {input:?}: {reason}")]
+    IrrepsParse {
+        /// The string given.
+        input: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// A request outside what the kernels support (for example l > 3).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// Inconsistent configuration (paths, irreps, weights).
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The state dict does not describe a SevenNet-0 model.
+    #[error("not a SevenNet-0 checkpoint (a checkpoint of another architecture?): {0}")]
+    Checkpoint(String),
+    /// The checkpoint file could not be read.
+    #[error(transparent)]
+    CheckpointRead(#[from] ddmlip_checkpoint::CheckpointError),
+    /// An atomic number the model has no species for.
+    #[error("unknown element: atomic number {0} is not one of the model's species")]
+    UnknownElement(u32),
+}
+
+/// Checks that `slice_len == expected`, naming the argument on failure.
+pub(crate) fn check_len(what: &str, expected: usize, found: usize) -> Result<(), E3nnError> {
+    if expected == found {
+        Ok(())
+    } else {
+        Err(E3nnError::Length {
+            what: what.to_string(),
+            expected,
+            found,
+        })
+    }
+}

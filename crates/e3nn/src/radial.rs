@@ -1,0 +1,427 @@
+//! Radial pieces: Bessel basis × XPLOR cutoff (edge embedding), the
+//! normalised SiLU, and the radial MLP producing per-edge TP weights.
+
+use crate::error::{check_len, E3nnError};
+use crate::gemm::{matmul, matmul_bt};
+use crate::real::Real;
+use rayon::prelude::*;
+
+/// e3nn's `normalize2mom(silu)` constant (Monte-Carlo estimate e3nn computes
+/// at build time from torch's seeded RNG; not the exact Gaussian integral).
+pub const SILU_NORM: f64 = 1.6791767923989418;
+
+/// Normalised SiLU φ(s) = SILU_NORM · s · sigmoid(s).
+#[inline(always)]
+pub fn nsilu<T: Real>(s: T) -> T {
+    T::from_f64(SILU_NORM) * s / (T::ONE + (-s).exp())
+}
+
+/// φ′(s) = SILU_NORM · (σ(s) + s·σ(s)(1 − σ(s))).
+#[inline(always)]
+pub fn nsilu_grad<T: Real>(s: T) -> T {
+    let sig = T::ONE / (T::ONE + (-s).exp());
+    T::from_f64(SILU_NORM) * (sig + s * sig * (T::ONE - sig))
+}
+
+/// Radial embedding `emb[n] = (2/r_c)·sin(c_n r)/r · f_XPLOR(r)`.
+#[derive(Clone, Debug)]
+pub struct EdgeEmbedding {
+    /// Bessel frequencies c_n (1/Å), one per basis function.
+    pub freqs: Vec<f64>,
+    /// Cutoff r_c (Å): the Bessel prefactor and where the switch reaches 0.
+    pub cutoff: f64,
+    /// Start of the XPLOR switch r_on (Å), `0 < r_on < r_c`.
+    pub cutoff_on: f64,
+}
+
+/// XPLOR switching function and its derivative at `r`.
+#[inline]
+pub fn xplor_cutoff<T: Real>(r: T, r_on: T, r_c: T) -> (T, T) {
+    if r < r_on {
+        return (T::ONE, T::ZERO);
+    }
+    if r >= r_c {
+        return (T::ZERO, T::ZERO);
+    }
+    let (r2, on2, c2) = (r * r, r_on * r_on, r_c * r_c);
+    let den = (c2 - on2) * (c2 - on2) * (c2 - on2);
+    let f = (c2 - r2) * (c2 - r2) * (c2 + T::from_f64(2.0) * r2 - T::from_f64(3.0) * on2) / den;
+    let df = T::from_f64(12.0) * r * (c2 - r2) * (on2 - r2) / den;
+    (f, df)
+}
+
+impl EdgeEmbedding {
+    /// Number of basis functions (columns of the embedding).
+    pub fn n_basis(&self) -> usize {
+        self.freqs.len()
+    }
+
+    /// `out` (E × n_basis) from edge lengths `lengths` (E, Å, > 0).
+    pub fn forward<T: Real>(&self, lengths: &[T], out: &mut [T]) -> Result<(), E3nnError> {
+        let nb = self.n_basis();
+        check_len("embedding out", lengths.len() * nb, out.len())?;
+        let freqs: Vec<T> = self.freqs.iter().map(|&c| T::from_f64(c)).collect();
+        let pref = T::from_f64(2.0 / self.cutoff);
+        let (on, rc) = (T::from_f64(self.cutoff_on), T::from_f64(self.cutoff));
+        out.par_chunks_mut(nb.max(1))
+            .zip(lengths.par_iter())
+            .with_min_len(256)
+            .for_each(|(row, &r)| {
+                let (f, _) = xplor_cutoff(r, on, rc);
+                for (o, &c) in row.iter_mut().zip(&freqs) {
+                    *o = pref * (c * r).sin() / r * f;
+                }
+            });
+        Ok(())
+    }
+
+    /// Backward: `grad_lengths[e] = Σ_n grad_out[e,n]·∂emb[e,n]/∂r_e` (overwrites).
+    pub fn backward<T: Real>(
+        &self,
+        lengths: &[T],
+        grad_out: &[T],
+        grad_lengths: &mut [T],
+    ) -> Result<(), E3nnError> {
+        let nb = self.n_basis();
+        check_len("embedding grad_out", lengths.len() * nb, grad_out.len())?;
+        check_len("embedding grad_lengths", lengths.len(), grad_lengths.len())?;
+        let freqs: Vec<T> = self.freqs.iter().map(|&c| T::from_f64(c)).collect();
+        let pref = T::from_f64(2.0 / self.cutoff);
+        let (on, rc) = (T::from_f64(self.cutoff_on), T::from_f64(self.cutoff));
+        grad_lengths
+            .par_iter_mut()
+            .zip(lengths.par_iter())
+            .zip(grad_out.par_chunks(nb.max(1)))
+            .with_min_len(256)
+            .for_each(|((gr, &r), g)| {
+                let (f, df) = xplor_cutoff(r, on, rc);
+                let mut acc = T::ZERO;
+                for (&gn, &c) in g.iter().zip(&freqs) {
+                    let (s, co) = ((c * r).sin(), (c * r).cos());
+                    let b = pref * s / r;
+                    let db = pref * (c * r * co - s) / (r * r);
+                    acc += gn * (db * f + b * df);
+                }
+                *gr = acc;
+            });
+        Ok(())
+    }
+}
+
+/// e3nn `FullyConnectedNet` without biases: hidden layers
+/// `x ← φ(x·W/√fan_in)`, last layer linear. Weights are stored pre-scaled.
+#[derive(Clone, Debug)]
+pub struct RadialMlp<T> {
+    /// Layer widths, `[in, hidden…, out]`.
+    pub widths: Vec<usize>,
+    /// Per layer, `(in × out)` row-major, already multiplied by 1/√in.
+    weights: Vec<Vec<T>>,
+}
+
+/// Rows per parallel task in the MLP GEMMs.
+const MLP_CHUNK: usize = 256;
+
+impl<T: Real> RadialMlp<T> {
+    /// Builds the MLP from unscaled `(in × out)` row-major matrices
+    /// (the checkpoint's `weight_nn.layerK.weight`), one per layer.
+    pub fn new(widths: &[usize], weights: &[Vec<f64>]) -> Result<Self, E3nnError> {
+        if widths.len() < 2 || weights.len() != widths.len() - 1 {
+            return Err(E3nnError::Config(format!(
+                "radial MLP: {} widths need {} matrices, got {}",
+                widths.len(),
+                widths.len().saturating_sub(1),
+                weights.len()
+            )));
+        }
+        let mut scaled = Vec::with_capacity(weights.len());
+        for (k, w) in weights.iter().enumerate() {
+            let (i, o) = (widths[k], widths[k + 1]);
+            check_len(&format!("radial MLP layer {k} weight"), i * o, w.len())?;
+            let s = 1.0 / (i as f64).sqrt();
+            scaled.push(w.iter().map(|&v| T::from_f64(v * s)).collect());
+        }
+        Ok(Self {
+            widths: widths.to_vec(),
+            weights: scaled,
+        })
+    }
+
+    /// Input width.
+    pub fn dim_in(&self) -> usize {
+        self.widths[0]
+    }
+
+    /// Output width (W, the number of TP weights per edge).
+    pub fn dim_out(&self) -> usize {
+        self.widths[self.widths.len() - 1]
+    }
+
+    /// `out` (E × dim_out) from `input` (E × dim_in), over rows in parallel.
+    pub fn forward(&self, input: &[T], n_rows: usize, out: &mut [T]) -> Result<(), E3nnError> {
+        let (di, dout) = (self.dim_in(), self.dim_out());
+        check_len("radial MLP input", n_rows * di, input.len())?;
+        check_len("radial MLP output", n_rows * dout, out.len())?;
+        let nl = self.weights.len();
+        out.par_chunks_mut(MLP_CHUNK * dout)
+            .zip(input.par_chunks(MLP_CHUNK * di))
+            .for_each(|(o, x)| {
+                let rows = x.len() / di;
+                let mut cur = x.to_vec();
+                for (k, w) in self.weights.iter().enumerate() {
+                    let (i, on) = (self.widths[k], self.widths[k + 1]);
+                    if k + 1 == nl {
+                        matmul(rows, i, on, &cur, w, o);
+                    } else {
+                        let mut next = vec![T::ZERO; rows * on];
+                        matmul(rows, i, on, &cur, w, &mut next);
+                        next.iter_mut().for_each(|v| *v = nsilu(*v));
+                        cur = next;
+                    }
+                }
+            });
+        Ok(())
+    }
+
+    /// Gradient w.r.t. the input (`grad_in`, E × dim_in, overwritten) from
+    /// `grad_out` (E × dim_out). The weights are constants. Hidden
+    /// activations are recomputed from `input` (cheaper than storing them).
+    pub fn backward(
+        &self,
+        input: &[T],
+        n_rows: usize,
+        grad_out: &[T],
+        grad_in: &mut [T],
+    ) -> Result<(), E3nnError> {
+        let (di, dout) = (self.dim_in(), self.dim_out());
+        check_len("radial MLP input", n_rows * di, input.len())?;
+        check_len("radial MLP grad_out", n_rows * dout, grad_out.len())?;
+        check_len("radial MLP grad_in", n_rows * di, grad_in.len())?;
+        let nl = self.weights.len();
+        grad_in
+            .par_chunks_mut(MLP_CHUNK * di)
+            .zip(input.par_chunks(MLP_CHUNK * di))
+            .zip(grad_out.par_chunks(MLP_CHUNK * dout))
+            .for_each(|((gi, x), go)| {
+                let rows = x.len() / di;
+                // Forward, keeping the pre-activations of the hidden layers.
+                let mut pre: Vec<Vec<T>> = Vec::with_capacity(nl - 1);
+                let mut cur = x.to_vec();
+                for k in 0..nl - 1 {
+                    let (i, on) = (self.widths[k], self.widths[k + 1]);
+                    let mut z = vec![T::ZERO; rows * on];
+                    matmul(rows, i, on, &cur, &self.weights[k], &mut z);
+                    cur = z.iter().map(|&v| nsilu(v)).collect();
+                    pre.push(z);
+                }
+                // Reverse.
+                let mut g = go.to_vec();
+                for k in (0..nl).rev() {
+                    let (i, on) = (self.widths[k], self.widths[k + 1]);
+                    if k == 0 {
+                        matmul_bt(rows, on, i, &g, &self.weights[k], gi);
+                    } else {
+                        let mut gprev = vec![T::ZERO; rows * i];
+                        matmul_bt(rows, on, i, &g, &self.weights[k], &mut gprev);
+                        for (gv, &z) in gprev.iter_mut().zip(&pre[k - 1]) {
+                            *gv *= nsilu_grad(z);
+                        }
+                        g = gprev;
+                    }
+                }
+            });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FREQS: [f64; 8] = [
+        0.5078758001,
+        1.1099243164,
+        1.7265003920,
+        2.3766531945,
+        3.0391683579,
+        3.7200760841,
+        4.4141530991,
+        5.1186308861,
+    ];
+
+    fn emb() -> EdgeEmbedding {
+        EdgeEmbedding {
+            freqs: FREQS.to_vec(),
+            cutoff: 5.0,
+            cutoff_on: 4.5,
+        }
+    }
+
+    #[test]
+    fn xplor_published_values() {
+        let cases = [
+            (4.4, 1.0),
+            (4.5, 1.0),
+            (4.6, 0.9039553707537549),
+            (4.75, 0.5197322860475287),
+            (4.9, 0.11221066161247889),
+            (5.0, 0.0),
+        ];
+        for (r, want) in cases {
+            let (f, _) = xplor_cutoff(r, 4.5, 5.0);
+            assert!((f - want).abs() < 1e-14, "{r}: {f}");
+        }
+    }
+
+    #[test]
+    fn embedding_published_values() {
+        // Frequencies in the guide are printed to 10 digits, so compare to 1e-9.
+        let want = [
+            (
+                1.0,
+                [
+                    0.19452890525096841,
+                    0.3582660118132826,
+                    0.39516103690024873,
+                    0.2769973296808272,
+                    0.04089812210920756,
+                    -0.21870190134085263,
+                    -0.38234253400509516,
+                    -0.367444941748175,
+                ],
+            ),
+            (
+                2.0,
+                [
+                    0.16997537421494743,
+                    0.15933139449744796,
+                    -0.06127986866899346,
+                    -0.19983259992594185,
+                    -0.04068378387973259,
+                    0.18311752822121466,
+                    0.11234539700651708,
+                    -0.14519950449794453,
+                ],
+            ),
+            (
+                4.9,
+                [
+                    0.005565400665464261,
+                    -0.006848756625718413,
+                    0.007529626685591839,
+                    -0.007292024431850222,
+                    0.006672525498370641,
+                    -0.0053311300062028775,
+                    0.0032422631296060186,
+                    -0.0004710758488091288,
+                ],
+            ),
+        ];
+        let e = emb();
+        let mut out = vec![0.0; 8];
+        for (r, w) in want {
+            e.forward(&[r], &mut out).unwrap();
+            for (g, w) in out.iter().zip(w) {
+                assert!((g - w).abs() < 1e-9, "r={r}: {g} vs {w}");
+            }
+        }
+    }
+
+    #[test]
+    fn embedding_backward_fd() {
+        let e = emb();
+        let rs = [0.9, 2.3, 4.55, 4.8, 4.99];
+        let g: Vec<f64> = (0..rs.len() * 8).map(|i| (i as f64 * 0.37).sin()).collect();
+        let mut gr = vec![0.0; rs.len()];
+        e.backward(&rs, &g, &mut gr).unwrap();
+        let h = 1e-6;
+        for (k, &r) in rs.iter().enumerate() {
+            let (mut p, mut m) = (vec![0.0; 8], vec![0.0; 8]);
+            e.forward(&[r + h], &mut p).unwrap();
+            e.forward(&[r - h], &mut m).unwrap();
+            let fd: f64 = (0..8)
+                .map(|n| g[k * 8 + n] * (p[n] - m[n]) / (2.0 * h))
+                .sum();
+            assert!((fd - gr[k]).abs() < 1e-8, "{r}: {fd} vs {}", gr[k]);
+        }
+    }
+
+    #[test]
+    fn nsilu_grad_fd() {
+        for s in [-3.0, -0.5, 0.0, 0.7, 4.0f64] {
+            let fd = (nsilu(s + 1e-6) - nsilu(s - 1e-6)) / 2e-6;
+            assert!((fd - nsilu_grad(s)).abs() < 1e-8);
+        }
+        assert!((nsilu(1.0f64) - SILU_NORM / (1.0 + (-1.0f64).exp())).abs() < 1e-15);
+    }
+
+    fn random(n: usize, seed: u64) -> Vec<f64> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn mlp_forward_matches_naive_and_backward_fd() {
+        let widths = [8, 16, 12, 20];
+        let ws: Vec<Vec<f64>> = (0..3)
+            .map(|k| random(widths[k] * widths[k + 1], k as u64 + 1))
+            .collect();
+        let mlp = RadialMlp::<f64>::new(&widths, &ws).unwrap();
+        let n = 300; // crosses a chunk boundary
+        let x = random(n * 8, 9);
+        let mut out = vec![0.0; n * 20];
+        mlp.forward(&x, n, &mut out).unwrap();
+        // Naive reference.
+        let naive = |row: &[f64]| -> Vec<f64> {
+            let mut cur = row.to_vec();
+            for k in 0..3 {
+                let (i, o) = (widths[k], widths[k + 1]);
+                let mut nx = vec![0.0; o];
+                for b in 0..o {
+                    for a in 0..i {
+                        nx[b] += cur[a] * ws[k][a * o + b];
+                    }
+                    nx[b] /= (i as f64).sqrt();
+                    if k < 2 {
+                        nx[b] = SILU_NORM * nx[b] / (1.0 + (-nx[b]).exp());
+                    }
+                }
+                cur = nx;
+            }
+            cur
+        };
+        for r in [0, 17, 299] {
+            let want = naive(&x[r * 8..r * 8 + 8]);
+            for c in 0..20 {
+                assert!((out[r * 20 + c] - want[c]).abs() < 1e-12);
+            }
+        }
+        let g = random(n * 20, 5);
+        let mut gi = vec![0.0; n * 8];
+        mlp.backward(&x, n, &g, &mut gi).unwrap();
+        let h = 1e-6;
+        for r in [3, 260] {
+            for a in 0..8 {
+                let mut xp = x[r * 8..r * 8 + 8].to_vec();
+                let mut xm = xp.clone();
+                xp[a] += h;
+                xm[a] -= h;
+                let (yp, ym) = (naive(&xp), naive(&xm));
+                let fd: f64 = (0..20)
+                    .map(|c| g[r * 20 + c] * (yp[c] - ym[c]) / (2.0 * h))
+                    .sum();
+                assert!(
+                    (fd - gi[r * 8 + a]).abs() < 1e-7,
+                    "{fd} vs {}",
+                    gi[r * 8 + a]
+                );
+            }
+        }
+    }
+}
