@@ -8,8 +8,10 @@ pub mod init;
 mod lj;
 mod rebuild;
 mod registry;
+mod sevennet;
 
 pub use demo::{BpDemo, EamDemo, QeqDemo, SchNetDemo};
 pub use lj::LennardJones;
 pub use rebuild::RebuildDemo;
-pub use registry::{load_model, model_names, ModelError};
+pub use registry::{load_model, model_names, ModelError, SEVENNET_NAME};
+pub use sevennet::SevenNetModel;

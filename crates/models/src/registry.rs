@@ -15,14 +15,28 @@ pub enum ModelError {
     Io { path: String, message: String },
     #[error("model file {path}: {message}")]
     Invalid { path: String, message: String },
+    #[error("{0}")]
+    Checkpoint(String),
 }
+
+/// Registry name of the pretrained SevenNet-0 potential.
+pub const SEVENNET_NAME: &str = "sevennet-0";
 
 /// Built-in model names with one-line descriptions, in display order.
 pub fn model_names() -> Vec<(String, String)> {
-    builtin()
+    let mut names: Vec<(String, String)> = builtin()
         .into_iter()
         .map(|m| (m.name(), m.description()))
-        .collect()
+        .collect();
+    let status = match ddmlip_checkpoint::find_sevennet_checkpoint() {
+        Ok(p) => format!("checkpoint at {}", p.display()),
+        Err(_) => "checkpoint not installed: run `bash scripts/fetch-sevennet.sh`".to_string(),
+    };
+    names.push((
+        SEVENNET_NAME.to_string(),
+        format!("SevenNet-0 (11Jul2024) pretrained universal potential, 89 elements, cutoff 5 Å ({status})"),
+    ));
+    names
 }
 
 fn builtin() -> Vec<Box<dyn Model>> {
@@ -46,7 +60,25 @@ pub fn load_model(name_or_path: &str) -> Result<Box<dyn Model>, ModelError> {
     if let Some(m) = builtin().into_iter().find(|m| m.name() == name_or_path) {
         return Ok(m);
     }
+    if name_or_path == SEVENNET_NAME {
+        let path = ddmlip_checkpoint::find_sevennet_checkpoint()
+            .map_err(|e| ModelError::Checkpoint(e.to_string()))?;
+        return crate::SevenNetModel::load(&path, SEVENNET_NAME)
+            .map(|m| Box::new(m) as Box<dyn Model>)
+            .map_err(ModelError::Checkpoint);
+    }
     let path = Path::new(name_or_path);
+    if path.extension().is_some_and(|e| e == "pth" || e == "pt") {
+        if !path.exists() {
+            return Err(ModelError::Io {
+                path: name_or_path.to_string(),
+                message: "no such file".into(),
+            });
+        }
+        return crate::SevenNetModel::load(path, SEVENNET_NAME)
+            .map(|m| Box::new(m) as Box<dyn Model>)
+            .map_err(ModelError::Checkpoint);
+    }
     if path.extension().is_some_and(|e| e == "toml") || path.exists() {
         return load_toml(path);
     }

@@ -1,0 +1,404 @@
+//! SevenNet-0 on the op engine: the `ddmlip-e3nn` kernels wrapped as
+//! row-wise ops and one fused message-passing op per interaction layer, so
+//! the dispatcher sees each layer's gather (neighbour features `h`) and
+//! scatter (messages onto centres) and can run it decomposed.
+
+use ddmlip_e3nn::sevennet::{
+    type_index, InteractionBlock, SevenNet, SevenNetWeights, N_SPECIES, SPECIES,
+};
+use ddmlip_e3nn::{conv_backward, conv_forward, ConvGraph, Gate, IrrepsLinear, Real};
+use ddmlip_engine::ops::opaque::Shape;
+use ddmlip_engine::{
+    EngineError, Graph, MessageInputs, MessageKernel, Model, ModelInfo, ModelInputs, ModelOutputs,
+    OpaqueKernel, RowDomain, Scalar, SpeciesSupport,
+};
+use ddmlip_spec::{GatherMode, MLIPSpec, ScatterMode};
+use std::path::Path;
+use std::sync::Arc;
+
+/// The pretrained SevenNet-0 (11Jul2024) potential, read from its PyTorch checkpoint.
+pub struct SevenNetModel {
+    name: String,
+    f64_net: Arc<SevenNet<f64>>,
+    f32_net: Arc<SevenNet<f32>>,
+    weights: Arc<SevenNetWeights>,
+}
+
+impl SevenNetModel {
+    /// Loads and fixes up the checkpoint (sevenn's load-time patches included).
+    pub fn load(path: &Path, name: &str) -> Result<Self, String> {
+        let weights = SevenNetWeights::from_checkpoint(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let f64_net = SevenNet::<f64>::new(&weights).map_err(|e| e.to_string())?;
+        let f32_net = SevenNet::<f32>::new(&weights).map_err(|e| e.to_string())?;
+        Ok(Self {
+            name: name.to_string(),
+            f64_net: Arc::new(f64_net),
+            f32_net: Arc::new(f32_net),
+            weights: Arc::new(weights),
+        })
+    }
+
+    fn forward_impl<T: Scalar + Real>(
+        &self,
+        net: &Arc<SevenNet<T>>,
+        g: &mut Graph<T>,
+        inputs: &ModelInputs,
+    ) -> Result<ModelOutputs, EngineError> {
+        let edges = inputs.edges.ok_or_else(|| {
+            EngineError::Input("sevennet-0 needs the runtime neighbour graph".into())
+        })?;
+        let types: Vec<u32> = inputs
+            .numbers
+            .iter()
+            .map(|&z| {
+                type_index(z)
+                    .map(|t| t as u32)
+                    .map_err(|e| EngineError::Input(e.to_string()))
+            })
+            .collect::<Result<_, _>>()?;
+        let n_types = N_SPECIES;
+        let type_idx = g.index(
+            Arc::new(types),
+            RowDomain::Atom,
+            RowDomain::None,
+            n_types,
+            "species_type",
+        )?;
+        g.push_scope("edge_embedding");
+        let feats = g.rowwise(
+            Arc::new(EdgeFeaturesKernel { net: net.clone() }),
+            &[edges.vectors],
+        )?;
+        let emb = g.slice_cols(feats, 0, 8)?;
+        let sh = g.slice_cols(feats, 8, 17)?;
+        g.pop_scope();
+        let scale = 1.0 / (n_types as f64).sqrt();
+        let table: Vec<f64> = self.weights.onehot.iter().map(|v| v * scale).collect();
+        let table = g.param(&table, n_types, 128)?;
+        let mut x = g.gather(table, type_idx)?;
+        for (t, block) in net.blocks.iter().enumerate() {
+            g.push_scope(format!("interaction_{t}"));
+            let sc = g.rowwise(
+                Arc::new(LinearKernel {
+                    name: format!("{t}_self_connection"),
+                    lin: block.self_connection.clone(),
+                }),
+                &[x],
+            )?;
+            let h = g.rowwise(
+                Arc::new(LinearKernel {
+                    name: format!("{t}_self_interaction_1"),
+                    lin: block.linear_1.clone(),
+                }),
+                &[x],
+            )?;
+            let conv = Arc::new(ConvKernel {
+                name: format!("{t}_convolution"),
+                net: net.clone(),
+                layer: t,
+            });
+            let a = g.message_passing(conv, &[h], &[emb, sh], edges.center, edges.neighbor)?;
+            let y = g.rowwise(
+                Arc::new(LinearKernel {
+                    name: format!("{t}_self_interaction_2"),
+                    lin: block.linear_2.clone(),
+                }),
+                &[a],
+            )?;
+            let y = g.add(y, sc)?;
+            x = g.rowwise(
+                Arc::new(GateKernel {
+                    name: format!("{t}_equivariant_gate"),
+                    gate: block.gate.clone(),
+                }),
+                &[y],
+            )?;
+            g.pop_scope();
+        }
+        g.push_scope("readout");
+        let q = g.rowwise(
+            Arc::new(LinearKernel {
+                name: "reduce_input_to_hidden".into(),
+                lin: net.readout_hidden.clone(),
+            }),
+            &[x],
+        )?;
+        let e = g.rowwise(
+            Arc::new(LinearKernel {
+                name: "reduce_hidden_to_energy".into(),
+                lin: net.readout_energy.clone(),
+            }),
+            &[q],
+        )?;
+        let scale_t = g.param(&self.weights.scale, n_types, 1)?;
+        let shift_t = g.param(&self.weights.shift, n_types, 1)?;
+        let s = g.gather(scale_t, type_idx)?;
+        let b = g.gather(shift_t, type_idx)?;
+        let e = g.mul(e, s)?;
+        let atomic = g.add(e, b)?;
+        g.pop_scope();
+        let energy = g.segment_sum(atomic, inputs.atom_system)?;
+        Ok(ModelOutputs {
+            energy,
+            atomic_energies: Some(atomic),
+            extra: vec![],
+        })
+    }
+}
+
+impl ModelInfo for SevenNetModel {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+    fn description(&self) -> String {
+        "SevenNet-0 (11Jul2024), pretrained universal equivariant MPNN, 5 layers, cutoff 5 Å, 89 elements".into()
+    }
+    fn cutoff(&self) -> f64 {
+        self.f64_net.cutoff()
+    }
+    fn species(&self) -> SpeciesSupport {
+        SpeciesSupport::Listed(SPECIES.iter().map(|s| s.1).collect())
+    }
+    fn declared_spec(&self) -> Option<MLIPSpec> {
+        // Owned-centre edges make owned messages complete; ghosts' features
+        // are refreshed where the next convolution reads them (h, ≤ 480 wide)
+        // instead of after each scatter (messages, up to 3136 wide).
+        let mut s = MLIPSpec::standard_energy_model();
+        s.policy.scatter = ScatterMode::Local;
+        s.policy.gather = GatherMode::HaloRead;
+        Some(s)
+    }
+    fn receptive_layers(&self) -> usize {
+        self.f64_net.blocks.len()
+    }
+}
+
+impl Model for SevenNetModel {
+    fn forward_f64(
+        &self,
+        g: &mut Graph<f64>,
+        inputs: &ModelInputs,
+    ) -> Result<ModelOutputs, EngineError> {
+        self.forward_impl(&self.f64_net, g, inputs)
+    }
+    fn forward_f32(
+        &self,
+        g: &mut Graph<f32>,
+        inputs: &ModelInputs,
+    ) -> Result<ModelOutputs, EngineError> {
+        self.forward_impl(&self.f32_net, g, inputs)
+    }
+}
+
+fn kernel_err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+/// Edge vectors (E×3) → radial embedding (8) ‖ spherical harmonics (9).
+struct EdgeFeaturesKernel<T> {
+    net: Arc<SevenNet<T>>,
+}
+
+fn as_vec3<T: Copy>(v: &[T]) -> Vec<[T; 3]> {
+    v.chunks(3).map(|c| [c[0], c[1], c[2]]).collect()
+}
+
+impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
+    fn name(&self) -> &str {
+        "sevennet_edge_features"
+    }
+    fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, String> {
+        Ok((RowDomain::Edge, inputs[0].1, 17))
+    }
+    fn forward(&self, inputs: &[&[T]], _shapes: &[Shape], out: &mut [T]) -> Result<(), String> {
+        let f = self
+            .net
+            .edge_features(&as_vec3(inputs[0]))
+            .map_err(kernel_err)?;
+        for (e, row) in out.chunks_mut(17).enumerate() {
+            row[..8].copy_from_slice(&f.emb[e * 8..e * 8 + 8]);
+            row[8..].copy_from_slice(&f.sh[e * 9..e * 9 + 9]);
+        }
+        Ok(())
+    }
+    fn backward(
+        &self,
+        inputs: &[&[T]],
+        _shapes: &[Shape],
+        g: &[T],
+        grads: &mut [Vec<T>],
+    ) -> Option<Result<(), String>> {
+        let mut run = || -> Result<(), String> {
+            let v = as_vec3(inputs[0]);
+            let f = self.net.edge_features(&v).map_err(kernel_err)?;
+            let ne = v.len();
+            let mut ge = Vec::with_capacity(ne * 8);
+            let mut gs = Vec::with_capacity(ne * 9);
+            for row in g.chunks(17) {
+                ge.extend_from_slice(&row[..8]);
+                gs.extend_from_slice(&row[8..]);
+            }
+            let gv = self
+                .net
+                .edge_features_backward(&v, &f, &ge, &gs)
+                .map_err(kernel_err)?;
+            for (dst, src) in grads[0].chunks_mut(3).zip(gv) {
+                for k in 0..3 {
+                    dst[k] += src[k];
+                }
+            }
+            Ok(())
+        };
+        Some(run())
+    }
+}
+
+/// An e3nn `Linear` on irreps, row by row.
+struct LinearKernel<T> {
+    name: String,
+    lin: IrrepsLinear<T>,
+}
+
+impl<T: Scalar + Real> OpaqueKernel<T> for LinearKernel<T> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, String> {
+        if inputs[0].2 != self.lin.irreps_in().dim() {
+            return Err(format!(
+                "expects {} columns, got {}",
+                self.lin.irreps_in().dim(),
+                inputs[0].2
+            ));
+        }
+        Ok((inputs[0].0, inputs[0].1, self.lin.irreps_out().dim()))
+    }
+    fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), String> {
+        self.lin
+            .forward(inputs[0], shapes[0].1, out)
+            .map_err(kernel_err)
+    }
+    fn backward(
+        &self,
+        _inputs: &[&[T]],
+        shapes: &[Shape],
+        g: &[T],
+        grads: &mut [Vec<T>],
+    ) -> Option<Result<(), String>> {
+        Some(
+            self.lin
+                .backward(g, shapes[0].1, &mut grads[0])
+                .map_err(kernel_err),
+        )
+    }
+}
+
+/// The e3nn gate (normalised SiLU on scalars and gates).
+struct GateKernel {
+    name: String,
+    gate: Gate,
+}
+
+impl<T: Scalar + Real> OpaqueKernel<T> for GateKernel {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, String> {
+        Ok((inputs[0].0, inputs[0].1, self.gate.dim_out()))
+    }
+    fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), String> {
+        self.gate
+            .forward(inputs[0], shapes[0].1, out)
+            .map_err(kernel_err)
+    }
+    fn backward(
+        &self,
+        inputs: &[&[T]],
+        shapes: &[Shape],
+        g: &[T],
+        grads: &mut [Vec<T>],
+    ) -> Option<Result<(), String>> {
+        Some(
+            self.gate
+                .backward(inputs[0], g, shapes[0].1, &mut grads[0])
+                .map_err(kernel_err),
+        )
+    }
+}
+
+/// Radial MLP + uvu tensor product + aggregation of one layer, fused.
+struct ConvKernel<T> {
+    name: String,
+    net: Arc<SevenNet<T>>,
+    layer: usize,
+}
+
+impl<T: Scalar + Real> ConvKernel<T> {
+    fn block(&self) -> &InteractionBlock<T> {
+        &self.net.blocks[self.layer]
+    }
+}
+
+impl<T: Scalar + Real> MessageKernel<T> for ConvKernel<T> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn out_cols(&self) -> usize {
+        self.block().conv.dim_msg()
+    }
+    fn forward(&self, x: &MessageInputs<'_, T>, out: &mut [T]) -> Result<(), String> {
+        let b = self.block();
+        let ne = x.center.len();
+        let graph = ConvGraph::new(x.n_rows, x.center, x.neighbor).map_err(kernel_err)?;
+        let mut w = vec![<T as Real>::ZERO; ne * b.radial.dim_out()];
+        b.radial
+            .forward(x.edges[0], ne, &mut w)
+            .map_err(kernel_err)?;
+        conv_forward(
+            &b.conv,
+            &graph,
+            x.nodes[0],
+            x.edges[1],
+            &w,
+            b.denominator,
+            out,
+        )
+        .map_err(kernel_err)
+    }
+    fn backward(
+        &self,
+        x: &MessageInputs<'_, T>,
+        g: &[T],
+        gn: &mut [Vec<T>],
+        ge: &mut [Vec<T>],
+    ) -> Result<(), String> {
+        let b = self.block();
+        let ne = x.center.len();
+        let graph = ConvGraph::new(x.n_rows, x.center, x.neighbor).map_err(kernel_err)?;
+        let mut w = vec![<T as Real>::ZERO; ne * b.radial.dim_out()];
+        b.radial
+            .forward(x.edges[0], ne, &mut w)
+            .map_err(kernel_err)?;
+        let mut gw = vec![<T as Real>::ZERO; w.len()];
+        let (gh, rest) = gn.split_at_mut(1);
+        let _ = rest;
+        let (gemb, gsh) = ge.split_at_mut(1);
+        conv_backward(
+            &b.conv,
+            &graph,
+            x.nodes[0],
+            x.edges[1],
+            &w,
+            b.denominator,
+            g,
+            &mut gh[0],
+            &mut gsh[0],
+            &mut gw,
+        )
+        .map_err(kernel_err)?;
+        b.radial
+            .backward(x.edges[0], ne, &gw, &mut gemb[0])
+            .map_err(kernel_err)
+    }
+}
