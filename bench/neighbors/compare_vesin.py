@@ -40,27 +40,30 @@ def main():
     with open(os.path.join(out_dir, "ddmlip_times.tsv")) as f:
         next(f)
         for line in f:
-            name, atoms, pairs, threads, t = line.split("\t")
-            ours[(name, int(threads))] = (int(atoms), int(pairs), float(t))
-    names = sorted({name for name, _ in ours}, key=lambda n: ours[(n, 1)][0])
-    header = (
-        f"{'system':<18} {'atoms':>7} {'pairs':>9} {'ddmlip 1t':>10} {'ddmlip 2t':>10} "
-        f"{'vesin 1t':>9} {'vesin 2t':>9} {'v1t/d1t':>8} {'v2t/d2t':>8}"
-    )
+            name, atoms, pairs, mode, threads, t = line.split("\t")
+            ours[(name, mode, int(threads))] = (int(atoms), int(pairs), float(t))
+    names = sorted({key[0] for key in ours}, key=lambda n: ours[(n, "fresh", 1)][0])
     print(f"vesin {vesin.__version__}, cutoff {CUTOFF} A, full list, times in ms (median of {runs})")
-    print(header)
+    print("ddmlip fresh: new list per call; reuse: neighbor_list_into with a kept list")
+    print("ratio = vesin time / ddmlip reuse time (> 1: ddmlip faster)")
+    print(
+        f"{'system':<18} {'atoms':>7} {'pairs':>9} {'fresh 1t':>9} {'fresh 2t':>9} {'reuse 1t':>9} "
+        f"{'reuse 2t':>9} {'vesin 1t':>9} {'vesin 2t':>9} {'ratio 1t':>9} {'ratio 2t':>9}"
+    )
     for name in names:
         atoms = ase.io.read(os.path.join(out_dir, name + ".xyz"))
         v_pairs1, v1 = time_vesin(atoms, 1, runs)
         v_pairs2, v2 = time_vesin(atoms, 2, runs)
-        n, pairs, d1 = ours[(name, 1)]
-        d2 = ours[(name, 2)][2]
+        n, pairs, f1 = ours[(name, "fresh", 1)]
+        f2 = ours[(name, "fresh", 2)][2]
+        r1 = ours[(name, "reuse", 1)][2]
+        r2 = ours[(name, "reuse", 2)][2]
         assert n == len(atoms), name
         if v_pairs1 != pairs or v_pairs2 != pairs:
             print(f"WARNING {name}: vesin found {v_pairs1}/{v_pairs2} pairs, ddmlip {pairs}")
         print(
-            f"{name:<18} {n:>7} {pairs:>9} {d1*1e3:>10.1f} {d2*1e3:>10.1f} "
-            f"{v1*1e3:>9.1f} {v2*1e3:>9.1f} {v1/d1:>8.2f} {v2/d2:>8.2f}"
+            f"{name:<18} {n:>7} {pairs:>9} {f1*1e3:>9.1f} {f2*1e3:>9.1f} {r1*1e3:>9.1f} {r2*1e3:>9.1f} "
+            f"{v1*1e3:>9.1f} {v2*1e3:>9.1f} {v1/r1:>9.2f} {v2/r2:>9.2f}"
         )
 
 

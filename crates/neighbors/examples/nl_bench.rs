@@ -1,12 +1,13 @@
 //! Neighbour-list benchmark: writes each input system as extended XYZ (so
 //! `bench/neighbors/compare_vesin.py` times vesin on the very same numbers),
-//! then times `neighbor_list` (full list, cutoff 5 Å) on 1 and 2 threads.
+//! then times `neighbor_list` (full list, cutoff 5 Å) on 1 and 2 threads,
+//! with a fresh list per call and with a reused list (`neighbor_list_into`).
 //!
 //! Usage: `cargo run --release -p ddmlip-neighbors --example nl_bench -- OUT_DIR [RUNS] [NAME_FILTER]`
 //! Writes `OUT_DIR/<system>.xyz` and `OUT_DIR/ddmlip_times.tsv`.
 
 use ddmlip_atoms::Cell;
-use ddmlip_neighbors::{neighbor_list, NeighborOptions};
+use ddmlip_neighbors::{neighbor_list, neighbor_list_into, NeighborList, NeighborOptions};
 use std::fmt::Write as _;
 use std::time::Instant;
 
@@ -118,7 +119,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         inputs.retain(|input| input.name.contains(only.as_str()));
     }
 
-    let mut tsv = String::from("system\tatoms\tpairs\tthreads\tmedian_s\n");
+    let mut tsv = String::from("system\tatoms\tpairs\tmode\tthreads\tmedian_s\n");
     println!(
         "{:<18} {:>8} {:>10} {:>10} {:>10}",
         "system", "atoms", "pairs", "1t (ms)", "2t (ms)"
@@ -132,39 +133,61 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         let mut row = Vec::new();
         let mut pairs = 0;
-        for threads in [1, 2] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()?;
-            let mut times = Vec::with_capacity(runs);
-            for _ in 0..runs + 1 {
-                let start = Instant::now();
-                let list = pool
-                    .install(|| neighbor_list(&input.positions, Some(&cell), [true; 3], &opts))?;
-                times.push(start.elapsed().as_secs_f64());
-                pairs = list.len();
-                drop(list);
+        // "fresh": a new list per call; "reuse": `neighbor_list_into` with one
+        // list kept across calls, as an MD loop (and vesin's own buffers) would.
+        for mode in ["fresh", "reuse"] {
+            for threads in [1, 2] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()?;
+                let mut kept = NeighborList::default();
+                let mut times = Vec::with_capacity(runs);
+                for _ in 0..runs + 1 {
+                    let start = Instant::now();
+                    if mode == "fresh" {
+                        let list = pool.install(|| {
+                            neighbor_list(&input.positions, Some(&cell), [true; 3], &opts)
+                        })?;
+                        times.push(start.elapsed().as_secs_f64());
+                        pairs = list.len();
+                    } else {
+                        pool.install(|| {
+                            neighbor_list_into(
+                                &input.positions,
+                                Some(&cell),
+                                [true; 3],
+                                &opts,
+                                &mut kept,
+                            )
+                        })?;
+                        times.push(start.elapsed().as_secs_f64());
+                        pairs = kept.len();
+                    }
+                }
+                times.remove(0); // warm-up
+                let t = median(times);
+                let _ = writeln!(
+                    tsv,
+                    "{}\t{}\t{}\t{}\t{}\t{:.6}",
+                    input.name,
+                    input.positions.len(),
+                    pairs,
+                    mode,
+                    threads,
+                    t
+                );
+                row.push(t);
             }
-            times.remove(0); // warm-up
-            let t = median(times);
-            let _ = writeln!(
-                tsv,
-                "{}\t{}\t{}\t{}\t{:.6}",
-                input.name,
-                input.positions.len(),
-                pairs,
-                threads,
-                t
-            );
-            row.push(t);
         }
         println!(
-            "{:<18} {:>8} {:>10} {:>10.2} {:>10.2}",
+            "{:<18} {:>8} {:>10} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
             input.name,
             input.positions.len(),
             pairs,
             row[0] * 1e3,
-            row[1] * 1e3
+            row[1] * 1e3,
+            row[2] * 1e3,
+            row[3] * 1e3
         );
     }
     std::fs::write(out_dir.join("ddmlip_times.tsv"), tsv)?;

@@ -36,10 +36,26 @@ pub fn neighbor_list(
     pbc: [bool; 3],
     opts: &NeighborOptions,
 ) -> Result<NeighborList, NeighborError> {
+    let mut out = NeighborList::default();
+    neighbor_list_into(positions, cell, pbc, opts, &mut out)?;
+    Ok(out)
+}
+
+/// [`neighbor_list`] writing into `out`, whose previous content is replaced
+/// and whose allocations are reused (repeated calls, e.g. along an MD run,
+/// then avoid fresh page faults). On error `out` is left empty.
+pub fn neighbor_list_into(
+    positions: &[[f64; 3]],
+    cell: Option<&Cell>,
+    pbc: [bool; 3],
+    opts: &NeighborOptions,
+    out: &mut NeighborList,
+) -> Result<(), NeighborError> {
+    out.clear();
     let prepared = prepare(positions, cell, pbc, opts)?;
     let n_atoms = positions.len();
     if n_atoms == 0 {
-        return Ok(NeighborList::default());
+        return Ok(());
     }
     let frame = &prepared.frame;
 
@@ -86,7 +102,8 @@ pub fn neighbor_list(
             search.run(&bins.atom[start..end], capacity)
         })
         .collect();
-    Ok(gather_in_center_order(&chunks, &bins.atom, chunk_size))
+    gather_in_center_order(&chunks, &bins.atom, chunk_size, out);
+    Ok(())
 }
 
 /// Bin layout: counts, stencil half-widths and the map from fractional
@@ -368,7 +385,7 @@ impl<'a> Search<'a> {
                     emit(&found[(key & ((1 << INDEX_BITS) - 1)) as usize]);
                 }
             } else {
-                found.sort_unstable_by(|a, b| (a.j, a.shift).cmp(&(b.j, b.shift)));
+                found.sort_unstable_by_key(|c| (c.j, c.shift));
                 found.iter().for_each(&mut emit);
             }
         }
@@ -493,7 +510,12 @@ struct ChunkPairs {
 /// Copies the per-centre segments of `chunks` (searched in the order
 /// `order`, `chunk_size` centres per chunk) into one list sorted by centre,
 /// in parallel over ranges of centres.
-fn gather_in_center_order(chunks: &[ChunkPairs], order: &[u32], chunk_size: usize) -> NeighborList {
+fn gather_in_center_order(
+    chunks: &[ChunkPairs],
+    order: &[u32],
+    chunk_size: usize,
+    out: &mut NeighborList,
+) {
     let n_atoms = order.len();
     // For each centre: (chunk, first pair in the chunk, count).
     let mut location = vec![(0u32, 0u32, 0u32); n_atoms];
@@ -513,15 +535,13 @@ fn gather_in_center_order(chunks: &[ChunkPairs], order: &[u32], chunk_size: usiz
         .map(|r| location[r.clone()].iter().map(|l| l.2 as usize).sum())
         .collect();
     let total: usize = lengths.iter().sum();
-    // Zeroed allocations come straight from the OS and are first touched by
-    // the parallel copy below.
-    let mut out = NeighborList {
-        centers: vec![0; total],
-        neighbors: vec![0; total],
-        shifts: vec![[0; 3]; total],
-        vectors: vec![[0.0; 3]; total],
-        distances: vec![0.0; total],
-    };
+    // Fresh zeroed allocations come straight from the OS and are first
+    // touched by the parallel copy below; reused ones are only resized.
+    resize_zeroed(&mut out.centers, total, 0);
+    resize_zeroed(&mut out.neighbors, total, 0);
+    resize_zeroed(&mut out.shifts, total, [0; 3]);
+    resize_zeroed(&mut out.vectors, total, [0.0; 3]);
+    resize_zeroed(&mut out.distances, total, 0.0);
     let parts: Vec<_> = split_by_lengths(&mut out.centers, &lengths)
         .into_iter()
         .zip(split_by_lengths(&mut out.neighbors, &lengths))
@@ -547,7 +567,17 @@ fn gather_in_center_order(chunks: &[ChunkPairs], order: &[u32], chunk_size: usiz
             }
         },
     );
-    out
+}
+
+/// Sets `v` to `len` copies of `zero`, reusing its allocation when large
+/// enough and otherwise taking a fresh zeroed one (no copy of old content).
+fn resize_zeroed<T: Clone>(v: &mut Vec<T>, len: usize, zero: T) {
+    v.clear();
+    if v.capacity() >= len {
+        v.resize(len, zero);
+    } else {
+        *v = vec![zero; len];
+    }
 }
 
 fn split_by_lengths<'a, T>(mut rest: &'a mut [T], lengths: &[usize]) -> Vec<&'a mut [T]> {
