@@ -55,6 +55,18 @@ fn invalid_inputs_are_typed_errors() {
             .len(),
         0
     );
+    // Far apart along all three open axes: the bin count must not overflow.
+    let spread = [
+        [0.0, 0.0, 0.0],
+        [1e12, -1e12, 1e12],
+        [1e12 + 1.0, -1e12, 1e12],
+    ];
+    assert_eq!(
+        neighbor_list(&spread, None, [false; 3], &full(2.0))
+            .unwrap()
+            .len(),
+        2
+    );
     // A 1 Å cell with a 1000 Å cutoff would need ~4e9 images per atom.
     let tiny = Cell::orthorhombic(1.0, 1.0, 1.0);
     assert!(matches!(
