@@ -36,10 +36,26 @@ pub fn neighbor_list(
     pbc: [bool; 3],
     opts: &NeighborOptions,
 ) -> Result<NeighborList, NeighborError> {
+    let mut out = NeighborList::default();
+    neighbor_list_into(positions, cell, pbc, opts, &mut out)?;
+    Ok(out)
+}
+
+/// [`neighbor_list`] writing into `out`, whose previous content is replaced
+/// and whose allocations are reused (repeated calls, e.g. along an MD run,
+/// then avoid fresh page faults). On error `out` is left empty.
+pub fn neighbor_list_into(
+    positions: &[[f64; 3]],
+    cell: Option<&Cell>,
+    pbc: [bool; 3],
+    opts: &NeighborOptions,
+    out: &mut NeighborList,
+) -> Result<(), NeighborError> {
+    out.clear();
     let prepared = prepare(positions, cell, pbc, opts)?;
     let n_atoms = positions.len();
     if n_atoms == 0 {
-        return Ok(NeighborList::default());
+        return Ok(());
     }
     let frame = &prepared.frame;
 
@@ -59,32 +75,35 @@ pub fn neighbor_list(
     let grid = Grid::new(frame, &prepared, search_radius, n_atoms);
     let bins = Bins::new(positions, &prepared, &grid, frame);
 
-    let search = Search {
-        grid: &grid,
-        bins: &bins,
+    let search = Search::new(
+        &grid,
+        &bins,
         frame,
         positions,
-        half: opts.half,
-        cutoff2: opts.cutoff * opts.cutoff,
-        search2: search_radius * search_radius,
-    };
+        opts.half,
+        opts.cutoff,
+        search_radius,
+    );
 
-    // Chunks of consecutive centres keep the output order independent of the
-    // thread count; several chunks per thread balance uneven densities.
+    // Centres are searched in bin order (neighbouring centres touch the same
+    // bins, which keeps the search in cache), in chunks that each produce a
+    // compact per-centre list; a second pass gathers the lists into centre
+    // order. The output is therefore independent of the thread count.
     let threads = rayon::current_num_threads().max(1);
     let chunk_size = (n_atoms / (threads * 16)).clamp(64, 4096);
     let n_chunks = n_atoms.div_ceil(chunk_size);
     let pairs_per_center = prepared.estimated_pairs / n_atoms as f64;
-    let chunks: Vec<NeighborList> = (0..n_chunks)
+    let chunks: Vec<ChunkPairs> = (0..n_chunks)
         .into_par_iter()
         .map(|c| {
             let start = c * chunk_size;
             let end = (start + chunk_size).min(n_atoms);
             let capacity = ((end - start) as f64 * (pairs_per_center * 1.1 + 8.0)) as usize;
-            search.run(start..end, capacity)
+            search.run(&bins.atom[start..end], capacity)
         })
         .collect();
-    Ok(concatenate(chunks))
+    gather_in_center_order(&chunks, &bins.atom, chunk_size, out);
+    Ok(())
 }
 
 /// Bin layout: counts, stencil half-widths and the map from fractional
@@ -247,10 +266,18 @@ impl Bins {
 #[derive(Clone, Copy)]
 struct Candidate {
     j: u32,
+    /// Stencil image code, monotone in the image shift T (and hence in S for
+    /// a fixed (i, j), since S = T + n_i − n_j).
+    image: u32,
     shift: [i32; 3],
     vector: [f64; 3],
     d2: f64,
 }
+
+/// Sort keys pack `j`, the image code and the candidate index into a u64 when
+/// they fit, which makes the per-centre sort a plain integer sort.
+const INDEX_BITS: u32 = 12;
+const IMAGE_BITS: u32 = 20;
 
 struct Search<'a> {
     grid: &'a Grid,
@@ -260,89 +287,172 @@ struct Search<'a> {
     half: bool,
     cutoff2: f64,
     search2: f64,
+    /// Per axis, for stencil target t in [−stencil, nbins − 1 + stencil]
+    /// (indexed by t + stencil): the wrapped bin and its image shift. Avoids
+    /// integer division in the hot loop.
+    wrap_tables: [Vec<(usize, i32)>; 3],
+    /// Per axis, the largest |T| any stencil target can have.
+    image_reach: [i32; 3],
+    /// Whether image codes fit in `IMAGE_BITS`.
+    packed_keys: bool,
 }
 
-impl Search<'_> {
-    /// Pairs of centres `centers`, in output order.
-    fn run(&self, centers: std::ops::Range<usize>, capacity: usize) -> NeighborList {
-        let mut out = NeighborList {
-            centers: Vec::with_capacity(capacity),
+/// Scratch reused across the centres of one chunk.
+#[derive(Default)]
+struct Scratch {
+    found: Vec<Candidate>,
+    keys: Vec<u64>,
+    /// Runs of consecutive z bins sharing one image shift: (first, last, T_z).
+    runs: Vec<(usize, usize, i32)>,
+}
+
+impl<'a> Search<'a> {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        grid: &'a Grid,
+        bins: &'a Bins,
+        frame: &'a Frame,
+        positions: &'a [[f64; 3]],
+        half: bool,
+        cutoff: f64,
+        search_radius: f64,
+    ) -> Self {
+        let mut wrap_tables: [Vec<(usize, i32)>; 3] = Default::default();
+        let mut image_reach = [0i32; 3];
+        for k in 0..3 {
+            let n = grid.nbins[k] as i64;
+            let d = grid.stencil[k];
+            if grid.pbc[k] {
+                wrap_tables[k] = (-d..n + d)
+                    .map(|t| (t.rem_euclid(n) as usize, t.div_euclid(n) as i32))
+                    .collect();
+                image_reach[k] = wrap_tables[k]
+                    .iter()
+                    .map(|&(_, s)| s.abs())
+                    .max()
+                    .unwrap_or(0);
+            } else {
+                wrap_tables[k] = (-d..n + d)
+                    .map(|t| (t.clamp(0, n - 1) as usize, 0))
+                    .collect();
+            }
+        }
+        let codes: u64 = image_reach.iter().map(|&r| 2 * r as u64 + 1).product();
+        Self {
+            grid,
+            bins,
+            frame,
+            positions,
+            half,
+            cutoff2: cutoff * cutoff,
+            search2: search_radius * search_radius,
+            wrap_tables,
+            image_reach,
+            packed_keys: codes < (1 << IMAGE_BITS),
+        }
+    }
+
+    /// Pairs of each centre in `centers`, one sorted segment per centre.
+    fn run(&self, centers: &[u32], capacity: usize) -> ChunkPairs {
+        let mut out = ChunkPairs {
+            counts: Vec::with_capacity(centers.len()),
             neighbors: Vec::with_capacity(capacity),
             shifts: Vec::with_capacity(capacity),
             vectors: Vec::with_capacity(capacity),
             distances: Vec::with_capacity(capacity),
         };
-        let mut found: Vec<Candidate> = Vec::with_capacity(256);
-        for i in centers {
-            found.clear();
-            self.center(i, &mut found);
-            found.sort_unstable_by(|a, b| (a.j, a.shift).cmp(&(b.j, b.shift)));
-            for c in &found {
-                out.centers.push(i as u32);
+        let mut scratch = Scratch::default();
+        for &i in centers {
+            scratch.found.clear();
+            self.center(i as usize, &mut scratch);
+            let found = &mut scratch.found;
+            out.counts.push(found.len() as u32);
+            let mut emit = |c: &Candidate| {
                 out.neighbors.push(c.j);
                 out.shifts.push(c.shift);
                 out.vectors.push(c.vector);
                 out.distances.push(c.d2.sqrt());
+            };
+            if self.packed_keys && found.len() < (1 << INDEX_BITS) {
+                scratch.keys.clear();
+                scratch
+                    .keys
+                    .extend(found.iter().enumerate().map(|(index, c)| {
+                        ((c.j as u64) << 32) | ((c.image as u64) << INDEX_BITS) | index as u64
+                    }));
+                scratch.keys.sort_unstable();
+                for &key in &scratch.keys {
+                    emit(&found[(key & ((1 << INDEX_BITS) - 1)) as usize]);
+                }
+            } else {
+                found.sort_unstable_by_key(|c| (c.j, c.shift));
+                found.iter().for_each(&mut emit);
             }
         }
         out
     }
 
-    /// Target bin along `axis` for stencil offset `offset` from bin `b`, with
-    /// the image shift that wrapping adds; `None` past an open boundary.
-    #[inline]
-    fn target(&self, axis: usize, b: usize, offset: i64) -> Option<(usize, i32)> {
-        let n = self.grid.nbins[axis] as i64;
-        let t = b as i64 + offset;
-        if self.grid.pbc[axis] {
-            Some((t.rem_euclid(n) as usize, t.div_euclid(n) as i32))
-        } else if (0..n).contains(&t) {
-            Some((t as usize, 0))
-        } else {
-            None
-        }
-    }
-
-    fn center(&self, i: usize, found: &mut Vec<Candidate>) {
+    fn center(&self, i: usize, scratch: &mut Scratch) {
         let bins = self.bins;
+        let grid = self.grid;
         let basis = &self.frame.basis;
         let bin_i = bins.atom_bin[i];
         let wrap_i = bins.atom_wrap[i];
         let w_i = bins.atom_wrapped[i];
         let r_i = self.positions[i];
-        let i32_index = i as u32;
-        let st = self.grid.stencil;
-        for dx in -st[0]..=st[0] {
-            let Some((tx, sx)) = self.target(0, bin_i[0], dx) else {
+        let index_i = i as u32;
+        let st = grid.stencil;
+        let reach = self.image_reach;
+        let width = [2 * reach[1] as u32 + 1, 2 * reach[2] as u32 + 1];
+
+        // Along z, consecutive bins are consecutive slot ranges: merge the
+        // stencil into runs that share one image shift.
+        scratch.runs.clear();
+        for t in (bin_i[2] as i64 - st[2])..=(bin_i[2] as i64 + st[2]) {
+            if !grid.pbc[2] && !(0..grid.nbins[2] as i64).contains(&t) {
                 continue;
-            };
+            }
+            let (tz, sz) = self.wrap_tables[2][(t + st[2]) as usize];
+            match scratch.runs.last_mut() {
+                Some(run) if run.2 == sz && run.1 + 1 == tz => run.1 = tz,
+                _ => scratch.runs.push((tz, tz, sz)),
+            }
+        }
+
+        for tx_raw in (bin_i[0] as i64 - st[0])..=(bin_i[0] as i64 + st[0]) {
+            if !grid.pbc[0] && !(0..grid.nbins[0] as i64).contains(&tx_raw) {
+                continue;
+            }
+            let (tx, sx) = self.wrap_tables[0][(tx_raw + st[0]) as usize];
             let shift_x = [
                 sx as f64 * basis[0][0],
                 sx as f64 * basis[0][1],
                 sx as f64 * basis[0][2],
             ];
-            for dy in -st[1]..=st[1] {
-                let Some((ty, sy)) = self.target(1, bin_i[1], dy) else {
+            for ty_raw in (bin_i[1] as i64 - st[1])..=(bin_i[1] as i64 + st[1]) {
+                if !grid.pbc[1] && !(0..grid.nbins[1] as i64).contains(&ty_raw) {
                     continue;
-                };
+                }
+                let (ty, sy) = self.wrap_tables[1][(ty_raw + st[1]) as usize];
                 let shift_xy = [
                     shift_x[0] + sy as f64 * basis[1][0],
                     shift_x[1] + sy as f64 * basis[1][1],
                     shift_x[2] + sy as f64 * basis[1][2],
                 ];
-                for dz in -st[2]..=st[2] {
-                    let Some((tz, sz)) = self.target(2, bin_i[2], dz) else {
-                        continue;
-                    };
-                    // Image of bin (tx, ty, tz) translated by T·cell, seen from w_i.
+                let row = (tx * grid.nbins[1] + ty) * grid.nbins[2];
+                for &(first, last, sz) in &scratch.runs {
+                    // The image of the run translated by T·cell, seen from w_i.
                     let origin = [
                         w_i[0] - (shift_xy[0] + sz as f64 * basis[2][0]),
                         w_i[1] - (shift_xy[1] + sz as f64 * basis[2][1]),
                         w_i[2] - (shift_xy[2] + sz as f64 * basis[2][2]),
                     ];
                     let image = [sx, sy, sz];
-                    let b = self.grid.linear([tx, ty, tz]);
-                    let (lo, hi) = (bins.start[b] as usize, bins.start[b + 1] as usize);
+                    let code = (((sx + reach[0]) as u32 * width[0]) + (sy + reach[1]) as u32)
+                        * width[1]
+                        + (sz + reach[2]) as u32;
+                    let lo = bins.start[row + first] as usize;
+                    let hi = bins.start[row + last + 1] as usize;
                     for slot in lo..hi {
                         let p = bins.wrapped[slot];
                         let d = [p[0] - origin[0], p[1] - origin[1], p[2] - origin[2]];
@@ -351,7 +461,7 @@ impl Search<'_> {
                             continue;
                         }
                         let j = bins.atom[slot];
-                        if self.half && j < i32_index {
+                        if self.half && j < index_i {
                             continue;
                         }
                         let wrap_j = bins.wrap[slot];
@@ -361,7 +471,7 @@ impl Search<'_> {
                             image[1] + wrap_i[1] - wrap_j[1],
                             image[2] + wrap_i[2] - wrap_j[2],
                         ];
-                        if j == i32_index
+                        if j == index_i
                             && (shift == [0, 0, 0] || (self.half && !keep_in_half(j, j, shift)))
                         {
                             continue;
@@ -372,8 +482,9 @@ impl Search<'_> {
                             self.frame.shift_cartesian(shift),
                         );
                         if exact2 < self.cutoff2 {
-                            found.push(Candidate {
+                            scratch.found.push(Candidate {
                                 j,
+                                image: code,
                                 shift,
                                 vector,
                                 d2: exact2,
@@ -386,38 +497,87 @@ impl Search<'_> {
     }
 }
 
-/// Joins per-chunk lists in order, copying in parallel into one allocation.
-fn concatenate(mut chunks: Vec<NeighborList>) -> NeighborList {
-    if chunks.len() == 1 {
-        return chunks.pop().unwrap_or_default();
+/// The pairs of one chunk of centres (in bin order): `counts[c]` pairs for
+/// its c-th centre, stored consecutively.
+struct ChunkPairs {
+    counts: Vec<u32>,
+    neighbors: Vec<u32>,
+    shifts: Vec<[i32; 3]>,
+    vectors: Vec<[f64; 3]>,
+    distances: Vec<f64>,
+}
+
+/// Copies the per-centre segments of `chunks` (searched in the order
+/// `order`, `chunk_size` centres per chunk) into one list sorted by centre,
+/// in parallel over ranges of centres.
+fn gather_in_center_order(
+    chunks: &[ChunkPairs],
+    order: &[u32],
+    chunk_size: usize,
+    out: &mut NeighborList,
+) {
+    let n_atoms = order.len();
+    // For each centre: (chunk, first pair in the chunk, count).
+    let mut location = vec![(0u32, 0u32, 0u32); n_atoms];
+    for (c, chunk) in chunks.iter().enumerate() {
+        let mut offset = 0u32;
+        for (k, &count) in chunk.counts.iter().enumerate() {
+            location[order[c * chunk_size + k] as usize] = (c as u32, offset, count);
+            offset += count;
+        }
     }
-    let total: usize = chunks.iter().map(NeighborList::len).sum();
-    let mut out = NeighborList {
-        centers: vec![0; total],
-        neighbors: vec![0; total],
-        shifts: vec![[0; 3]; total],
-        vectors: vec![[0.0; 3]; total],
-        distances: vec![0.0; total],
-    };
-    let lengths: Vec<usize> = chunks.iter().map(NeighborList::len).collect();
+    let ranges: Vec<std::ops::Range<usize>> = (0..n_atoms)
+        .step_by(chunk_size)
+        .map(|s| s..(s + chunk_size).min(n_atoms))
+        .collect();
+    let lengths: Vec<usize> = ranges
+        .iter()
+        .map(|r| location[r.clone()].iter().map(|l| l.2 as usize).sum())
+        .collect();
+    let total: usize = lengths.iter().sum();
+    // Fresh zeroed allocations come straight from the OS and are first
+    // touched by the parallel copy below; reused ones are only resized.
+    resize_zeroed(&mut out.centers, total, 0);
+    resize_zeroed(&mut out.neighbors, total, 0);
+    resize_zeroed(&mut out.shifts, total, [0; 3]);
+    resize_zeroed(&mut out.vectors, total, [0.0; 3]);
+    resize_zeroed(&mut out.distances, total, 0.0);
     let parts: Vec<_> = split_by_lengths(&mut out.centers, &lengths)
         .into_iter()
         .zip(split_by_lengths(&mut out.neighbors, &lengths))
         .zip(split_by_lengths(&mut out.shifts, &lengths))
         .zip(split_by_lengths(&mut out.vectors, &lengths))
         .zip(split_by_lengths(&mut out.distances, &lengths))
-        .zip(&chunks)
+        .zip(ranges)
         .collect();
-    parts
-        .into_par_iter()
-        .for_each(|(((((c, n), s), v), d), chunk)| {
-            c.copy_from_slice(&chunk.centers);
-            n.copy_from_slice(&chunk.neighbors);
-            s.copy_from_slice(&chunk.shifts);
-            v.copy_from_slice(&chunk.vectors);
-            d.copy_from_slice(&chunk.distances);
-        });
-    out
+    parts.into_par_iter().for_each(
+        |(((((centers, neighbors), shifts), vectors), distances), range)| {
+            let mut at = 0;
+            for i in range {
+                let (c, first, count) = location[i];
+                let (chunk, first, count) = (&chunks[c as usize], first as usize, count as usize);
+                let src = first..first + count;
+                let dst = at..at + count;
+                centers[dst.clone()].fill(i as u32);
+                neighbors[dst.clone()].copy_from_slice(&chunk.neighbors[src.clone()]);
+                shifts[dst.clone()].copy_from_slice(&chunk.shifts[src.clone()]);
+                vectors[dst.clone()].copy_from_slice(&chunk.vectors[src.clone()]);
+                distances[dst].copy_from_slice(&chunk.distances[src]);
+                at += count;
+            }
+        },
+    );
+}
+
+/// Sets `v` to `len` copies of `zero`, reusing its allocation when large
+/// enough and otherwise taking a fresh zeroed one (no copy of old content).
+fn resize_zeroed<T: Clone>(v: &mut Vec<T>, len: usize, zero: T) {
+    v.clear();
+    if v.capacity() >= len {
+        v.resize(len, zero);
+    } else {
+        *v = vec![zero; len];
+    }
 }
 
 fn split_by_lengths<'a, T>(mut rest: &'a mut [T], lengths: &[usize]) -> Vec<&'a mut [T]> {

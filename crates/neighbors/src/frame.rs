@@ -64,7 +64,7 @@ impl Frame {
                 let (k1, k2) = ((open + 1) % 3, (open + 2) % 3);
                 let normal = cross(matrix[k1], matrix[k2]);
                 let measure = norm(normal) / (norm(matrix[k1]) * norm(matrix[k2]));
-                if !(measure >= MIN_NORMALISED_VOLUME) {
+                if measure.is_nan() || measure < MIN_NORMALISED_VOLUME {
                     return Err(NeighborError::DegenerateCell { measure });
                 }
                 basis[k1] = matrix[k1];
@@ -92,7 +92,7 @@ impl Frame {
 
         let det = determinant(&basis);
         let measure = det.abs() / (norm(basis[0]) * norm(basis[1]) * norm(basis[2]));
-        if !(measure >= MIN_NORMALISED_VOLUME) || !det.is_finite() {
+        if measure.is_nan() || measure < MIN_NORMALISED_VOLUME || !det.is_finite() {
             return Err(NeighborError::DegenerateCell { measure });
         }
         let inverse = invert(&basis, det);

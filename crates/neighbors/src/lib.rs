@@ -15,7 +15,7 @@ use ddmlip_atoms::{Cell, System};
 use thiserror::Error;
 
 pub use brute::brute_force_neighbor_list;
-pub use cell_list::neighbor_list;
+pub use cell_list::{neighbor_list, neighbor_list_into};
 
 /// Inputs whose estimated pair count exceeds this are rejected with
 /// [`NeighborError::TooManyPairs`] instead of exhausting memory.
@@ -183,7 +183,7 @@ pub(crate) fn prepare(
     for (atom, &p) in positions.iter().enumerate() {
         let f = frame.fractional(p);
         for axis in 0..3 {
-            if pbc[axis] && !(f[axis].abs() <= MAX_CELLS_AWAY) {
+            if pbc[axis] && (!f[axis].is_finite() || f[axis].abs() > MAX_CELLS_AWAY) {
                 return Err(NeighborError::PositionTooFar {
                     atom,
                     axis,
@@ -216,7 +216,7 @@ pub(crate) fn prepare(
         fraction *= factor;
     }
     let estimated_pairs = n * n * fraction;
-    if !(estimated_pairs <= MAX_ESTIMATED_PAIRS) {
+    if estimated_pairs.is_nan() || estimated_pairs > MAX_ESTIMATED_PAIRS {
         return Err(NeighborError::TooManyPairs {
             cutoff,
             estimated_pairs,

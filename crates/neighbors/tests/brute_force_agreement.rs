@@ -119,8 +119,8 @@ proptest! {
         }
         // Open axes never carry a shift.
         for s in &f.shifts {
-            for k in 0..3 {
-                prop_assert!(system.pbc[k] || s[k] == 0);
+            for (&periodic, &shift) in system.pbc.iter().zip(s) {
+                prop_assert!(periodic || shift == 0);
             }
         }
     }
@@ -220,7 +220,7 @@ fn shifts_follow_unwrapped_positions() {
             ((i, j, s), *v)
         })
         .collect();
-    expected.sort_by(|a, b| a.0.cmp(&b.0));
+    expected.sort_by_key(|e| e.0);
     let got: Vec<_> = triples(&after)
         .into_iter()
         .zip(after.vectors.iter().copied())

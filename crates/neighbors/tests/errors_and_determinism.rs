@@ -55,6 +55,18 @@ fn invalid_inputs_are_typed_errors() {
             .len(),
         0
     );
+    // Far apart along all three open axes: the bin count must not overflow.
+    let spread = [
+        [0.0, 0.0, 0.0],
+        [1e12, -1e12, 1e12],
+        [1e12 + 1.0, -1e12, 1e12],
+    ];
+    assert_eq!(
+        neighbor_list(&spread, None, [false; 3], &full(2.0))
+            .unwrap()
+            .len(),
+        2
+    );
     // A 1 Å cell with a 1000 Å cutoff would need ~4e9 images per atom.
     let tiny = Cell::orthorhombic(1.0, 1.0, 1.0);
     assert!(matches!(
@@ -104,4 +116,40 @@ fn one_and_two_threads_give_identical_lists() {
             assert_eq!(one, two);
         }
     }
+}
+
+#[test]
+fn reused_list_equals_fresh_list() {
+    let (positions, matrix) = fcc(3.615, 4);
+    let cell = Cell::new(matrix);
+    let mut kept = ddmlip_neighbors::NeighborList::default();
+    // Fill with a bigger list first, then a smaller one: stale pairs must not survive.
+    for cutoff in [6.0, 3.0, 4.5] {
+        ddmlip_neighbors::neighbor_list_into(
+            &positions,
+            Some(&cell),
+            [true; 3],
+            &full(cutoff),
+            &mut kept,
+        )
+        .unwrap();
+        let fresh = ddmlip_neighbors::brute_force_neighbor_list(
+            &positions,
+            Some(&cell),
+            [true; 3],
+            &full(cutoff),
+        )
+        .unwrap();
+        assert_eq!(kept, fresh);
+    }
+    // On error the kept list is emptied rather than left stale.
+    assert!(ddmlip_neighbors::neighbor_list_into(
+        &positions,
+        Some(&cell),
+        [true; 3],
+        &full(-1.0),
+        &mut kept
+    )
+    .is_err());
+    assert!(kept.is_empty());
 }
