@@ -5,6 +5,7 @@ use crate::halo::{HaloRuntime, LocalHaloPlan};
 use crate::partition::{partition_system, Partition};
 use ddmlip_atoms::{Cell, System};
 use ddmlip_comm::{thread_world, Communicator, ThreadsConfig};
+use ddmlip_engine::ops::PeriodicShifts;
 use ddmlip_engine::{DType, EngineError, Graph, Model, ModelInputs, RowDomain, Scalar, Trace};
 use ddmlip_neighbors::{neighbor_list, NeighborOptions};
 use ddmlip_spec::{MLIPSpec, OutputKind};
@@ -318,7 +319,16 @@ fn evaluate_single<T: Scalar>(
             "edge_system",
         )?;
         debug_assert_eq!(shifts.len(), n_edges);
-        let vectors = g.edge_vectors(pos_s, c, n, Some((cell_s, Arc::new(shifts), es)))?;
+        let vectors = g.edge_vectors(
+            pos_s,
+            c,
+            n,
+            Some(PeriodicShifts {
+                cell: cell_s,
+                shifts: Arc::new(shifts),
+                edge_system: es,
+            }),
+        )?;
         let lengths = g.row_norm(vectors)?;
         Some(ddmlip_engine::Edges {
             center: c,

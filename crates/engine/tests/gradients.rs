@@ -1,6 +1,6 @@
 //! Every op's backward against central finite differences of its forward, in f64.
 
-use ddmlip_engine::ops::Unary;
+use ddmlip_engine::ops::{PeriodicShifts, Unary};
 use ddmlip_engine::{EngineError, Graph, OpaqueKernel, RowDomain, Tensor};
 use std::sync::Arc;
 
@@ -19,10 +19,13 @@ fn rand_vec(n: usize, seed: u64) -> Vec<f64> {
         .collect()
 }
 
+/// An op chain under test: builds an output from the leaves.
+type Build = dyn Fn(&mut Graph<f64>, &[Tensor]) -> Result<Tensor, EngineError>;
+
 /// Builds `L = Σ w ⊙ f(inputs)` and returns (L, ∂L/∂inputs).
 fn eval(
     inputs: &[(Vec<f64>, usize, usize, RowDomain)],
-    f: &dyn Fn(&mut Graph<f64>, &[Tensor]) -> Result<Tensor, EngineError>,
+    f: &Build,
     with_grad: bool,
 ) -> (f64, Vec<Vec<f64>>) {
     let mut g = Graph::<f64>::new();
@@ -41,20 +44,16 @@ fn eval(
     (loss, grads)
 }
 
-fn check(
-    inputs: Vec<(Vec<f64>, usize, usize, RowDomain)>,
-    f: &dyn Fn(&mut Graph<f64>, &[Tensor]) -> Result<Tensor, EngineError>,
-) {
+fn check(inputs: Vec<(Vec<f64>, usize, usize, RowDomain)>, f: &Build) {
     let (_, grads) = eval(&inputs, f, true);
     let h = 1e-6;
     for (k, (v, _, _, _)) in inputs.iter().enumerate() {
-        for i in 0..v.len() {
+        for (i, &an) in grads[k].iter().enumerate().take(v.len()) {
             let mut plus = inputs.clone();
             plus[k].0[i] += h;
             let mut minus = inputs.clone();
             minus[k].0[i] -= h;
             let fd = (eval(&plus, f, false).0 - eval(&minus, f, false).0) / (2.0 * h);
-            let an = grads[k][i];
             assert!(
                 (fd - an).abs() <= 1e-6 * (1.0 + fd.abs()),
                 "input {k} element {i}: analytic {an} vs finite difference {fd}"
@@ -237,7 +236,16 @@ fn geometry_strain_and_edge_vectors() {
         )?;
         let p = g.apply_strain(t[0], t[2], a_sys)?;
         let c = g.apply_strain(t[1], t[2], c_sys)?;
-        let v = g.edge_vectors(p, i, j, Some((c, shifts.clone(), e_sys)))?;
+        let v = g.edge_vectors(
+            p,
+            i,
+            j,
+            Some(PeriodicShifts {
+                cell: c,
+                shifts: shifts.clone(),
+                edge_system: e_sys,
+            }),
+        )?;
         let d = g.row_norm(v)?;
         g.concat_cols(&[v, d])
     });
@@ -437,6 +445,8 @@ impl ddmlip_engine::MessageKernel<f64> for TanhMessage {
         }
         Ok(())
     }
+    // Index-parallel arrays (centre, neighbour, edge weight) read clearest by index.
+    #[allow(clippy::needless_range_loop)]
     fn backward(
         &self,
         x: &ddmlip_engine::MessageInputs<'_, f64>,

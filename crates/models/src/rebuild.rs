@@ -5,7 +5,7 @@
 
 use crate::demo::DEMO_MAX_Z;
 use crate::init::Weights;
-use ddmlip_engine::ops::{Radial, Unary};
+use ddmlip_engine::ops::{PeriodicShifts, Radial, Unary};
 use ddmlip_engine::{
     EngineError, Graph, ModelForward, ModelInfo, ModelInputs, ModelOutputs, RowDomain, Scalar,
     SpeciesSupport,
@@ -126,7 +126,11 @@ impl ModelForward for RebuildDemo {
             inputs.positions,
             c,
             n,
-            Some((inputs.cell, Arc::new(shifts), es)),
+            Some(PeriodicShifts {
+                cell: inputs.cell,
+                shifts: Arc::new(shifts),
+                edge_system: es,
+            }),
         )?;
         let r = g.row_norm(vec)?;
         let species = g.index(

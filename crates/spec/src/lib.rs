@@ -302,10 +302,14 @@ mod tests {
 
     #[test]
     fn signature_ignores_list_order() {
-        let mut a = MLIPSpec::default();
-        a.all_reduce_outputs = vec!["x".into(), "y".into()];
-        let mut b = MLIPSpec::default();
-        b.all_reduce_outputs = vec!["y".into(), "x".into()];
+        let a = MLIPSpec {
+            all_reduce_outputs: vec!["x".into(), "y".into()],
+            ..Default::default()
+        };
+        let b = MLIPSpec {
+            all_reduce_outputs: vec!["y".into(), "x".into()],
+            ..Default::default()
+        };
         assert_eq!(a.signature(), b.signature());
     }
 }

@@ -7,6 +7,15 @@ use ddmlip_spec::GatherMode;
 use rayon::prelude::*;
 use std::sync::Arc;
 
+/// The periodic part of edge vectors: integer shifts S per edge, the cell as
+/// a (3·n_systems)×3 tensor, and each edge's system.
+#[derive(Debug, Clone)]
+pub struct PeriodicShifts {
+    pub cell: Tensor,
+    pub shifts: Arc<Vec<[i32; 3]>>,
+    pub edge_system: Index,
+}
+
 impl<T: Scalar> Graph<T> {
     /// Applies a per-system strain to row vectors: `r' = r·(I + ε_s)` where
     /// `eps` is System×9 (row-major 3×3) and `idx` maps each row to its system.
@@ -104,7 +113,7 @@ impl<T: Scalar> Graph<T> {
         positions: Tensor,
         center: Index,
         neighbor: Index,
-        periodic: Option<(Tensor, Arc<Vec<[i32; 3]>>, Index)>,
+        periodic: Option<PeriodicShifts>,
     ) -> Result<Tensor, EngineError> {
         let mut positions = positions;
         let mut handler = None;
@@ -151,7 +160,12 @@ impl<T: Scalar> Graph<T> {
         let mut inputs = vec![positions];
         let mut idxs = vec![center, neighbor];
         let mut shift_data = None;
-        if let Some((cell, shifts, esys)) = periodic {
+        if let Some(PeriodicShifts {
+            cell,
+            shifts,
+            edge_system: esys,
+        }) = periodic
+        {
             if shifts.len() != n_edges || self.indices[esys.id].values.len() != n_edges {
                 return Err(EngineError::shape(
                     "edge_vectors",

@@ -13,6 +13,7 @@ mod radial;
 mod shape;
 
 pub use elementwise::Unary;
+pub use geometry::PeriodicShifts;
 pub use radial::Radial;
 
 /// Below this many elements an op runs on the calling thread.
