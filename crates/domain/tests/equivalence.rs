@@ -197,3 +197,37 @@ fn triclinic_slab_cluster_tiny_and_batch() {
         );
     }
 }
+
+mod random_systems {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+        /// Random triclinic cells, periodicity, atom counts and rank counts:
+        /// the decomposed run equals the single-process run.
+        #[test]
+        fn decomposed_equals_single_process(
+            seed in 0u64..1_000_000,
+            skew in proptest::array::uniform3(-0.3f64..0.3),
+            lengths in proptest::array::uniform3(6.0f64..16.0),
+            pbc in proptest::array::uniform3(any::<bool>()),
+            n in 8usize..48,
+            ranks in 1usize..=8,
+            model_pick in 0usize..6,
+        ) {
+            let cell = Cell::new([
+                [lengths[0], 0.0, 0.0],
+                [skew[0] * lengths[1], lengths[1], 0.0],
+                [skew[1] * lengths[2], skew[2] * lengths[2], lengths[2]],
+            ]);
+            let sys = random_system(cell, pbc, n, seed);
+            let m = load_model(MODELS[model_pick]).unwrap();
+            let single = evaluate(m.as_ref(), std::slice::from_ref(&sys), &EvalOptions::default()).unwrap();
+            let split = evaluate(m.as_ref(), std::slice::from_ref(&sys), &EvalOptions { ranks, ..Default::default() }).unwrap();
+            let d = compare(&single, &split);
+            prop_assert!(d < 1e-10, "{} on {ranks} ranks: {d:e}", MODELS[model_pick]);
+        }
+    }
+}
