@@ -2,7 +2,8 @@
 //! problem (and the file and line where there is one), and never a panic.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ddmlip");
 
@@ -36,19 +37,45 @@ impl Case {
     }
 }
 
-/// Runs the binary and returns (status, stdout, stderr).
+/// Runs the binary and returns (status, stdout, stderr). A run that does not
+/// finish within a minute is killed and fails the test: bad input must not hang.
 fn run(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(BIN)
+    use std::io::Read;
+    let mut child = Command::new(BIN)
         .args(args)
         // A panic would print its backtrace hint; make sure we would see it.
         .env("RUST_BACKTRACE", "1")
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("`ddmlip {}` did not finish within 60 s", args.join(" "));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    // Messages are short, well below a pipe buffer, so reading after exit is safe.
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    (status.code().unwrap_or(-1), stdout, stderr)
 }
 
 /// Asserts exit status 2, no panic, and that stderr contains every `needle`.
@@ -387,6 +414,37 @@ fn zero_ranks() {
             "--ranks=-1",
         ],
         &["--ranks"],
+    );
+}
+
+#[test]
+fn absurd_rank_counts_are_refused_not_hung() {
+    let c = Case::new();
+    let good = c.good();
+    let huge = usize::MAX.to_string();
+    assert_bad_input(
+        &[
+            "eval",
+            "--model",
+            "lj",
+            "--structure",
+            s(&good),
+            "--ranks",
+            &huge,
+        ],
+        &["ranks"],
+    );
+    assert_bad_input(
+        &[
+            "partition",
+            "--structure",
+            s(&good),
+            "--ranks",
+            &huge,
+            "--cutoff",
+            "3",
+        ],
+        &["ranks"],
     );
 }
 
