@@ -14,6 +14,7 @@ use ddmlip_models::load_model;
 use serde_json::{json, Value};
 use std::io::Write;
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 
 /// f64 agreement demanded by the task: relative to the quantity's scale.
 const RTOL: f64 = 1e-10;
@@ -33,9 +34,8 @@ except ImportError as err:
     sys.stderr.write("ASE (python3 -m pip install ase) is required for this test: %s\n" % err)
     sys.exit(3)
 req = json.load(sys.stdin)
-p = req["params"]
-out = []
-for s in req["systems"]:
+result = []
+for p, s in ((p, s) for p in req["params"] for s in req["systems"]):
     cell = s["cell"] if s["cell"] is not None else np.zeros((3, 3))
     atoms = Atoms(numbers=s["numbers"], positions=s["positions"], cell=cell, pbc=s["pbc"])
     atoms.calc = LennardJones(epsilon=p["epsilon"], sigma=p["sigma"], rc=p["cutoff"], smooth=False)
@@ -47,9 +47,9 @@ for s in req["systems"]:
     counts = np.bincount(i, minlength=len(atoms))
     rc = p["cutoff"]
     e0 = 4 * p["epsilon"] * ((p["sigma"] / rc) ** 12 - (p["sigma"] / rc) ** 6)
-    out.append({"energy": energy, "forces": forces.tolist(), "stress": stress,
-                "energies": energies.tolist(), "counts": counts.tolist(), "e0": e0})
-print(json.dumps(out))
+    result.append({"energy": energy, "forces": forces.tolist(), "stress": stress,
+                   "energies": energies.tolist(), "counts": counts.tolist(), "e0": e0})
+print(json.dumps(result))
 "#;
 
 /// One system's reference values.
@@ -62,9 +62,14 @@ struct Reference {
     e0: f64,
 }
 
-fn run_ase(systems: &[System], epsilon: f64, sigma: f64, cutoff: f64) -> Vec<Reference> {
+/// ASE's results for every (ε, σ, cutoff) in `params` on every system, in
+/// one Python run (importing ASE costs about a second of CPU); one
+/// `Vec<Reference>` per parameter set.
+fn run_ase(systems: &[System], params: &[(f64, f64, f64)]) -> Vec<Vec<Reference>> {
     let request = json!({
-        "params": {"epsilon": epsilon, "sigma": sigma, "cutoff": cutoff},
+        "params": params.iter().map(|&(epsilon, sigma, cutoff)| {
+            json!({"epsilon": epsilon, "sigma": sigma, "cutoff": cutoff})
+        }).collect::<Vec<_>>(),
         "systems": systems.iter().map(|s| json!({
             "positions": s.positions,
             "numbers": s.numbers,
@@ -92,7 +97,7 @@ fn run_ase(systems: &[System], epsilon: f64, sigma: f64, cutoff: f64) -> Vec<Ref
         String::from_utf8_lossy(&out.stderr)
     );
     let parsed: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
-    parsed
+    let refs: Vec<Reference> = parsed
         .iter()
         .map(|r| Reference {
             energy: r["energy"].as_f64().unwrap(),
@@ -102,7 +107,24 @@ fn run_ase(systems: &[System], epsilon: f64, sigma: f64, cutoff: f64) -> Vec<Ref
             neighbour_counts: serde_json::from_value(r["counts"].clone()).unwrap(),
             e0: r["e0"].as_f64().unwrap(),
         })
-        .collect()
+        .collect();
+    let mut per_params = Vec::new();
+    let mut rest = refs.into_iter();
+    for _ in params {
+        per_params.push(rest.by_ref().take(systems.len()).collect());
+    }
+    per_params
+}
+
+/// The built-in's documented parameters (argon-like ε = 0.0104 eV,
+/// σ = 3.4 Å, rc = 3σ) and those of the model files below.
+const BUILTIN: (f64, f64, f64) = (0.0104, 3.4, 10.2);
+const FILE: (f64, f64, f64) = (0.0123, 2.9, 7.5);
+
+/// ASE's results for [`BUILTIN`] and [`FILE`] on [`systems`], computed once.
+fn references() -> &'static [Vec<Reference>] {
+    static REFS: OnceLock<Vec<Vec<Reference>>> = OnceLock::new();
+    REFS.get_or_init(|| run_ase(&systems(), &[BUILTIN, FILE]))
 }
 
 /// SplitMix64 in [0, 1): deterministic positions without a dependency.
@@ -278,6 +300,14 @@ fn compare(result: &EvalResult, batch: &[System], refs: &[Reference], shifted: b
     }
 }
 
+/// A Lennard-Jones model file with the [`FILE`] parameters.
+fn lj_toml(shift: bool) -> String {
+    let (epsilon, sigma, cutoff) = FILE;
+    format!(
+        "kind = \"lennard-jones\"\nepsilon = {epsilon:?}\nsigma = {sigma:?}\ncutoff = {cutoff:?}\nshift = {shift}\n"
+    )
+}
+
 fn write_model_file(dir: &tempfile::TempDir, name: &str, body: &str) -> String {
     let path = dir.path().join(name);
     std::fs::write(&path, body).unwrap();
@@ -286,42 +316,33 @@ fn write_model_file(dir: &tempfile::TempDir, name: &str, body: &str) -> String {
 
 #[test]
 fn builtin_lj_equals_ase() {
-    // The built-in is documented as argon-like ε = 0.0104 eV, σ = 3.4 Å, rc = 3σ.
     let model = load_model("lj").unwrap();
     let batch = systems();
     let result = evaluate(model.as_ref(), &batch, &EvalOptions::default()).unwrap();
-    let refs = run_ase(&batch, 0.0104, 3.4, 10.2);
-    compare(&result, &batch, &refs, true);
+    let refs = &references()[0];
+    compare(&result, &batch, refs, true);
 }
 
 #[test]
 fn lj_model_file_shifted_equals_ase() {
     let dir = tempfile::tempdir().unwrap();
-    let path = write_model_file(
-        &dir,
-        "lj.toml",
-        "kind = \"lennard-jones\"\nepsilon = 0.0123\nsigma = 2.9\ncutoff = 7.5\nshift = true\n",
-    );
+    let path = write_model_file(&dir, "lj.toml", &lj_toml(true));
     let model = load_model(&path).unwrap();
     let batch = systems();
     let result = evaluate(model.as_ref(), &batch, &EvalOptions::default()).unwrap();
-    let refs = run_ase(&batch, 0.0123, 2.9, 7.5);
-    compare(&result, &batch, &refs, true);
+    let refs = &references()[1];
+    compare(&result, &batch, refs, true);
 }
 
 #[test]
 fn lj_model_file_unshifted_equals_ase_plus_shift() {
     let dir = tempfile::tempdir().unwrap();
-    let path = write_model_file(
-        &dir,
-        "lj_noshift.toml",
-        "kind = \"lennard-jones\"\nepsilon = 0.0123\nsigma = 2.9\ncutoff = 7.5\nshift = false\n",
-    );
+    let path = write_model_file(&dir, "lj_noshift.toml", &lj_toml(false));
     let model = load_model(&path).unwrap();
     let batch = systems();
     let result = evaluate(model.as_ref(), &batch, &EvalOptions::default()).unwrap();
-    let refs = run_ase(&batch, 0.0123, 2.9, 7.5);
+    let refs = &references()[1];
     // The shift must actually matter here, or the unshifting is untested.
     assert!(refs.iter().all(|r| r.e0.abs() > 1e-6));
-    compare(&result, &batch, &refs, false);
+    compare(&result, &batch, refs, false);
 }
