@@ -55,10 +55,28 @@ fn main() -> ExitCode {
     match commands::run(cli.command) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("error: {:#}", e.error);
+            eprintln!("error: {}", error_message(&e.error));
             ExitCode::from(e.status)
         }
     }
+}
+
+/// The error and its causes joined by ": ", skipping a cause whose text is
+/// already in the message: many error types print their source inline and
+/// also expose it as `source()`, which would repeat it.
+fn error_message(error: &anyhow::Error) -> String {
+    let mut message = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if message.contains(&text) {
+            continue;
+        }
+        if !message.is_empty() {
+            message.push_str(": ");
+        }
+        message.push_str(&text);
+    }
+    message
 }
 
 #[allow(dead_code)]

@@ -111,6 +111,7 @@ fn load_toml(path: &Path) -> Result<Box<dyn Model>, ModelError> {
             let mut table: toml::Table =
                 toml::from_str(&text).map_err(|e| invalid(e.message().to_string()))?;
             table.remove("kind");
+            check_lj_field_types(&table).map_err(invalid)?;
             let lj: LennardJones = table
                 .try_into()
                 .map_err(|e: toml::de::Error| invalid(e.message().to_string()))?;
@@ -121,4 +122,31 @@ fn load_toml(path: &Path) -> Result<Box<dyn Model>, ModelError> {
             "unknown kind `{other}`; supported kinds: lennard-jones"
         ))),
     }
+}
+
+/// Checks the type of every Lennard-Jones field before deserializing, because
+/// the deserializer's own type-mismatch message does not say which field.
+fn check_lj_field_types(table: &toml::Table) -> Result<(), String> {
+    for (key, value) in table {
+        let ok = match key.as_str() {
+            "epsilon" | "sigma" | "cutoff" => {
+                matches!(value, toml::Value::Float(_) | toml::Value::Integer(_))
+            }
+            "shift" => value.is_bool(),
+            // Unknown keys are reported by the deserializer, with the known ones.
+            _ => true,
+        };
+        if !ok {
+            let expected = if key == "shift" {
+                "true or false"
+            } else {
+                "a number"
+            };
+            return Err(format!(
+                "`{key}` must be {expected}, got {} `{value}`",
+                value.type_str()
+            ));
+        }
+    }
+    Ok(())
 }

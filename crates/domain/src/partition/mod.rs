@@ -32,6 +32,11 @@ use thiserror::Error;
 /// than the cell) and would exhaust memory.
 pub const MAX_GHOST_ENTRIES: f64 = 2.5e8;
 
+/// Upper bound on the number of ranks of one partition. Far beyond any real
+/// job; it keeps the grid search (linear in the rank count) and the per-rank
+/// tables from hanging or exhausting memory on a mistyped `--ranks`.
+pub const MAX_RANKS: usize = 1 << 24;
+
 /// Fractional coordinates beyond this magnitude cannot be wrapped into `i32`
 /// image shifts reliably.
 const MAX_FRACTIONAL: f64 = 1.0e8;
@@ -42,6 +47,9 @@ pub enum PartitionError {
     /// `n_ranks` was zero.
     #[error("the number of ranks must be at least 1")]
     NoRanks,
+    /// `n_ranks` exceeded [`MAX_RANKS`].
+    #[error("{n_ranks} ranks is more than the supported maximum of {max}")]
+    TooManyRanks { n_ranks: usize, max: usize },
     /// The ghost width was zero, negative or not finite.
     #[error("ghost width must be a positive finite length in Å, got {0}")]
     InvalidGhostWidth(f64),
@@ -345,6 +353,12 @@ pub fn partition_system(
 ) -> Result<Partition, PartitionError> {
     if n_ranks == 0 {
         return Err(PartitionError::NoRanks);
+    }
+    if n_ranks > MAX_RANKS {
+        return Err(PartitionError::TooManyRanks {
+            n_ranks,
+            max: MAX_RANKS,
+        });
     }
     if !(ghost_width.is_finite() && ghost_width > 0.0) {
         return Err(PartitionError::InvalidGhostWidth(ghost_width));

@@ -1,0 +1,543 @@
+//! Bad input through the real binary: exit status 2, a message that names the
+//! problem (and the file and line where there is one), and never a panic.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ddmlip");
+
+/// A good periodic structure, to isolate the one bad thing in each case.
+const GOOD_XYZ: &str = "4\n\
+Lattice=\"6.0 0.0 0.0 0.0 6.0 0.0 0.0 0.0 6.0\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\n\
+Ar 0.0 0.0 0.0\n\
+Ar 3.0 3.0 0.0\n\
+Ar 3.0 0.0 3.0\n\
+Ar 0.0 3.0 3.0\n";
+
+struct Case {
+    dir: tempfile::TempDir,
+}
+
+impl Case {
+    fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn file(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn good(&self) -> PathBuf {
+        self.file("good.xyz", GOOD_XYZ)
+    }
+}
+
+/// Runs the binary and returns (status, stdout, stderr). A run that does not
+/// finish within a minute is killed and fails the test: bad input must not hang.
+fn run(args: &[&str]) -> (i32, String, String) {
+    use std::io::Read;
+    let mut child = Command::new(BIN)
+        .args(args)
+        // A panic would print its backtrace hint; make sure we would see it.
+        .env("RUST_BACKTRACE", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("`ddmlip {}` did not finish within 60 s", args.join(" "));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    // Messages are short, well below a pipe buffer, so reading after exit is safe.
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    (status.code().unwrap_or(-1), stdout, stderr)
+}
+
+/// Asserts exit status 2, no panic, and that stderr contains every `needle`.
+fn assert_bad_input(args: &[&str], needles: &[&str]) {
+    let (status, _stdout, stderr) = run(args);
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("RUST_BACKTRACE"),
+        "`ddmlip {}` panicked:\n{stderr}",
+        args.join(" ")
+    );
+    assert_eq!(
+        status,
+        2,
+        "`ddmlip {}` should exit 2 (bad input), stderr:\n{stderr}",
+        args.join(" ")
+    );
+    for needle in needles {
+        assert!(
+            stderr.contains(needle),
+            "`ddmlip {}`: message should mention `{needle}`, got:\n{stderr}",
+            args.join(" ")
+        );
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn name(p: &Path) -> &str {
+    p.file_name().unwrap().to_str().unwrap()
+}
+
+/// Every read path (eval, neighbors, partition) must reject a bad file the same way.
+fn assert_all_commands_reject(path: &Path, needles: &[&str]) {
+    assert_bad_input(&["eval", "--model", "lj", "--structure", s(path)], needles);
+    assert_bad_input(
+        &["neighbors", "--structure", s(path), "--cutoff", "3.0"],
+        needles,
+    );
+    assert_bad_input(
+        &[
+            "partition",
+            "--structure",
+            s(path),
+            "--ranks",
+            "2",
+            "--cutoff",
+            "3.0",
+        ],
+        needles,
+    );
+}
+
+#[test]
+fn atom_count_larger_than_atom_lines() {
+    let c = Case::new();
+    let p = c.file(
+        "short.xyz",
+        "3\nProperties=species:S:1:pos:R:3\nAr 0 0 0\nAr 3 0 0\n",
+    );
+    assert_all_commands_reject(&p, &[name(&p), "line 5", "atom count"]);
+}
+
+#[test]
+fn atom_count_smaller_than_atom_lines() {
+    let c = Case::new();
+    let p = c.file(
+        "long.xyz",
+        "1\nProperties=species:S:1:pos:R:3\nAr 0 0 0\nAr 3 0 0\n",
+    );
+    // The extra atom line is read as the next frame's count line.
+    assert_all_commands_reject(&p, &[name(&p), "line 4", "count"]);
+}
+
+#[test]
+fn non_numeric_column() {
+    let c = Case::new();
+    let p = c.file(
+        "nonnum.xyz",
+        "2\nProperties=species:S:1:pos:R:3\nAr 0 0 0\nAr 3 abc 0\n",
+    );
+    assert_all_commands_reject(&p, &[name(&p), "line 4", "abc"]);
+}
+
+#[test]
+fn bad_lattice() {
+    let c = Case::new();
+    let p = c.file(
+        "lattice.xyz",
+        "2\nLattice=\"6 0 0 0 6\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\nAr 0 0 0\nAr 3 0 0\n",
+    );
+    assert_all_commands_reject(&p, &[name(&p), "line 2", "Lattice"]);
+    let p = c.file(
+        "lattice_word.xyz",
+        "2\nLattice=\"6 0 0 0 6 0 0 0 six\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\nAr 0 0 0\nAr 3 0 0\n",
+    );
+    assert_all_commands_reject(&p, &[name(&p), "line 2", "Lattice"]);
+}
+
+#[test]
+fn nan_position() {
+    let c = Case::new();
+    let p = c.file(
+        "nan.xyz",
+        "2\nProperties=species:S:1:pos:R:3\nAr 0 0 0\nAr nan 0 0\n",
+    );
+    assert_all_commands_reject(&p, &[name(&p), "line 4", "not finite"]);
+}
+
+#[test]
+fn singular_cell_on_periodic_axis() {
+    let c = Case::new();
+    // Third vector is twice the first: zero volume with all axes periodic.
+    let p = c.file(
+        "singular.xyz",
+        "2\nLattice=\"5 0 0 0 5 0 10 0 0\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\nAr 0 0 0\nAr 2 2 0\n",
+    );
+    assert_all_commands_reject(&p, &["singular"]);
+    // A zero lattice vector on a periodic axis.
+    let p = c.file(
+        "zero_vector.xyz",
+        "2\nLattice=\"5 0 0 0 5 0 0 0 0\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\nAr 0 0 0\nAr 2 2 0\n",
+    );
+    let (status, _, stderr) = run(&["eval", "--model", "lj", "--structure", s(&p)]);
+    assert_eq!(status, 2, "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn bad_cutoff_for_neighbors_and_partition() {
+    let c = Case::new();
+    let good = c.good();
+    for cutoff in ["0", "-1.5", "NaN", "nan", "inf"] {
+        let arg = format!("--cutoff={cutoff}");
+        assert_bad_input(&["neighbors", "--structure", s(&good), &arg], &["cutoff"]);
+        assert_bad_input(
+            &["partition", "--structure", s(&good), "--ranks", "2", &arg],
+            &["cutoff"],
+        );
+    }
+    // Not a number at all: a usage error, also status 2.
+    assert_bad_input(
+        &["neighbors", "--structure", s(&good), "--cutoff", "three"],
+        &["cutoff"],
+    );
+}
+
+#[test]
+fn unknown_element_symbol() {
+    let c = Case::new();
+    let p = c.file(
+        "element.xyz",
+        "2\nProperties=species:S:1:pos:R:3\nAr 0 0 0\nQq 3 0 0\n",
+    );
+    assert_all_commands_reject(&p, &[name(&p), "line 4", "Qq"]);
+}
+
+#[test]
+fn unknown_model_name() {
+    let c = Case::new();
+    let good = c.good();
+    // The message lists the models that do exist.
+    assert_bad_input(
+        &["eval", "--model", "no-such-model", "--structure", s(&good)],
+        &["no-such-model", "lj", "schnet-demo"],
+    );
+}
+
+#[test]
+fn malformed_model_toml() {
+    let c = Case::new();
+    let good = c.good();
+    let cases = [
+        (
+            "wrong_type.toml",
+            "kind = \"lennard-jones\"\nepsilon = \"big\"\nsigma = 3.4\ncutoff = 8.0\n",
+            "epsilon",
+        ),
+        (
+            "wrong_shift.toml",
+            "kind = \"lennard-jones\"\nepsilon = 0.01\nsigma = 3.4\ncutoff = 8.0\nshift = 1\n",
+            "shift",
+        ),
+        (
+            "missing.toml",
+            "kind = \"lennard-jones\"\nepsilon = 0.01\ncutoff = 8.0\n",
+            "sigma",
+        ),
+        (
+            "unknown.toml",
+            "kind = \"lennard-jones\"\nepsilon = 0.01\nsigma = 3.4\ncutoff = 8.0\nsgima = 1.0\n",
+            "sgima",
+        ),
+        (
+            "negative.toml",
+            "kind = \"lennard-jones\"\nepsilon = 0.01\nsigma = 3.4\ncutoff = -8.0\n",
+            "cutoff",
+        ),
+        (
+            "nan.toml",
+            "kind = \"lennard-jones\"\nepsilon = nan\nsigma = 3.4\ncutoff = 8.0\n",
+            "epsilon",
+        ),
+        ("no_kind.toml", "epsilon = 0.01\n", "kind"),
+        ("bad_kind.toml", "kind = \"morse\"\n", "morse"),
+        (
+            "syntax.toml",
+            "kind = \"lennard-jones\nepsilon = [\n",
+            "syntax.toml",
+        ),
+    ];
+    for (file, text, needle) in cases {
+        let model = c.file(file, text);
+        assert_bad_input(
+            &["eval", "--model", s(&model), "--structure", s(&good)],
+            &[file, needle],
+        );
+    }
+    assert_bad_input(
+        &[
+            "eval",
+            "--model",
+            "does-not-exist.toml",
+            "--structure",
+            s(&good),
+        ],
+        &["does-not-exist.toml"],
+    );
+}
+
+#[test]
+fn species_the_model_lacks() {
+    let c = Case::new();
+    // Fermium (Z = 100) is past the demo models' 1–94 tables.
+    let p = c.file(
+        "fermium.xyz",
+        "2\nProperties=species:S:1:pos:R:3\nFm 0 0 0\nAr 3 0 0\n",
+    );
+    for model in [
+        "eam-demo",
+        "bp-demo",
+        "schnet-demo",
+        "qeq-demo",
+        "rebuild-demo",
+    ] {
+        assert_bad_input(
+            &["eval", "--model", model, "--structure", s(&p)],
+            &[model, "Fm", "Z=100"],
+        );
+    }
+}
+
+#[test]
+fn atoms_closer_than_minimum_distance() {
+    let c = Case::new();
+    let p = c.file(
+        "close.xyz",
+        "3\nProperties=species:S:1:pos:R:3\nAr 0 0 0\nAr 3 0 0\nAr 3 0 5e-7\n",
+    );
+    for model in ["lj", "schnet-demo"] {
+        assert_bad_input(
+            &["eval", "--model", model, "--structure", s(&p)],
+            &["atoms 1 and 2", "apart"],
+        );
+    }
+    // The same through a periodic image: atom 1 sits 5e-7 Å from atom 0's image.
+    let p = c.file(
+        "close_image.xyz",
+        "2\nLattice=\"6 0 0 0 6 0 0 0 6\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\nAr 0 0 0\nAr 5.9999995 0 0\n",
+    );
+    assert_bad_input(&["eval", "--model", "lj", "--structure", s(&p)], &["apart"]);
+}
+
+#[test]
+fn empty_file() {
+    let c = Case::new();
+    let p = c.file("empty.xyz", "");
+    assert_all_commands_reject(&p, &[name(&p), "empty"]);
+    let p = c.file("blank.xyz", "\n\n");
+    let (status, _, stderr) = run(&["eval", "--model", "lj", "--structure", s(&p)]);
+    assert_eq!(status, 2, "{stderr}");
+    assert!(stderr.contains("blank.xyz"), "{stderr}");
+}
+
+#[test]
+fn missing_structure_file_is_named_once() {
+    let c = Case::new();
+    let p = c.dir.path().join("absent.xyz");
+    let (status, _, stderr) = run(&["eval", "--model", "lj", "--structure", s(&p)]);
+    assert_eq!(status, 2, "{stderr}");
+    assert!(stderr.contains("absent.xyz"), "{stderr}");
+    // The OS reason is given once, not repeated by the error chain.
+    let reason = "No such file or directory";
+    assert!(
+        stderr.matches(reason).count() <= 1,
+        "repeated message: {stderr}"
+    );
+}
+
+#[test]
+fn zero_ranks() {
+    let c = Case::new();
+    let good = c.good();
+    assert_bad_input(
+        &[
+            "eval",
+            "--model",
+            "lj",
+            "--structure",
+            s(&good),
+            "--ranks",
+            "0",
+        ],
+        &["--ranks"],
+    );
+    assert_bad_input(
+        &[
+            "partition",
+            "--structure",
+            s(&good),
+            "--ranks",
+            "0",
+            "--cutoff",
+            "3",
+        ],
+        &["--ranks"],
+    );
+    assert_bad_input(
+        &[
+            "eval",
+            "--model",
+            "lj",
+            "--structure",
+            s(&good),
+            "--ranks=-1",
+        ],
+        &["--ranks"],
+    );
+}
+
+#[test]
+fn absurd_rank_counts_are_refused_not_hung() {
+    let c = Case::new();
+    let good = c.good();
+    let huge = usize::MAX.to_string();
+    assert_bad_input(
+        &[
+            "eval",
+            "--model",
+            "lj",
+            "--structure",
+            s(&good),
+            "--ranks",
+            &huge,
+        ],
+        &["ranks"],
+    );
+    assert_bad_input(
+        &[
+            "partition",
+            "--structure",
+            s(&good),
+            "--ranks",
+            &huge,
+            "--cutoff",
+            "3",
+        ],
+        &["ranks"],
+    );
+}
+
+#[test]
+fn bad_spec_file_for_eval() {
+    let c = Case::new();
+    let good = c.good();
+    let unknown = c.file("unknown_field.json", "{\"version\": 1, \"halo_dpeth\": 2}");
+    let not_json = c.file("not_json.json", "{version: 1");
+    for ranks in ["1", "2"] {
+        assert_bad_input(
+            &[
+                "eval",
+                "--model",
+                "lj",
+                "--structure",
+                s(&good),
+                "--ranks",
+                ranks,
+                "--spec",
+                s(&unknown),
+            ],
+            &["halo_dpeth"],
+        );
+        assert_bad_input(
+            &[
+                "eval",
+                "--model",
+                "lj",
+                "--structure",
+                s(&good),
+                "--ranks",
+                ranks,
+                "--spec",
+                s(&not_json),
+            ],
+            &["JSON"],
+        );
+    }
+    assert_bad_input(
+        &[
+            "eval",
+            "--model",
+            "lj",
+            "--structure",
+            s(&good),
+            "--spec",
+            "absent-spec.json",
+        ],
+        &["absent-spec.json"],
+    );
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    // Missing a required argument, an unknown subcommand, a bad enum value.
+    assert_bad_input(&["eval", "--model", "lj"], &["--structure"]);
+    assert_bad_input(&["frobnicate"], &["frobnicate"]);
+    let c = Case::new();
+    let good = c.good();
+    assert_bad_input(
+        &[
+            "eval",
+            "--model",
+            "lj",
+            "--structure",
+            s(&good),
+            "--dtype",
+            "f16",
+        ],
+        &["f16"],
+    );
+}
+
+#[test]
+fn good_input_succeeds() {
+    // The control: the same commands on a valid file exit 0.
+    let c = Case::new();
+    let good = c.good();
+    for args in [
+        vec!["eval", "--model", "lj", "--structure", s(&good), "--json"],
+        vec!["neighbors", "--structure", s(&good), "--cutoff", "3.5"],
+        vec![
+            "partition",
+            "--structure",
+            s(&good),
+            "--ranks",
+            "2",
+            "--cutoff",
+            "3.0",
+        ],
+    ] {
+        let (status, _, stderr) = run(&args);
+        assert_eq!(status, 0, "`ddmlip {}`: {stderr}", args.join(" "));
+    }
+}
