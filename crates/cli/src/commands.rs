@@ -160,7 +160,11 @@ fn eval_error(e: EvalError) -> CliError {
 
 fn load_spec(path: &Option<PathBuf>) -> Result<Option<ddmlip_spec::MLIPSpec>, CliError> {
     path.as_ref()
-        .map(|p| ddmlip_spec::MLIPSpec::load(p).map_err(CliError::input))
+        .map(|p| {
+            ddmlip_spec::MLIPSpec::load(p)
+                .with_context(|| format!("spec file {}", p.display()))
+                .map_err(CliError::input)
+        })
         .transpose()
 }
 

@@ -64,6 +64,9 @@ impl Default for EvalOptions {
     }
 }
 
+/// Most ranks the threads backend starts (one OS thread each).
+pub const MAX_THREAD_RANKS: usize = 1024;
+
 /// Atoms closer than this (Å) are rejected: most potentials diverge there.
 pub const MIN_DISTANCE: f64 = 1e-6;
 
@@ -191,6 +194,12 @@ pub fn evaluate(
     check_batch(model, batch)?;
     if opts.ranks == 0 {
         return Err(EvalError::Input("--ranks must be at least 1".into()));
+    }
+    if opts.ranks > MAX_THREAD_RANKS {
+        return Err(EvalError::Input(format!(
+            "--ranks {} is more than the threads backend runs ({MAX_THREAD_RANKS}: one OS thread per rank); use the MPI backend for more",
+            opts.ranks
+        )));
     }
     if opts.ranks == 1 && opts.spec.is_none() {
         return match opts.dtype {
