@@ -23,6 +23,9 @@ pub enum Command {
     /// The embedded default job: a built-in model on a generated crystal, in one
     /// process and split over ranks, compared atom by atom.
     Demo(DemoArgs),
+    /// Does the model give the single-process answer split over ranks? If not,
+    /// why, and which spec fixes it.
+    Validate(crate::validate_cmd::ValidateArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum, Debug, PartialEq)]
@@ -135,6 +138,7 @@ pub fn run(cmd: Command) -> Result<u8, CliError> {
         Command::Partition(a) => partition(a),
         Command::Models => models(),
         Command::Demo(a) => demo(a),
+        Command::Validate(a) => crate::validate_cmd::validate(a),
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod commands;
 mod output;
+mod validate_cmd;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

@@ -1,0 +1,233 @@
+//! Structures and deliberately broken models for the diagnostic corpus.
+#![allow(dead_code)]
+
+use ddmlip_atoms::{Cell, System};
+use ddmlip_engine::ops::opaque::Shape;
+use ddmlip_engine::{
+    EngineError, Graph, ModelForward, ModelInfo, ModelInputs, ModelOutputs, OpaqueKernel,
+    RowDomain, Scalar, SpeciesSupport,
+};
+use ddmlip_models::{LennardJones, RebuildDemo};
+use ddmlip_spec::{MLIPSpec, ScatterMode};
+use std::sync::Arc;
+
+/// FCC copper, `n³` conventional cells, with a small deterministic rattle.
+pub fn fcc_cu(n: usize) -> System {
+    let a = 3.615;
+    let mut s: u64 = 12345;
+    let mut rng = move || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (s >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+    };
+    let basis = [
+        [0.0, 0.0, 0.0],
+        [0.5, 0.5, 0.0],
+        [0.5, 0.0, 0.5],
+        [0.0, 0.5, 0.5],
+    ];
+    let mut positions = Vec::new();
+    for i in 0..n {
+        for j in 0..n {
+            for k in 0..n {
+                for b in basis {
+                    positions.push([
+                        (i as f64 + b[0]) * a + 0.1 * rng(),
+                        (j as f64 + b[1]) * a + 0.1 * rng(),
+                        (k as f64 + b[2]) * a + 0.1 * rng(),
+                    ]);
+                }
+            }
+        }
+    }
+    let len = n as f64 * a;
+    let numbers = vec![29; positions.len()];
+    System::new(
+        positions,
+        numbers,
+        Some(Cell::orthorhombic(len, len, len)),
+        [true; 3],
+    )
+}
+
+/// A short-range Lennard-Jones for copper spacing (cutoff 5 Å).
+pub fn short_lj() -> LennardJones {
+    LennardJones {
+        epsilon: 0.1,
+        sigma: 2.3,
+        cutoff: 5.0,
+        shift: true,
+    }
+}
+
+/// Sums all rows of an Atom×1 input into one System row (single-system
+/// batches). With `backward == false` it has no backward pass.
+pub struct SystemSumKernel {
+    pub backward: bool,
+}
+
+impl<T: Scalar> OpaqueKernel<T> for SystemSumKernel {
+    fn name(&self) -> &str {
+        if self.backward {
+            "system_sum"
+        } else {
+            "system_sum_nograd"
+        }
+    }
+    fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, String> {
+        match inputs {
+            [(RowDomain::Atom, _, 1)] => Ok((RowDomain::System, 1, 1)),
+            _ => Err("expects one Atom×1 input".into()),
+        }
+    }
+    fn forward(&self, inputs: &[&[T]], _: &[Shape], out: &mut [T]) -> Result<(), String> {
+        let mut acc = T::zero();
+        for &x in inputs[0] {
+            acc += x;
+        }
+        out[0] = acc;
+        Ok(())
+    }
+    fn backward(
+        &self,
+        _inputs: &[&[T]],
+        _shapes: &[Shape],
+        grad_out: &[T],
+        grads: &mut [Vec<T>],
+    ) -> Option<Result<(), String>> {
+        if !self.backward {
+            return None;
+        }
+        for g in grads[0].iter_mut() {
+            *g += grad_out[0];
+        }
+        Some(Ok(()))
+    }
+}
+
+/// Pair energies per atom, summed to the system energy by an opaque kernel.
+/// Declares the standard spec, which has no adapter for the kernel.
+pub struct OpaqueSumModel {
+    pub lj: LennardJones,
+    pub backward: bool,
+}
+
+impl ModelInfo for OpaqueSumModel {
+    fn name(&self) -> String {
+        "opaque-sum-test".into()
+    }
+    fn description(&self) -> String {
+        "pair model whose energy comes from an opaque system-sum kernel".into()
+    }
+    fn cutoff(&self) -> f64 {
+        self.lj.cutoff
+    }
+    fn species(&self) -> SpeciesSupport {
+        SpeciesSupport::UpTo(118)
+    }
+    fn declared_spec(&self) -> Option<MLIPSpec> {
+        Some(MLIPSpec::standard_energy_model())
+    }
+}
+
+impl ModelForward for OpaqueSumModel {
+    fn forward<T: Scalar>(
+        &self,
+        g: &mut Graph<T>,
+        inputs: &ModelInputs,
+    ) -> Result<ModelOutputs, EngineError> {
+        let out = self.lj.forward(g, inputs)?;
+        let atomic = out
+            .atomic_energies
+            .ok_or_else(|| EngineError::Input("no atomic energies".into()))?;
+        let kernel: Arc<dyn OpaqueKernel<T>> = Arc::new(SystemSumKernel {
+            backward: self.backward,
+        });
+        let energy = g.opaque(kernel, &[atomic])?;
+        Ok(ModelOutputs {
+            energy,
+            atomic_energies: Some(atomic),
+            extra: vec![],
+        })
+    }
+}
+
+/// A pair model with a bug that only shows on rank 1.
+pub struct RankOnePanics {
+    pub lj: LennardJones,
+}
+
+impl ModelInfo for RankOnePanics {
+    fn name(&self) -> String {
+        "rank-one-panics".into()
+    }
+    fn description(&self) -> String {
+        "pair model that panics on rank 1".into()
+    }
+    fn cutoff(&self) -> f64 {
+        self.lj.cutoff
+    }
+    fn species(&self) -> SpeciesSupport {
+        SpeciesSupport::UpTo(118)
+    }
+    fn declared_spec(&self) -> Option<MLIPSpec> {
+        Some(MLIPSpec::standard_energy_model())
+    }
+}
+
+impl ModelForward for RankOnePanics {
+    fn forward<T: Scalar>(
+        &self,
+        g: &mut Graph<T>,
+        inputs: &ModelInputs,
+    ) -> Result<ModelOutputs, EngineError> {
+        if g.distributor().map(|d| d.rank()) == Some(1) {
+            panic!("species table lookup out of range on this domain");
+        }
+        self.lj.forward(g, inputs)
+    }
+}
+
+/// Builds its own neighbour list with radius `true_cutoff` but reports
+/// `declared_cutoff` from `cutoff()`; declares scatter local, halo depth 1.
+pub struct HiddenCutoffModel {
+    pub declared_cutoff: f64,
+    pub true_cutoff: f64,
+}
+
+impl ModelInfo for HiddenCutoffModel {
+    fn name(&self) -> String {
+        "hidden-cutoff-test".into()
+    }
+    fn description(&self) -> String {
+        "own-graph pair model whose true cutoff exceeds cutoff()".into()
+    }
+    fn cutoff(&self) -> f64 {
+        self.declared_cutoff
+    }
+    fn species(&self) -> SpeciesSupport {
+        SpeciesSupport::UpTo(94)
+    }
+    fn uses_runtime_graph(&self) -> bool {
+        false
+    }
+    fn declared_spec(&self) -> Option<MLIPSpec> {
+        let mut s = MLIPSpec::standard_energy_model();
+        s.policy.scatter = ScatterMode::Local;
+        Some(s)
+    }
+}
+
+impl ModelForward for HiddenCutoffModel {
+    fn forward<T: Scalar>(
+        &self,
+        g: &mut Graph<T>,
+        inputs: &ModelInputs,
+    ) -> Result<ModelOutputs, EngineError> {
+        RebuildDemo {
+            cutoff: self.true_cutoff,
+        }
+        .forward(g, inputs)
+    }
+}
