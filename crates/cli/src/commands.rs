@@ -367,5 +367,22 @@ fn demo(a: DemoArgs) -> Result<u8, CliError> {
         a.ranks,
         fmt_e(worst)
     );
-    Ok(0)
+    // The model author's view: trace, infer a spec, validate it, explain.
+    let report = ddmlip_validate::trace_and_validate(
+        model.as_ref(),
+        &frames,
+        &ddmlip_validate::ValidateOptions {
+            ranks: a.ranks,
+            ..Default::default()
+        },
+    )
+    .map_err(CliError::input)?;
+    println!(
+        "validate: {} after {} attempt(s) in {:.2} s ({}); `ddmlip validate` prints the full report",
+        if report.ok { "PASS" } else { "FAIL" },
+        report.attempts.len(),
+        report.seconds,
+        report.next_action.lines().next().unwrap_or("")
+    );
+    Ok(if report.ok { 0 } else { crate::EXIT_FAILED })
 }
