@@ -70,6 +70,7 @@ fn fcc_cu(n: usize, amp: f64, seed: u64) -> String {
     xyz_frame(lattice, &vec!["Cu"; pos.len()], &pos)
 }
 
+#[cfg(feature = "mpi")]
 /// A strongly sheared (triclinic) cell holding a rattled 5×5×5 grid of
 /// alternating Cu/Ni atoms, about 2.6 Å apart.
 fn triclinic_cuni(seed: u64) -> String {
