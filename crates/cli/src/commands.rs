@@ -10,6 +10,10 @@ use ddmlip_domain::runtime::{evaluate, EvalError, EvalOptions, EvalResult};
 use ddmlip_engine::{DType, Model};
 use std::path::{Path, PathBuf};
 
+// `eval --backend mpi`; a child module so it shares this module's helpers.
+#[path = "mpi_cmd.rs"]
+mod mpi_cmd;
+
 #[derive(Subcommand)]
 pub enum Command {
     /// Energies, forces and stress of every frame of a structure file.
@@ -59,10 +63,12 @@ pub struct EvalArgs {
     /// Extended XYZ structure file (several frames = a batch).
     #[arg(long)]
     structure: PathBuf,
-    /// Split every system over this many ranks.
-    #[arg(long, default_value_t = 1)]
-    ranks: usize,
-    /// Communication backend for --ranks > 1.
+    /// Split every system over this many ranks [default: 1]. Under
+    /// `--backend mpi` the rank count is the MPI job's size instead.
+    #[arg(long)]
+    ranks: Option<usize>,
+    /// Communication backend: threads of this process, or one MPI process
+    /// per rank (`mpirun -n N ddmlip eval --backend mpi ...`).
     #[arg(long, value_enum, default_value_t = Backend::Threads)]
     backend: Backend,
     /// Floating-point precision.
@@ -174,15 +180,14 @@ fn load_spec(path: &Option<PathBuf>) -> Result<Option<ddmlip_spec::MLIPSpec>, Cl
 
 fn eval(a: EvalArgs) -> Result<u8, CliError> {
     if a.backend == Backend::Mpi {
-        return Err(CliError::input(anyhow!(
-            "--backend mpi needs a build with `--features mpi`, launched under mpirun"
-        )));
+        return mpi_cmd::eval_mpi(a);
     }
+    let ranks = a.ranks.unwrap_or(1);
     let frames = read_structure(&a.structure)?;
     let model = load_model(&a.model)?;
     let opts = EvalOptions {
         dtype: a.dtype.into(),
-        ranks: a.ranks,
+        ranks,
         spec: load_spec(&a.spec)?,
         ..Default::default()
     };
@@ -197,7 +202,7 @@ fn eval(a: EvalArgs) -> Result<u8, CliError> {
     } else {
         print!(
             "{}",
-            output::eval_text(model.as_ref(), &frames, &result, a.ranks, seconds)
+            output::eval_text(model.as_ref(), &frames, &result, ranks, seconds)
         );
         if let Some(out) = &a.output {
             println!("wrote {}", out.display());

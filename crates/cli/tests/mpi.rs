@@ -1,0 +1,442 @@
+//! `ddmlip eval --backend mpi` as real multi-process jobs under `mpirun`,
+//! compared with the single-process run of the same binary.
+//!
+//! Without the `mpi` cargo feature only the "how to build it" message is
+//! checked.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// Extended XYZ text of one frame, written here independently of the
+/// library's writer.
+fn xyz_frame(lattice: [[f64; 3]; 3], symbols: &[&str], positions: &[[f64; 3]]) -> String {
+    let mut s = format!("{}\n", positions.len());
+    let l: Vec<String> = lattice
+        .iter()
+        .flatten()
+        .map(|x| format!("{x:.17e}"))
+        .collect();
+    s.push_str(&format!(
+        "Lattice=\"{}\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\n",
+        l.join(" ")
+    ));
+    for (sym, p) in symbols.iter().zip(positions) {
+        s.push_str(&format!(
+            "{sym} {:.17e} {:.17e} {:.17e}\n",
+            p[0], p[1], p[2]
+        ));
+    }
+    s
+}
+
+/// Deterministic uniform numbers in [-1, 1) (xorshift64*).
+struct Rattle(u64);
+
+impl Rattle {
+    fn next(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let x = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        (x >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+    }
+}
+
+/// FCC copper, `n³` conventional cells, rattled by up to `amp` Å per axis.
+fn fcc_cu(n: usize, amp: f64, seed: u64) -> String {
+    let a = 3.615;
+    let mut r = Rattle(seed);
+    let mut pos = Vec::new();
+    for i in 0..n {
+        for j in 0..n {
+            for k in 0..n {
+                for b in [
+                    [0.0, 0.0, 0.0],
+                    [0.5, 0.5, 0.0],
+                    [0.5, 0.0, 0.5],
+                    [0.0, 0.5, 0.5],
+                ] {
+                    pos.push([
+                        (i as f64 + b[0]) * a + amp * r.next(),
+                        (j as f64 + b[1]) * a + amp * r.next(),
+                        (k as f64 + b[2]) * a + amp * r.next(),
+                    ]);
+                }
+            }
+        }
+    }
+    let len = n as f64 * a;
+    let lattice = [[len, 0.0, 0.0], [0.0, len, 0.0], [0.0, 0.0, len]];
+    xyz_frame(lattice, &vec!["Cu"; pos.len()], &pos)
+}
+
+#[cfg(feature = "mpi")]
+/// A strongly sheared (triclinic) cell holding a rattled 5×5×5 grid of
+/// alternating Cu/Ni atoms, about 2.6 Å apart.
+fn triclinic_cuni(seed: u64) -> String {
+    let lattice = [[13.0, 0.0, 0.0], [4.0, 12.5, 0.0], [-3.0, 2.5, 13.5]];
+    let n = 5;
+    let mut r = Rattle(seed);
+    let (mut pos, mut sym) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        for j in 0..n {
+            for k in 0..n {
+                let f = [
+                    (i as f64 + 0.5) / n as f64,
+                    (j as f64 + 0.5) / n as f64,
+                    (k as f64 + 0.5) / n as f64,
+                ];
+                let mut p = [0.0; 3];
+                for (c, row) in lattice.iter().enumerate() {
+                    for (x, v) in p.iter_mut().zip(row) {
+                        *x += f[c] * v;
+                    }
+                }
+                pos.push([
+                    p[0] + 0.1 * r.next(),
+                    p[1] + 0.1 * r.next(),
+                    p[2] + 0.1 * r.next(),
+                ]);
+                sym.push(if (i + j + k) % 2 == 0 { "Cu" } else { "Ni" });
+            }
+        }
+    }
+    xyz_frame(lattice, &sym, &pos)
+}
+
+fn ddmlip() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ddmlip"))
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn describe(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn mpi_backend_without_the_feature_says_how_to_build_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(dir.path(), "cu.xyz", &fcc_cu(2, 0.05, 1));
+    let o = ddmlip()
+        .args(["eval", "--model", "lj", "--backend", "mpi", "--structure"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", describe(&o));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("--features mpi"), "{}", describe(&o));
+}
+
+#[cfg(feature = "mpi")]
+mod with_mpi {
+    use super::*;
+    use serde_json::Value;
+    use std::time::{Duration, Instant};
+
+    fn mpirun_available() -> bool {
+        Command::new("mpirun")
+            .arg("--version")
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    }
+
+    /// `mpirun -n N ddmlip <args>`; allowed as root and oversubscribed, since
+    /// test machines have fewer cores than ranks.
+    fn mpirun(n: usize, args: &[&str], structure: &Path) -> (Output, Duration) {
+        let start = Instant::now();
+        let o = Command::new("mpirun")
+            .args([
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "-n",
+                &n.to_string(),
+            ])
+            .arg(env!("CARGO_BIN_EXE_ddmlip"))
+            .args(args)
+            .arg("--structure")
+            .arg(structure)
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .output()
+            .unwrap();
+        (o, start.elapsed())
+    }
+
+    /// The one JSON object a successful `--json` run prints: stdout must hold
+    /// exactly one line (rank 0's), which also proves no other rank printed.
+    fn json_of(o: &Output) -> Value {
+        assert!(o.status.success(), "{}", describe(o));
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        let lines: Vec<&str> = stdout.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "expected one JSON line; {}", describe(o));
+        serde_json::from_str(lines[0]).unwrap()
+    }
+
+    fn floats(v: &Value) -> Vec<f64> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect()
+    }
+
+    /// Asserts `got` equals `want` to 1e-10 relative (DESIGN §7): energy per
+    /// system, force per atom (vector norm of the difference over the atom's
+    /// force, floored at 1 % of the largest force so near-zero forces are not
+    /// held to a relative bound of pure rounding noise), stress per system
+    /// (over its largest component), atomic energies (over the largest).
+    fn assert_same(got: &Value, want: &Value, what: &str) {
+        const RTOL: f64 = 1e-10;
+        let (eg, ew) = (floats(&got["energy"]), floats(&want["energy"]));
+        assert_eq!(eg.len(), ew.len(), "{what}: systems");
+        for (s, (g, w)) in eg.iter().zip(&ew).enumerate() {
+            assert!(
+                (g - w).abs() <= RTOL * w.abs(),
+                "{what}: energy[{s}] {g} vs {w}"
+            );
+        }
+        let fg: Vec<Vec<f64>> = got["forces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(floats)
+            .collect();
+        let fw: Vec<Vec<f64>> = want["forces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(floats)
+            .collect();
+        assert_eq!(fg.len(), fw.len(), "{what}: atoms");
+        let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+        let fmax = fw.iter().map(|f| norm(f)).fold(0.0, f64::max);
+        assert!(fmax > 1e-3, "{what}: forces are trivially zero");
+        for (i, (g, w)) in fg.iter().zip(&fw).enumerate() {
+            let diff: Vec<f64> = g.iter().zip(w).map(|(a, b)| a - b).collect();
+            let scale = norm(w).max(1e-2 * fmax);
+            assert!(
+                norm(&diff) <= RTOL * scale,
+                "{what}: force of atom {i}: {g:?} vs {w:?}"
+            );
+        }
+        let sg = got["stress"].as_array().unwrap();
+        let sw = want["stress"].as_array().unwrap();
+        assert_eq!(sg.len(), sw.len(), "{what}: stress rows");
+        for (s, (g, w)) in sg.iter().zip(sw).enumerate() {
+            let (g, w) = (floats(g), floats(w));
+            let scale = w.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+            assert!(scale > 0.0, "{what}: stress[{s}] is zero");
+            for k in 0..6 {
+                assert!(
+                    (g[k] - w[k]).abs() <= RTOL * scale,
+                    "{what}: stress[{s}][{k}] {} vs {}",
+                    g[k],
+                    w[k]
+                );
+            }
+        }
+        if let Some(aw) = want.get("atomic_energies") {
+            let (ag, aw) = (floats(&got["atomic_energies"]), floats(aw));
+            let scale = aw.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+            for (i, (g, w)) in ag.iter().zip(&aw).enumerate() {
+                assert!((g - w).abs() <= RTOL * scale, "{what}: atomic energy {i}");
+            }
+        }
+    }
+
+    /// One batch file with both cell kinds: FCC Cu 4×4×4 (256 atoms,
+    /// orthorhombic) and a triclinic Cu/Ni crystal (125 atoms).
+    fn batch_file(dir: &Path) -> std::path::PathBuf {
+        let text = fcc_cu(4, 0.1, 7) + &triclinic_cuni(11);
+        write(dir, "batch.xyz", &text)
+    }
+
+    fn mpi_equals_single_process(model: &str) {
+        if !mpirun_available() {
+            eprintln!("SKIPPED: mpirun is not on PATH");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let f = batch_file(dir.path());
+        let single = ddmlip()
+            .args(["eval", "--model", model, "--json", "--structure"])
+            .arg(&f)
+            .output()
+            .unwrap();
+        let single = json_of(&single);
+        assert_eq!(floats(&single["energy"]).len(), 2);
+        for n in [2usize, 4] {
+            let (o, _) = mpirun(
+                n,
+                &["eval", "--backend", "mpi", "--model", model, "--json"],
+                &f,
+            );
+            assert_same(&json_of(&o), &single, &format!("{model}, mpirun -n {n}"));
+            // The threads backend with the same rank count agrees too.
+            let threads = ddmlip()
+                .args([
+                    "eval",
+                    "--model",
+                    model,
+                    "--json",
+                    "--ranks",
+                    &n.to_string(),
+                ])
+                .arg("--structure")
+                .arg(&f)
+                .output()
+                .unwrap();
+            assert_same(
+                &json_of(&threads),
+                &single,
+                &format!("{model}, threads {n}"),
+            );
+        }
+    }
+
+    #[test]
+    fn lj_mpi_equals_single_process_on_2_and_4_ranks() {
+        mpi_equals_single_process("lj");
+    }
+
+    #[test]
+    fn schnet_demo_mpi_equals_single_process_on_2_and_4_ranks() {
+        mpi_equals_single_process("schnet-demo");
+    }
+
+    /// Text mode prints one summary (rank 0's), a disagreeing `--ranks` is
+    /// reported and ignored, and `--output` is written once with the same
+    /// forces as the single-process JSON.
+    #[test]
+    fn rank_zero_alone_reports_and_writes() {
+        if !mpirun_available() {
+            eprintln!("SKIPPED: mpirun is not on PATH");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let f = write(dir.path(), "tri.xyz", &triclinic_cuni(5));
+        let out = dir.path().join("out.xyz");
+        let out_arg = out.to_str().unwrap();
+        let args = ["eval", "--backend", "mpi", "--model", "lj", "--ranks", "7"];
+        let (o, _) = mpirun(3, &[&args[..], &["--output", out_arg]].concat(), &f);
+        assert!(o.status.success(), "{}", describe(&o));
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(
+            stdout.matches("MPI: 3 process(es)").count(),
+            1,
+            "{}",
+            describe(&o)
+        );
+        assert_eq!(stdout.matches("wrote ").count(), 1, "{}", describe(&o));
+        assert_eq!(
+            stderr.matches("--ranks 7 ignored").count(),
+            1,
+            "{}",
+            describe(&o)
+        );
+
+        let frames = ddmlip_atoms::read_structure(&out).unwrap();
+        assert_eq!(frames.len(), 1);
+        let single = ddmlip()
+            .args(["eval", "--model", "lj", "--json", "--structure"])
+            .arg(&f)
+            .output()
+            .unwrap();
+        let single = json_of(&single);
+        let want_e = floats(&single["energy"])[0];
+        let got_e = frames[0].energy().unwrap();
+        assert!(
+            (got_e - want_e).abs() <= 1e-10 * want_e.abs(),
+            "{got_e} vs {want_e}"
+        );
+        let written = frames[0].forces().unwrap();
+        let fw = single["forces"].as_array().unwrap();
+        assert_eq!(written.len(), fw.len());
+        for (g, w) in written.iter().zip(fw) {
+            let w = floats(w);
+            for k in 0..3 {
+                assert!(
+                    (g[k] - w[k]).abs() <= 1e-10 * (w[k].abs() + 1.0),
+                    "{g:?} vs {w:?}"
+                );
+            }
+        }
+    }
+
+    /// Every rank detects the unsupported element while reading; the job
+    /// stops at once with status 2 and the message printed once.
+    #[test]
+    fn unsupported_element_fails_fast_with_its_message() {
+        if !mpirun_available() {
+            eprintln!("SKIPPED: mpirun is not on PATH");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        // Americium (Z=95) parses fine but schnet-demo has parameters up to Z=94.
+        let text = fcc_cu(2, 0.05, 3).replacen("\nCu ", "\nAm ", 1);
+        let f = write(dir.path(), "am.xyz", &text);
+        let (o, elapsed) = mpirun(
+            4,
+            &[
+                "eval",
+                "--backend",
+                "mpi",
+                "--model",
+                "schnet-demo",
+                "--json",
+            ],
+            &f,
+        );
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{}", describe(&o));
+        assert!(stderr.contains("Am (Z=95)"), "{}", describe(&o));
+        assert_eq!(stderr.matches("Am (Z=95)").count(), 1, "{}", describe(&o));
+        assert!(o.stdout.is_empty(), "{}", describe(&o));
+        assert!(elapsed < Duration::from_secs(30), "took {elapsed:?}");
+    }
+
+    /// Two atoms 1e-8 Å apart: only the ranks holding that pair find it
+    /// during the run. The failing rank aborts the job with its message; no
+    /// peer is left waiting (their deadline is 120 s).
+    #[test]
+    fn a_rank_failing_during_the_run_aborts_the_job() {
+        if !mpirun_available() {
+            eprintln!("SKIPPED: mpirun is not on PATH");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut text = fcc_cu(3, 0.05, 9);
+        // Duplicate the last atom (nudged by 1e-8 Å) and bump the count.
+        let last = text.lines().last().unwrap().to_string();
+        let mut cols: Vec<String> = last.split_whitespace().map(String::from).collect();
+        let x: f64 = cols[1].parse().unwrap();
+        cols[1] = format!("{:.17e}", x + 1e-8);
+        text.push_str(&(cols.join(" ") + "\n"));
+        let text = text.replacen("108\n", "109\n", 1);
+        let f = write(dir.path(), "close.xyz", &text);
+        let (o, elapsed) = mpirun(4, &["eval", "--backend", "mpi", "--model", "lj"], &f);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{}", describe(&o));
+        assert!(
+            stderr.contains("atoms 107 and 108") || stderr.contains("atoms 108 and 107"),
+            "{}",
+            describe(&o)
+        );
+        assert!(stderr.contains("Å apart"), "{}", describe(&o));
+        assert!(o.stdout.is_empty(), "{}", describe(&o));
+        assert!(elapsed < Duration::from_secs(30), "took {elapsed:?}");
+    }
+}
