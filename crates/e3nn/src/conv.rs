@@ -46,17 +46,13 @@ pub struct TpPath {
 }
 
 #[derive(Clone, Debug)]
-struct PathData<T> {
-    l2: usize,
+struct PathData {
     d1: usize,
-    d2: usize,
     d3: usize,
     mul: usize,
     in_off: usize,
     w_off: usize,
     out_off: usize,
-    alpha: f64,
-    cg: Vec<T>,
     /// Offset of this path's `(d1 × d3)` filter matrix in per-edge scratch.
     t_off: usize,
 }
@@ -68,8 +64,33 @@ pub struct ConvPaths<T> {
     lmax_sh: usize,
     dim_w: usize,
     dim_msg: usize,
-    paths: Vec<PathData<T>>,
+    paths: Vec<PathData>,
     t_size: usize,
+    /// `(filter index, SH index, α·C)` for every nonzero CG entry of every path.
+    nz: Vec<(u32, u32, T)>,
+    /// Distinct `(offset, mul, dim)` input blocks the paths read.
+    in_ranges: Vec<(usize, usize, usize)>,
+    /// Distinct `(offset, mul, dim)` output blocks the paths write.
+    out_ranges: Vec<(usize, usize, usize)>,
+}
+
+/// Distinct ranges, which must be identical or disjoint (the kernels
+/// transpose each range as one block).
+fn distinct_ranges(
+    mut ranges: Vec<(usize, usize, usize)>,
+    what: &str,
+) -> Result<Vec<(usize, usize, usize)>, E3nnError> {
+    ranges.sort_unstable();
+    ranges.dedup();
+    for pair in ranges.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        if a.0 + a.1 * a.2 > b.0 {
+            return Err(E3nnError::Config(format!(
+                "TP paths use overlapping {what} blocks {a:?} and {b:?} (offset, mul, dim)"
+            )));
+        }
+    }
+    Ok(ranges)
 }
 
 impl<T: Real> ConvPaths<T> {
@@ -84,6 +105,7 @@ impl<T: Real> ConvPaths<T> {
     ) -> Result<Self, E3nnError> {
         let mut out = Vec::with_capacity(paths.len());
         let mut t_size = 0;
+        let mut nz = Vec::new();
         for (n, p) in paths.iter().enumerate() {
             let bad = |why: String| E3nnError::Config(format!("TP path {n}: {why}"));
             if p.l1.max(p.l2).max(p.l3) > CONV_LMAX {
@@ -113,20 +135,39 @@ impl<T: Real> ConvPaths<T> {
                 return Err(bad(format!("output block ends past dim_msg {dim_msg}")));
             }
             out.push(PathData {
-                l2: p.l2,
                 d1,
-                d2,
                 d3,
                 mul: p.mul,
                 in_off: p.in_offset,
                 w_off: p.weight_offset,
                 out_off: p.out_offset,
-                alpha: p.path_weight,
-                cg: p.cg.iter().map(|&v| T::from_f64(v)).collect(),
                 t_off: t_size,
             });
+            // Nonzero CG entries only (most are zero), pre-multiplied by α.
+            for a in 0..d1 {
+                for b in 0..d2 {
+                    for k in 0..d3 {
+                        let c = p.cg[(a * d2 + b) * d3 + k];
+                        if c != 0.0 {
+                            nz.push((
+                                (t_size + a * d3 + k) as u32,
+                                (p.l2 * p.l2 + b) as u32,
+                                T::from_f64(p.path_weight * c),
+                            ));
+                        }
+                    }
+                }
+            }
             t_size += d1 * d3;
         }
+        let in_ranges = distinct_ranges(
+            out.iter().map(|p| (p.in_off, p.mul, p.d1)).collect(),
+            "input",
+        )?;
+        let out_ranges = distinct_ranges(
+            out.iter().map(|p| (p.out_off, p.mul, p.d3)).collect(),
+            "output",
+        )?;
         Ok(Self {
             dim_in,
             lmax_sh,
@@ -134,6 +175,9 @@ impl<T: Real> ConvPaths<T> {
             dim_msg,
             paths: out,
             t_size,
+            nz,
+            in_ranges,
+            out_ranges,
         })
     }
 
@@ -180,22 +224,28 @@ impl<T: Real> ConvPaths<T> {
         self.paths.len()
     }
 
-    /// Fills the per-edge filter matrices `T_p[a,k] = s_p Σ_b C[a,b,k] Y[l2²+b]`
-    /// with `s_p = α_p / denominator`.
-    #[inline]
-    fn filters(&self, y: &[T], scales: &[T], t: &mut [T]) {
-        for (p, &s) in self.paths.iter().zip(scales) {
-            let yl = &y[p.l2 * p.l2..p.l2 * p.l2 + p.d2];
-            let tp = &mut t[p.t_off..p.t_off + p.d1 * p.d3];
-            for a in 0..p.d1 {
-                for k in 0..p.d3 {
-                    let mut acc = T::ZERO;
-                    for (b, &yb) in yl.iter().enumerate() {
-                        acc += p.cg[(a * p.d2 + b) * p.d3 + k] * yb;
-                    }
-                    tp[a * p.d3 + k] = s * acc;
-                }
-            }
+    /// Fills the per-edge filter matrices of every path,
+    /// `T_p[a,k] = (α_p / denominator) Σ_b C_p[a,b,k] Y[l2²+b]`.
+    #[inline(always)]
+    fn filters(&self, y: &[T], inv_den: T, t: &mut [T]) {
+        t.fill(T::ZERO);
+        for &(ti, yi, c) in &self.nz {
+            t[ti as usize] += c * y[yi as usize];
+        }
+        for v in t.iter_mut() {
+            *v *= inv_den;
+        }
+    }
+
+    /// Adjoint of [`Self::filters`]: `gy[b] = Σ ∂T/∂Y[b] · gt` (overwrites).
+    #[inline(always)]
+    fn filters_adjoint(&self, gt: &[T], inv_den: T, gy: &mut [T]) {
+        gy.fill(T::ZERO);
+        for &(ti, yi, c) in &self.nz {
+            gy[yi as usize] += c * gt[ti as usize];
+        }
+        for v in gy.iter_mut() {
+            *v *= inv_den;
         }
     }
 }
@@ -361,37 +411,71 @@ macro_rules! dispatch {
     };
 }
 
+// The per-edge kernels below work on blocks stored component-major
+// (`[c][u]`, copies contiguous), so every inner loop runs over the copies u
+// and vectorises; rows are transposed from and to e3nn's mul-major layout
+// once per row, not per edge.
+
+/// `y += c·x` elementwise.
 #[inline(always)]
-fn load_t<T: Real, const D1: usize, const D3: usize>(t: &[T]) -> [[T; D3]; D1] {
-    let mut m = [[T::ZERO; D3]; D1];
+fn axpy<T: Real>(c: T, x: &[T], y: &mut [T]) {
+    for (yv, &xv) in y.iter_mut().zip(x) {
+        *yv += c * xv;
+    }
+}
+
+/// Σ a[u]·b[u] with 8 independent partial sums (so it vectorises).
+#[inline(always)]
+fn dot<T: Real>(a: &[T], b: &[T]) -> T {
+    let mut acc = [T::ZERO; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut s = T::ZERO;
+    for v in acc {
+        s += v;
+    }
+    for (x, y) in ra.iter().zip(rb) {
+        s += *x * *y;
+    }
+    s
+}
+
+/// out[k][u] += Σ_a T[a,k]·w[u]·h[a][u]. `wh` is scratch of D1·mul.
+#[inline(always)]
+fn fwd_kernel<T: Real, const D1: usize, const D3: usize>(
+    h: &[T],
+    t: &[T],
+    w: &[T],
+    wh: &mut [T],
+    out: &mut [T],
+) {
+    let m = w.len();
     for a in 0..D1 {
-        for k in 0..D3 {
-            m[a][k] = t[a * D3 + k];
+        for ((o, &x), &wu) in wh[a * m..(a + 1) * m]
+            .iter_mut()
+            .zip(&h[a * m..(a + 1) * m])
+            .zip(w)
+        {
+            *o = wu * x;
         }
     }
-    m
-}
-
-/// out[u,k] += w[u] Σ_a h[u,a] T[a,k]
-#[inline(always)]
-fn fwd_kernel<T: Real, const D1: usize, const D3: usize>(h: &[T], t: &[T], w: &[T], out: &mut [T]) {
-    let tm = load_t::<T, D1, D3>(t);
-    for ((hu, &wu), ou) in h.chunks_exact(D1).zip(w).zip(out.chunks_exact_mut(D3)) {
-        let mut acc = [T::ZERO; D3];
+    for k in 0..D3 {
+        let o = &mut out[k * m..(k + 1) * m];
         for a in 0..D1 {
-            let x = hu[a];
-            for k in 0..D3 {
-                acc[k] += x * tm[a][k];
-            }
-        }
-        for k in 0..D3 {
-            ou[k] += wu * acc[k];
+            axpy(t[a * D3 + k], &wh[a * m..(a + 1) * m], o);
         }
     }
 }
 
-/// grad_w[u] = Σ_k (Σ_a h[u,a] T[a,k]) g[u,k];  gt[a,k] += Σ_u w[u] h[u,a] g[u,k]
+/// grad_w[u] = Σ_k g[k][u]·Σ_a T[a,k] h[a][u];  gt[a,k] = Σ_u w[u] h[a][u] g[k][u].
+/// `s` is scratch of mul, `wh` of D1·mul.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn bwd_edge_kernel<T: Real, const D1: usize, const D3: usize>(
     h: &[T],
     t: &[T],
@@ -399,60 +483,298 @@ fn bwd_edge_kernel<T: Real, const D1: usize, const D3: usize>(
     g: &[T],
     grad_w: &mut [T],
     gt: &mut [T],
+    s: &mut [T],
+    wh: &mut [T],
 ) {
-    let tm = load_t::<T, D1, D3>(t);
-    let mut acc_t = [[T::ZERO; D3]; D1];
-    for (((hu, &wu), gu), gw) in h
-        .chunks_exact(D1)
-        .zip(w)
-        .zip(g.chunks_exact(D3))
-        .zip(grad_w.iter_mut())
-    {
-        let mut s = [T::ZERO; D3];
+    let m = w.len();
+    let s = &mut s[..m];
+    grad_w.fill(T::ZERO);
+    for k in 0..D3 {
+        s.fill(T::ZERO);
         for a in 0..D1 {
-            let x = hu[a];
-            for k in 0..D3 {
-                s[k] += x * tm[a][k];
-            }
+            axpy(t[a * D3 + k], &h[a * m..(a + 1) * m], s);
         }
-        let mut dw = T::ZERO;
-        for k in 0..D3 {
-            dw += s[k] * gu[k];
-        }
-        *gw = dw;
-        for a in 0..D1 {
-            let x = wu * hu[a];
-            for k in 0..D3 {
-                acc_t[a][k] += x * gu[k];
-            }
+        for ((gw, &sv), &gv) in grad_w.iter_mut().zip(s.iter()).zip(&g[k * m..(k + 1) * m]) {
+            *gw += sv * gv;
         }
     }
     for a in 0..D1 {
+        for ((o, &x), &wu) in wh[a * m..(a + 1) * m]
+            .iter_mut()
+            .zip(&h[a * m..(a + 1) * m])
+            .zip(w)
+        {
+            *o = wu * x;
+        }
         for k in 0..D3 {
-            gt[a * D3 + k] = acc_t[a][k];
+            gt[a * D3 + k] = dot(&wh[a * m..(a + 1) * m], &g[k * m..(k + 1) * m]);
         }
     }
 }
 
-/// gh[u,a] += w[u] Σ_k T[a,k] g[u,k]
+/// gh[a][u] += w[u]·Σ_k T[a,k] g[k][u]. `wg` is scratch of D3·mul.
 #[inline(always)]
 fn bwd_h_kernel<T: Real, const D1: usize, const D3: usize>(
     t: &[T],
     w: &[T],
     g: &[T],
+    wg: &mut [T],
     gh: &mut [T],
 ) {
-    let tm = load_t::<T, D1, D3>(t);
-    for ((ghu, &wu), gu) in gh.chunks_exact_mut(D1).zip(w).zip(g.chunks_exact(D3)) {
-        for a in 0..D1 {
-            let mut acc = T::ZERO;
-            for k in 0..D3 {
-                acc += tm[a][k] * gu[k];
-            }
-            ghu[a] += wu * acc;
+    let m = w.len();
+    for k in 0..D3 {
+        for ((o, &x), &wu) in wg[k * m..(k + 1) * m]
+            .iter_mut()
+            .zip(&g[k * m..(k + 1) * m])
+            .zip(w)
+        {
+            *o = wu * x;
+        }
+    }
+    for a in 0..D1 {
+        let o = &mut gh[a * m..(a + 1) * m];
+        for k in 0..D3 {
+            axpy(t[a * D3 + k], &wg[k * m..(k + 1) * m], o);
         }
     }
 }
+
+/// Per-task scratch buffers.
+struct Scratch<T> {
+    /// Filter matrices of every path for one edge.
+    t: Vec<T>,
+    /// Their gradient.
+    gt: Vec<T>,
+    /// `max(d1, d3)·mul` products.
+    prod: Vec<T>,
+    /// `mul` partial sums.
+    s: Vec<T>,
+    /// One row in component-major layout.
+    row: Vec<T>,
+}
+
+impl<T: Real> ConvPaths<T> {
+    fn scratch(&self, row: usize) -> Scratch<T> {
+        let prod = self
+            .paths
+            .iter()
+            .map(|p| p.d1.max(p.d3) * p.mul)
+            .max()
+            .unwrap_or(0);
+        let mul = self.paths.iter().map(|p| p.mul).max().unwrap_or(0);
+        Scratch {
+            t: vec![T::ZERO; self.t_size],
+            gt: vec![T::ZERO; self.t_size],
+            prod: vec![T::ZERO; prod],
+            s: vec![T::ZERO; mul],
+            row: vec![T::ZERO; row],
+        }
+    }
+}
+
+/// Copies every `(offset, mul, dim)` range of a mul-major row into
+/// component-major order (`to_cm`) or back (`!to_cm`).
+#[inline(always)]
+fn transpose_ranges<T: Real>(
+    ranges: &[(usize, usize, usize)],
+    src: &[T],
+    dst: &mut [T],
+    to_cm: bool,
+) {
+    for &(off, m, d) in ranges {
+        for u in 0..m {
+            for c in 0..d {
+                if to_cm {
+                    dst[off + c * m + u] = src[off + u * d + c];
+                } else {
+                    dst[off + u * d + c] = src[off + c * m + u];
+                }
+            }
+        }
+    }
+}
+
+/// Rows of `src` (width `dim`) with the given ranges in component-major order.
+fn rows_to_cm<T: Real>(ranges: &[(usize, usize, usize)], src: &[T], dim: usize) -> Vec<T> {
+    let mut out = vec![T::ZERO; src.len()];
+    if dim > 0 {
+        out.par_chunks_mut(dim)
+            .zip(src.par_chunks(dim))
+            .for_each(|(o, s)| transpose_ranges(ranges, s, o, true));
+    }
+    out
+}
+
+/// Forward of one receiver row: accumulates its edges in component-major
+/// scratch, then writes `out_row` in mul-major layout.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn fwd_row<T: Real>(
+    paths: &ConvPaths<T>,
+    graph: &ConvGraph,
+    ht: &[T],
+    sh: &[T],
+    w: &[T],
+    inv_den: T,
+    i: usize,
+    out_row: &mut [T],
+    sc: &mut Scratch<T>,
+) {
+    let (di, dw, ds) = (paths.dim_in, paths.dim_w, paths.dim_sh());
+    sc.row.fill(T::ZERO);
+    for &e in &graph.center_edges[graph.center_offsets[i]..graph.center_offsets[i + 1]] {
+        let e = e as usize;
+        let j = graph.neighbors[e] as usize;
+        let (hj, we) = (&ht[j * di..(j + 1) * di], &w[e * dw..(e + 1) * dw]);
+        paths.filters(&sh[e * ds..(e + 1) * ds], inv_den, &mut sc.t);
+        for p in &paths.paths {
+            dispatch!(
+                p.d1,
+                p.d3,
+                fwd_kernel,
+                &hj[p.in_off..p.in_off + p.mul * p.d1],
+                &sc.t[p.t_off..p.t_off + p.d1 * p.d3],
+                &we[p.w_off..p.w_off + p.mul],
+                &mut sc.prod,
+                &mut sc.row[p.out_off..p.out_off + p.mul * p.d3]
+            );
+        }
+    }
+    out_row.fill(T::ZERO);
+    transpose_ranges(&paths.out_ranges, &sc.row, out_row, false);
+}
+
+/// Weight and filter gradients of edge `e` (pass 1 of the backward).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn bwd_edge<T: Real>(
+    paths: &ConvPaths<T>,
+    graph: &ConvGraph,
+    ht: &[T],
+    sh: &[T],
+    w: &[T],
+    gat: &[T],
+    inv_den: T,
+    e: usize,
+    gw: &mut [T],
+    gy: &mut [T],
+    sc: &mut Scratch<T>,
+) {
+    let (di, dw, ds, dm) = (paths.dim_in, paths.dim_w, paths.dim_sh(), paths.dim_msg);
+    let (i, j) = (graph.centers[e] as usize, graph.neighbors[e] as usize);
+    let (hj, we, gi) = (
+        &ht[j * di..(j + 1) * di],
+        &w[e * dw..(e + 1) * dw],
+        &gat[i * dm..(i + 1) * dm],
+    );
+    paths.filters(&sh[e * ds..(e + 1) * ds], inv_den, &mut sc.t);
+    for p in &paths.paths {
+        dispatch!(
+            p.d1,
+            p.d3,
+            bwd_edge_kernel,
+            &hj[p.in_off..p.in_off + p.mul * p.d1],
+            &sc.t[p.t_off..p.t_off + p.d1 * p.d3],
+            &we[p.w_off..p.w_off + p.mul],
+            &gi[p.out_off..p.out_off + p.mul * p.d3],
+            &mut gw[p.w_off..p.w_off + p.mul],
+            &mut sc.gt[p.t_off..p.t_off + p.d1 * p.d3],
+            &mut sc.s,
+            &mut sc.prod
+        );
+    }
+    paths.filters_adjoint(&sc.gt, inv_den, gy);
+}
+
+/// Feature gradient of sender row `j` (pass 2 of the backward).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn bwd_sender_row<T: Real>(
+    paths: &ConvPaths<T>,
+    graph: &ConvGraph,
+    sh: &[T],
+    w: &[T],
+    gat: &[T],
+    inv_den: T,
+    j: usize,
+    gh_row: &mut [T],
+    sc: &mut Scratch<T>,
+) {
+    let (dw, ds, dm) = (paths.dim_w, paths.dim_sh(), paths.dim_msg);
+    sc.row.fill(T::ZERO);
+    for &e in &graph.neighbor_edges[graph.neighbor_offsets[j]..graph.neighbor_offsets[j + 1]] {
+        let e = e as usize;
+        let i = graph.centers[e] as usize;
+        let (we, gi) = (&w[e * dw..(e + 1) * dw], &gat[i * dm..(i + 1) * dm]);
+        paths.filters(&sh[e * ds..(e + 1) * ds], inv_den, &mut sc.t);
+        for p in &paths.paths {
+            dispatch!(
+                p.d1,
+                p.d3,
+                bwd_h_kernel,
+                &sc.t[p.t_off..p.t_off + p.d1 * p.d3],
+                &we[p.w_off..p.w_off + p.mul],
+                &gi[p.out_off..p.out_off + p.mul * p.d3],
+                &mut sc.prod,
+                &mut sc.row[p.in_off..p.in_off + p.mul * p.d1]
+            );
+        }
+    }
+    gh_row.fill(T::ZERO);
+    transpose_ranges(&paths.in_ranges, &sc.row, gh_row, false);
+}
+
+/// Whether the AVX2+FMA versions of the row kernels can run on this CPU.
+fn use_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Generates a copy of a row kernel compiled for AVX2+FMA, and a dispatcher
+/// that picks it when the CPU supports it. The arithmetic is identical; only
+/// the vector width changes.
+macro_rules! multiversion {
+    ($name:ident, $avx:ident, $inner:ident, ($($arg:ident : $ty:ty),*)) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma")]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $avx<T: Real>($($arg: $ty),*) {
+            $inner($($arg),*)
+        }
+
+        #[inline(always)]
+        #[allow(clippy::too_many_arguments)]
+        fn $name<T: Real>(avx2: bool, $($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            if avx2 {
+                // SAFETY: `avx2` is only true when use_avx2() detected AVX2
+                // and FMA on the running CPU.
+                return unsafe { $avx($($arg),*) };
+            }
+            let _ = avx2;
+            $inner($($arg),*)
+        }
+    };
+}
+
+multiversion!(fwd_row_mv, fwd_row_avx2, fwd_row, (
+    paths: &ConvPaths<T>, graph: &ConvGraph, ht: &[T], sh: &[T], w: &[T], inv_den: T, i: usize,
+    out_row: &mut [T], sc: &mut Scratch<T>
+));
+multiversion!(bwd_edge_mv, bwd_edge_avx2, bwd_edge, (
+    paths: &ConvPaths<T>, graph: &ConvGraph, ht: &[T], sh: &[T], w: &[T], gat: &[T], inv_den: T, e: usize,
+    gw: &mut [T], gy: &mut [T], sc: &mut Scratch<T>
+));
+multiversion!(bwd_sender_row_mv, bwd_sender_row_avx2, bwd_sender_row, (
+    paths: &ConvPaths<T>, graph: &ConvGraph, sh: &[T], w: &[T], gat: &[T], inv_den: T, j: usize,
+    gh_row: &mut [T], sc: &mut Scratch<T>
+));
 
 fn check_inputs<T: Real>(
     paths: &ConvPaths<T>,
@@ -461,7 +783,7 @@ fn check_inputs<T: Real>(
     sh: &[T],
     w: &[T],
     denominator: f64,
-) -> Result<Vec<T>, E3nnError> {
+) -> Result<T, E3nnError> {
     let (n, e) = (graph.n_rows, graph.n_edges());
     check_len("conv h", n * paths.dim_in, h.len())?;
     check_len("conv sh", e * paths.dim_sh(), sh.len())?;
@@ -471,11 +793,7 @@ fn check_inputs<T: Real>(
             "conv denominator must be finite and non-zero, got {denominator}"
         )));
     }
-    Ok(paths
-        .paths
-        .iter()
-        .map(|p| T::from_f64(p.alpha / denominator))
-        .collect())
+    Ok(T::from_f64(1.0 / denominator))
 }
 
 /// Forward: `out` (n_rows × dim_msg, overwritten) = Σ_{edges into i} msg_e / denominator.
@@ -489,34 +807,17 @@ pub fn conv_forward<T: Real>(
     denominator: f64,
     out: &mut [T],
 ) -> Result<(), E3nnError> {
-    let scales = check_inputs(paths, graph, h, sh, w, denominator)?;
-    let (dm, di, dw, ds) = (paths.dim_msg, paths.dim_in, paths.dim_w, paths.dim_sh());
+    let inv_den = check_inputs(paths, graph, h, sh, w, denominator)?;
+    let dm = paths.dim_msg;
     check_len("conv out", graph.n_rows * dm, out.len())?;
     if dm == 0 {
         return Ok(());
     }
+    let ht = rows_to_cm(&paths.in_ranges, h, paths.dim_in);
+    let avx2 = use_avx2();
     out.par_chunks_mut(dm).enumerate().for_each_init(
-        || vec![T::ZERO; paths.t_size],
-        |t, (i, row)| {
-            row.fill(T::ZERO);
-            for &e in &graph.center_edges[graph.center_offsets[i]..graph.center_offsets[i + 1]] {
-                let e = e as usize;
-                let j = graph.neighbors[e] as usize;
-                let (hj, we) = (&h[j * di..(j + 1) * di], &w[e * dw..(e + 1) * dw]);
-                paths.filters(&sh[e * ds..(e + 1) * ds], &scales, t);
-                for p in &paths.paths {
-                    dispatch!(
-                        p.d1,
-                        p.d3,
-                        fwd_kernel,
-                        &hj[p.in_off..p.in_off + p.mul * p.d1],
-                        &t[p.t_off..p.t_off + p.d1 * p.d3],
-                        &we[p.w_off..p.w_off + p.mul],
-                        &mut row[p.out_off..p.out_off + p.mul * p.d3]
-                    );
-                }
-            }
-        },
+        || paths.scratch(dm),
+        |sc, (i, row)| fwd_row_mv(avx2, paths, graph, &ht, sh, w, inv_den, i, row, sc),
     );
     Ok(())
 }
@@ -537,58 +838,29 @@ pub fn conv_backward<T: Real>(
     grad_sh: &mut [T],
     grad_w: &mut [T],
 ) -> Result<(), E3nnError> {
-    let scales = check_inputs(paths, graph, h, sh, w, denominator)?;
+    let inv_den = check_inputs(paths, graph, h, sh, w, denominator)?;
     let (n, ne) = (graph.n_rows, graph.n_edges());
     let (dm, di, dw, ds) = (paths.dim_msg, paths.dim_in, paths.dim_w, paths.dim_sh());
     check_len("conv grad_a", n * dm, grad_a.len())?;
     check_len("conv grad_h", n * di, grad_h.len())?;
     check_len("conv grad_sh", ne * ds, grad_sh.len())?;
     check_len("conv grad_w", ne * dw, grad_w.len())?;
+    let avx2 = use_avx2();
+    let gat = rows_to_cm(&paths.out_ranges, grad_a, dm);
 
     // Pass 1, over edges: weight and filter gradients (disjoint rows per edge).
     if dw == 0 {
         grad_sh.fill(T::ZERO);
     } else if ne > 0 {
+        let ht = rows_to_cm(&paths.in_ranges, h, di);
         grad_w
             .par_chunks_mut(dw)
             .zip(grad_sh.par_chunks_mut(ds))
             .enumerate()
             .for_each_init(
-                || (vec![T::ZERO; paths.t_size], vec![T::ZERO; paths.t_size]),
-                |(t, gt), (e, (gw, gy))| {
-                    let (i, j) = (graph.centers[e] as usize, graph.neighbors[e] as usize);
-                    let (hj, we, gi) = (
-                        &h[j * di..(j + 1) * di],
-                        &w[e * dw..(e + 1) * dw],
-                        &grad_a[i * dm..(i + 1) * dm],
-                    );
-                    paths.filters(&sh[e * ds..(e + 1) * ds], &scales, t);
-                    gy.fill(T::ZERO);
-                    for (p, &s) in paths.paths.iter().zip(&scales) {
-                        let gtp = &mut gt[p.t_off..p.t_off + p.d1 * p.d3];
-                        dispatch!(
-                            p.d1,
-                            p.d3,
-                            bwd_edge_kernel,
-                            &hj[p.in_off..p.in_off + p.mul * p.d1],
-                            &t[p.t_off..p.t_off + p.d1 * p.d3],
-                            &we[p.w_off..p.w_off + p.mul],
-                            &gi[p.out_off..p.out_off + p.mul * p.d3],
-                            &mut gw[p.w_off..p.w_off + p.mul],
-                            gtp
-                        );
-                        // ∂T[a,k]/∂Y[b] = s·C[a,b,k]
-                        let yb = &mut gy[p.l2 * p.l2..p.l2 * p.l2 + p.d2];
-                        for a in 0..p.d1 {
-                            for b in 0..p.d2 {
-                                let mut acc = T::ZERO;
-                                for k in 0..p.d3 {
-                                    acc += p.cg[(a * p.d2 + b) * p.d3 + k] * gtp[a * p.d3 + k];
-                                }
-                                yb[b] += s * acc;
-                            }
-                        }
-                    }
+                || paths.scratch(0),
+                |sc, (e, (gw, gy))| {
+                    bwd_edge_mv(avx2, paths, graph, &ht, sh, w, &gat, inv_den, e, gw, gy, sc)
                 },
             );
     }
@@ -596,29 +868,8 @@ pub fn conv_backward<T: Real>(
     // Pass 2, over sender rows: feature gradient.
     if di > 0 {
         grad_h.par_chunks_mut(di).enumerate().for_each_init(
-            || vec![T::ZERO; paths.t_size],
-            |t, (j, gh)| {
-                gh.fill(T::ZERO);
-                for &e in
-                    &graph.neighbor_edges[graph.neighbor_offsets[j]..graph.neighbor_offsets[j + 1]]
-                {
-                    let e = e as usize;
-                    let i = graph.centers[e] as usize;
-                    let (we, gi) = (&w[e * dw..(e + 1) * dw], &grad_a[i * dm..(i + 1) * dm]);
-                    paths.filters(&sh[e * ds..(e + 1) * ds], &scales, t);
-                    for p in &paths.paths {
-                        dispatch!(
-                            p.d1,
-                            p.d3,
-                            bwd_h_kernel,
-                            &t[p.t_off..p.t_off + p.d1 * p.d3],
-                            &we[p.w_off..p.w_off + p.mul],
-                            &gi[p.out_off..p.out_off + p.mul * p.d3],
-                            &mut gh[p.in_off..p.in_off + p.mul * p.d1]
-                        );
-                    }
-                }
-            },
+            || paths.scratch(di),
+            |sc, (j, gh)| bwd_sender_row_mv(avx2, paths, graph, sh, w, &gat, inv_den, j, gh, sc),
         );
     }
     Ok(())
