@@ -284,80 +284,22 @@ fn evaluate_single<T: Scalar>(
     for &c in &centers {
         neighbor_counts[c as usize] += 1.0;
     }
-    let pos = g.leaf(positions, n_atoms, 3, RowDomain::Atom);
-    let eps = g.leaf(vec![T::zero(); 9 * n_sys], n_sys, 9, RowDomain::System);
-    let cell = g.constant(cells, 3 * n_sys, 3, RowDomain::System);
-    let atom_system = g.index(
-        Arc::new(atom_system),
-        RowDomain::Atom,
-        RowDomain::System,
-        n_sys,
-        "atom_system",
+    let built = build_inputs(
+        &mut g,
+        LocalProblem {
+            positions,
+            numbers,
+            atom_system,
+            cells,
+            pbc: batch.iter().map(|s| s.pbc).collect(),
+            centers,
+            neighbors,
+            edge_system: edge_sys,
+            shifts: Some(shifts),
+        },
+        model.uses_runtime_graph(),
     )?;
-    let cell_rows: Vec<u32> = (0..3 * n_sys as u32).map(|r| r / 3).collect();
-    let cell_system = g.index(
-        Arc::new(cell_rows),
-        RowDomain::System,
-        RowDomain::System,
-        n_sys,
-        "cell_system",
-    )?;
-    let pos_s = g.apply_strain(pos, eps, atom_system)?;
-    let cell_s = g.apply_strain(cell, eps, cell_system)?;
-    let edges = if model.uses_runtime_graph() {
-        let n_edges = centers.len();
-        let c = g.index(
-            Arc::new(centers),
-            RowDomain::Edge,
-            RowDomain::Atom,
-            n_atoms,
-            "edge_center",
-        )?;
-        let n = g.index(
-            Arc::new(neighbors),
-            RowDomain::Edge,
-            RowDomain::Atom,
-            n_atoms,
-            "edge_neighbor",
-        )?;
-        let es = g.index(
-            Arc::new(edge_sys),
-            RowDomain::Edge,
-            RowDomain::System,
-            n_sys,
-            "edge_system",
-        )?;
-        debug_assert_eq!(shifts.len(), n_edges);
-        let vectors = g.edge_vectors(
-            pos_s,
-            c,
-            n,
-            Some(PeriodicShifts {
-                cell: cell_s,
-                shifts: Arc::new(shifts),
-                edge_system: es,
-            }),
-        )?;
-        let lengths = g.row_norm(vectors)?;
-        Some(ddmlip_engine::Edges {
-            center: c,
-            neighbor: n,
-            system: es,
-            vectors,
-            lengths,
-        })
-    } else {
-        None
-    };
-    let inputs = ModelInputs {
-        positions: pos_s,
-        cell: cell_s,
-        numbers: Arc::new(numbers),
-        atom_system,
-        n_systems: n_sys,
-        pbc: batch.iter().map(|s| s.pbc).collect(),
-        edges,
-    };
+    let (pos, eps, inputs) = (built.positions, built.strain, built.inputs);
     let out = model.forward_any(&mut g, &inputs)?;
     check_energy_shape(&g, out.energy, n_sys)?;
     let grads = g.grad(out.energy, None, &[pos, eps])?;
@@ -440,6 +382,116 @@ fn check_energy_shape<T: Scalar>(
         }));
     }
     Ok(())
+}
+
+/// What one process evaluates, as plain arrays: its atom rows, the cells, and
+/// the runtime graph (edge endpoints are row numbers).
+struct LocalProblem<T> {
+    /// rows × 3 (Å).
+    positions: Vec<T>,
+    numbers: Vec<u32>,
+    /// Row → system.
+    atom_system: Vec<u32>,
+    /// n_systems × 9, rows of each cell are lattice vectors.
+    cells: Vec<T>,
+    pbc: Vec<[bool; 3]>,
+    centers: Vec<u32>,
+    neighbors: Vec<u32>,
+    edge_system: Vec<u32>,
+    /// Integer image shifts per edge, or `None` when images are explicit atoms.
+    shifts: Option<Vec<[i32; 3]>>,
+}
+
+/// The differentiable leaves and what the model receives.
+struct BuiltInputs {
+    positions: ddmlip_engine::Tensor,
+    strain: ddmlip_engine::Tensor,
+    inputs: ModelInputs,
+}
+
+/// Puts a problem on the graph: position and strain leaves, strained
+/// positions and cells, and (when the model wants it) the runtime graph
+/// with edge vectors and lengths.
+fn build_inputs<T: Scalar>(
+    g: &mut Graph<T>,
+    p: LocalProblem<T>,
+    with_graph: bool,
+) -> Result<BuiltInputs, EvalError> {
+    let n_rows = p.numbers.len();
+    let n_sys = p.pbc.len();
+    let positions = g.leaf(p.positions, n_rows, 3, RowDomain::Atom);
+    let strain = g.leaf(vec![T::zero(); 9 * n_sys], n_sys, 9, RowDomain::System);
+    let cell = g.constant(p.cells, 3 * n_sys, 3, RowDomain::System);
+    let atom_system = g.index(
+        Arc::new(p.atom_system),
+        RowDomain::Atom,
+        RowDomain::System,
+        n_sys,
+        "atom_system",
+    )?;
+    let cell_rows: Vec<u32> = (0..3 * n_sys as u32).map(|r| r / 3).collect();
+    let cell_system = g.index(
+        Arc::new(cell_rows),
+        RowDomain::System,
+        RowDomain::System,
+        n_sys,
+        "cell_system",
+    )?;
+    let pos_s = g.apply_strain(positions, strain, atom_system)?;
+    let cell_s = g.apply_strain(cell, strain, cell_system)?;
+    let edges = if with_graph {
+        let c = g.index(
+            Arc::new(p.centers),
+            RowDomain::Edge,
+            RowDomain::Atom,
+            n_rows,
+            "edge_center",
+        )?;
+        let n = g.index(
+            Arc::new(p.neighbors),
+            RowDomain::Edge,
+            RowDomain::Atom,
+            n_rows,
+            "edge_neighbor",
+        )?;
+        let es = g.index(
+            Arc::new(p.edge_system),
+            RowDomain::Edge,
+            RowDomain::System,
+            n_sys,
+            "edge_system",
+        )?;
+        let periodic = p.shifts.map(|shifts| PeriodicShifts {
+            cell: cell_s,
+            shifts: Arc::new(shifts),
+            edge_system: es,
+        });
+        let vectors = g.edge_vectors(pos_s, c, n, periodic)?;
+        let lengths = g.row_norm(vectors)?;
+        Some(ddmlip_engine::Edges {
+            center: c,
+            neighbor: n,
+            system: es,
+            vectors,
+            lengths,
+        })
+    } else {
+        None
+    };
+    let inputs = ModelInputs {
+        positions: pos_s,
+        cell: cell_s,
+        numbers: Arc::new(p.numbers),
+        atom_system,
+        n_systems: n_sys,
+        pbc: p.pbc,
+        edges,
+    };
+    Ok(BuiltInputs {
+        positions,
+        strain,
+        inputs,
+    })
 }
 
 /// σ = (1/V)·sym(∂E/∂ε) in ASE Voigt order (xx yy zz yz xz xy); NaN rows for
@@ -878,69 +930,23 @@ fn rank_body<T: Scalar>(
     for &c in &centers {
         owned_counts[c as usize] += 1.0;
     }
-    let pos = g.leaf(positions, n_local, 3, RowDomain::Atom);
-    let eps = g.leaf(vec![T::zero(); 9 * n_sys], n_sys, 9, RowDomain::System);
-    let cell = g.constant(cells, 3 * n_sys, 3, RowDomain::System);
-    let atom_system = g.index(
-        Arc::new(atom_system),
-        RowDomain::Atom,
-        RowDomain::System,
-        n_sys,
-        "atom_system",
+    let built = build_inputs(
+        g,
+        LocalProblem {
+            positions,
+            numbers,
+            atom_system,
+            cells,
+            // Ghost images are explicit atoms: no periodicity left to apply.
+            pbc: vec![[false; 3]; n_sys],
+            centers,
+            neighbors,
+            edge_system: edge_sys,
+            shifts: None,
+        },
+        model.uses_runtime_graph(),
     )?;
-    let cell_rows: Vec<u32> = (0..3 * n_sys as u32).map(|r| r / 3).collect();
-    let cell_system = g.index(
-        Arc::new(cell_rows),
-        RowDomain::System,
-        RowDomain::System,
-        n_sys,
-        "cell_system",
-    )?;
-    let pos_s = g.apply_strain(pos, eps, atom_system)?;
-    let cell_s = g.apply_strain(cell, eps, cell_system)?;
-    let edges = if model.uses_runtime_graph() {
-        let c = g.index(
-            Arc::new(centers),
-            RowDomain::Edge,
-            RowDomain::Atom,
-            n_local,
-            "edge_center",
-        )?;
-        let n = g.index(
-            Arc::new(neighbors),
-            RowDomain::Edge,
-            RowDomain::Atom,
-            n_local,
-            "edge_neighbor",
-        )?;
-        let es = g.index(
-            Arc::new(edge_sys),
-            RowDomain::Edge,
-            RowDomain::System,
-            n_sys,
-            "edge_system",
-        )?;
-        let vectors = g.edge_vectors(pos_s, c, n, None)?;
-        let lengths = g.row_norm(vectors)?;
-        Some(ddmlip_engine::Edges {
-            center: c,
-            neighbor: n,
-            system: es,
-            vectors,
-            lengths,
-        })
-    } else {
-        None
-    };
-    let inputs = ModelInputs {
-        positions: pos_s,
-        cell: cell_s,
-        numbers: Arc::new(numbers),
-        atom_system,
-        n_systems: n_sys,
-        pbc: vec![[false; 3]; n_sys],
-        edges,
-    };
+    let (pos, eps, inputs) = (built.positions, built.strain, built.inputs);
     let out = model.forward_any(g, &inputs)?;
     check_energy_shape(g, out.energy, n_sys)?;
     // A replicated energy is the same number on every rank: seed it once so
