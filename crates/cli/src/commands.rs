@@ -10,6 +10,9 @@ use ddmlip_domain::runtime::{evaluate, EvalError, EvalOptions, EvalResult};
 use ddmlip_engine::{DType, Model};
 use std::path::{Path, PathBuf};
 
+#[path = "bench_cmd.rs"]
+pub mod bench_cmd;
+
 #[derive(Subcommand)]
 pub enum Command {
     /// Energies, forces and stress of every frame of a structure file.
@@ -23,6 +26,8 @@ pub enum Command {
     /// The embedded default job: a built-in model on a generated crystal, in one
     /// process and split over ranks, compared atom by atom.
     Demo(DemoArgs),
+    /// Benchmarks: model evaluation time and memory per rank count, GEMM rate.
+    Bench(bench_cmd::BenchArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum, Debug, PartialEq)]
@@ -135,6 +140,7 @@ pub fn run(cmd: Command) -> Result<u8, CliError> {
         Command::Partition(a) => partition(a),
         Command::Models => models(),
         Command::Demo(a) => demo(a),
+        Command::Bench(a) => bench_cmd::run(a),
     }
 }
 
