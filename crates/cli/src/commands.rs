@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 // `eval --backend mpi`; a child module so it shares this module's helpers.
 #[path = "mpi_cmd.rs"]
 mod mpi_cmd;
+#[path = "bench_cmd.rs"]
+pub mod bench_cmd;
 
 #[derive(Subcommand)]
 pub enum Command {
@@ -30,6 +32,8 @@ pub enum Command {
     /// Does the model give the single-process answer split over ranks? If not,
     /// why, and which spec fixes it.
     Validate(crate::validate_cmd::ValidateArgs),
+    /// Benchmarks: model evaluation time and memory per rank count, GEMM rate.
+    Bench(bench_cmd::BenchArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum, Debug, PartialEq)]
@@ -145,6 +149,7 @@ pub fn run(cmd: Command) -> Result<u8, CliError> {
         Command::Models => models(),
         Command::Demo(a) => demo(a),
         Command::Validate(a) => crate::validate_cmd::validate(a),
+        Command::Bench(a) => bench_cmd::run(a),
     }
 }
 
