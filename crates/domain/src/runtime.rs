@@ -7,7 +7,7 @@ use ddmlip_atoms::{Cell, System};
 use ddmlip_comm::{thread_world, Communicator, ThreadsConfig};
 use ddmlip_engine::ops::PeriodicShifts;
 use ddmlip_engine::{DType, EngineError, Graph, Model, ModelInputs, RowDomain, Scalar, Trace};
-use ddmlip_neighbors::{neighbor_list, NeighborOptions};
+use ddmlip_neighbors::{neighbor_list, neighbor_list_for_centers, NeighborOptions};
 use ddmlip_spec::{MLIPSpec, OutputKind};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -888,7 +888,9 @@ fn rank_body<T: Scalar>(
         } else {
             MIN_DISTANCE * 2.0
         };
-        let nl = neighbor_list(
+        // Only owned atoms centre edges; their neighbours may be ghosts.
+        let n_owned_s = dom.owned.len() as u32;
+        let nl = neighbor_list_for_centers(
             &local_pos,
             None,
             [false; 3],
@@ -896,9 +898,9 @@ fn rank_body<T: Scalar>(
                 cutoff,
                 half: false,
             },
+            n_owned_s as usize,
         )
         .map_err(|e| EvalError::Input(format!("frame {s}: {e}")))?;
-        let n_owned_s = dom.owned.len() as u32;
         for e in 0..nl.len() {
             if nl.centers[e] >= n_owned_s {
                 continue;

@@ -51,6 +51,39 @@ pub fn neighbor_list_into(
     opts: &NeighborOptions,
     out: &mut NeighborList,
 ) -> Result<(), NeighborError> {
+    search_into(positions, cell, pbc, opts, positions.len(), out)
+}
+
+/// [`neighbor_list`] restricted to the centres `0..n_centers` (neighbours
+/// are still any atom). A decomposed run uses it with the owned atoms first:
+/// ghost-centred pairs, which it would discard, are never searched.
+pub fn neighbor_list_for_centers(
+    positions: &[[f64; 3]],
+    cell: Option<&Cell>,
+    pbc: [bool; 3],
+    opts: &NeighborOptions,
+    n_centers: usize,
+) -> Result<NeighborList, NeighborError> {
+    let mut out = NeighborList::default();
+    search_into(
+        positions,
+        cell,
+        pbc,
+        opts,
+        n_centers.min(positions.len()),
+        &mut out,
+    )?;
+    Ok(out)
+}
+
+fn search_into(
+    positions: &[[f64; 3]],
+    cell: Option<&Cell>,
+    pbc: [bool; 3],
+    opts: &NeighborOptions,
+    n_centers: usize,
+    out: &mut NeighborList,
+) -> Result<(), NeighborError> {
     out.clear();
     let prepared = prepare(positions, cell, pbc, opts)?;
     let n_atoms = positions.len();
@@ -89,20 +122,38 @@ pub fn neighbor_list_into(
     // bins, which keeps the search in cache), in chunks that each produce a
     // compact per-centre list; a second pass gathers the lists into centre
     // order. The output is therefore independent of the thread count.
+    // Centres in bin order; when only the first `n_centers` atoms are centres,
+    // the others are dropped here (they stay in the bins as neighbours).
+    let restricted: Vec<u32>;
+    let order: &[u32] = if n_centers < n_atoms {
+        restricted = bins
+            .atom
+            .iter()
+            .copied()
+            .filter(|&a| (a as usize) < n_centers)
+            .collect();
+        &restricted
+    } else {
+        &bins.atom
+    };
+    let n_search = order.len();
+    if n_search == 0 {
+        return Ok(());
+    }
     let threads = rayon::current_num_threads().max(1);
-    let chunk_size = (n_atoms / (threads * 16)).clamp(64, 4096);
-    let n_chunks = n_atoms.div_ceil(chunk_size);
+    let chunk_size = (n_search / (threads * 16)).clamp(64, 4096);
+    let n_chunks = n_search.div_ceil(chunk_size);
     let pairs_per_center = prepared.estimated_pairs / n_atoms as f64;
     let chunks: Vec<ChunkPairs> = (0..n_chunks)
         .into_par_iter()
         .map(|c| {
             let start = c * chunk_size;
-            let end = (start + chunk_size).min(n_atoms);
+            let end = (start + chunk_size).min(n_search);
             let capacity = ((end - start) as f64 * (pairs_per_center * 1.1 + 8.0)) as usize;
-            search.run(&bins.atom[start..end], capacity)
+            search.run(&order[start..end], capacity)
         })
         .collect();
-    gather_in_center_order(&chunks, &bins.atom, chunk_size, out);
+    gather_in_center_order(&chunks, order, chunk_size, out);
     Ok(())
 }
 

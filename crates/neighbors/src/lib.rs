@@ -15,7 +15,7 @@ use ddmlip_atoms::{Cell, System};
 use thiserror::Error;
 
 pub use brute::brute_force_neighbor_list;
-pub use cell_list::{neighbor_list, neighbor_list_into};
+pub use cell_list::{neighbor_list, neighbor_list_for_centers, neighbor_list_into};
 
 /// Inputs whose estimated pair count exceeds this are rejected with
 /// [`NeighborError::TooManyPairs`] instead of exhausting memory.

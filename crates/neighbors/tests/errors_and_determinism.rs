@@ -153,3 +153,40 @@ fn reused_list_equals_fresh_list() {
     .is_err());
     assert!(kept.is_empty());
 }
+
+/// Restricting centres to the first atoms gives exactly the full list's pairs
+/// with those centres (brute force as the reference).
+#[test]
+fn centre_subset_equals_filtered_brute_force() {
+    use ddmlip_neighbors::{brute_force_neighbor_list, neighbor_list_for_centers, NeighborOptions};
+    let mut s = 12345u64;
+    let mut next = || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (s >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let positions: Vec<[f64; 3]> = (0..150)
+        .map(|_| [next() * 14.0, next() * 14.0, next() * 14.0])
+        .collect();
+    let opts = NeighborOptions {
+        cutoff: 3.7,
+        half: false,
+    };
+    for n_centers in [0, 1, 40, 149, 150, 400] {
+        let sub =
+            neighbor_list_for_centers(&positions, None, [false; 3], &opts, n_centers).unwrap();
+        let full = brute_force_neighbor_list(&positions, None, [false; 3], &opts).unwrap();
+        let keep: Vec<usize> = (0..full.len())
+            .filter(|&e| (full.centers[e] as usize) < n_centers)
+            .collect();
+        assert_eq!(sub.len(), keep.len(), "n_centers {n_centers}");
+        for (k, &e) in keep.iter().enumerate() {
+            assert_eq!(
+                (sub.centers[k], sub.neighbors[k], sub.shifts[k]),
+                (full.centers[e], full.neighbors[e], full.shifts[e])
+            );
+            assert!((sub.distances[k] - full.distances[e]).abs() < 1e-12);
+        }
+    }
+}

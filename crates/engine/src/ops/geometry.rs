@@ -45,15 +45,20 @@ impl<T: Scalar> Graph<T> {
         let xv = &self.nodes[x.id].value;
         let ev = &self.nodes[eps.id].value;
         let mut out = vec![T::zero(); rows * 3];
-        for r in 0..rows {
+        let strain_row = |(r, o): (usize, &mut [T])| {
             let e = &ev[ids[r] as usize * 9..ids[r] as usize * 9 + 9];
             for k in 0..3 {
                 let mut s = xv[r * 3 + k];
                 for m in 0..3 {
                     s += xv[r * 3 + m] * e[m * 3 + k];
                 }
-                out[r * 3 + k] = s;
+                o[k] = s;
             }
+        };
+        if rows * 3 >= PAR_THRESHOLD {
+            out.par_chunks_mut(3).enumerate().for_each(strain_row);
+        } else {
+            out.chunks_mut(3).enumerate().for_each(strain_row);
         }
         let nx = &self.nodes[x.id];
         let spec = NodeSpec {
@@ -257,12 +262,17 @@ impl<T: Scalar> Graph<T> {
         let (rows, cols) = self.shape(x);
         let xv = &self.nodes[x.id].value;
         let mut out = vec![T::zero(); rows];
-        for r in 0..rows {
-            out[r] = xv[r * cols..(r + 1) * cols]
+        let norm = |(r, o): (usize, &mut T)| {
+            *o = xv[r * cols..(r + 1) * cols]
                 .iter()
                 .map(|&v| v * v)
                 .sum::<T>()
                 .sqrt();
+        };
+        if rows * cols >= PAR_THRESHOLD {
+            out.par_iter_mut().enumerate().for_each(norm);
+        } else {
+            out.iter_mut().enumerate().for_each(norm);
         }
         let nx = &self.nodes[x.id];
         let spec = NodeSpec {

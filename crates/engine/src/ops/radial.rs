@@ -2,6 +2,7 @@
 
 use crate::graph::NodeSpec;
 use crate::{EngineError, Graph, Scalar, Tensor};
+use rayon::prelude::*;
 use std::f64::consts::PI;
 use std::sync::Arc;
 
@@ -101,14 +102,25 @@ impl<T: Scalar> Graph<T> {
         let dv = &self.nodes[d.id].value;
         let mut val = vec![T::zero(); rows * k];
         let mut der = vec![T::zero(); rows * k];
-        let (mut v64, mut d64) = (vec![0.0; k], vec![0.0; k]);
-        for r in 0..rows {
-            f.eval(dv[r].to_f64_lossless(), &mut v64, &mut d64);
-            for c in 0..k {
-                val[r * k + c] = T::of(v64[c]);
-                der[r * k + c] = T::of(d64[c]);
-            }
-        }
+        // Rows are independent; chunks keep one small scratch pair per task.
+        let chunk = 1024;
+        val.par_chunks_mut(chunk * k.max(1))
+            .zip(der.par_chunks_mut(chunk * k.max(1)))
+            .enumerate()
+            .for_each(|(ci, (vals, ders))| {
+                let (mut v64, mut d64) = (vec![0.0; k], vec![0.0; k]);
+                for (lr, (vrow, drow)) in vals
+                    .chunks_mut(k.max(1))
+                    .zip(ders.chunks_mut(k.max(1)))
+                    .enumerate()
+                {
+                    f.eval(dv[ci * chunk + lr].to_f64_lossless(), &mut v64, &mut d64);
+                    for c in 0..k {
+                        vrow[c] = T::of(v64[c]);
+                        drow[c] = T::of(d64[c]);
+                    }
+                }
+            });
         let nd = &self.nodes[d.id];
         let spec = NodeSpec {
             op: f.name().into(),
@@ -131,9 +143,12 @@ impl<T: Scalar> Graph<T> {
                     return Ok(());
                 }
                 let mut gd = vec![T::zero(); rows];
-                for r in 0..rows {
-                    gd[r] = (0..k).map(|c| g[r * k + c] * der[r * k + c]).sum();
-                }
+                gd.par_iter_mut()
+                    .enumerate()
+                    .with_min_len(1024)
+                    .for_each(|(r, o)| {
+                        *o = (0..k).map(|c| g[r * k + c] * der[r * k + c]).sum();
+                    });
                 ctx.accumulate(d, gd);
                 Ok(())
             }),
