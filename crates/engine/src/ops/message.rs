@@ -6,7 +6,6 @@
 //! kernels that act on each row independently, which need no exchange.
 
 use crate::graph::NodeSpec;
-use crate::ops::opaque::Shape;
 use crate::{EngineError, Graph, Index, OpaqueKernel, RowDomain, Scalar, Tensor};
 use ddmlip_spec::{GatherMode, ScatterMode};
 use std::sync::Arc;
@@ -195,78 +194,7 @@ impl<T: Scalar> Graph<T> {
         kernel: Arc<dyn OpaqueKernel<T>>,
         inputs: &[Tensor],
     ) -> Result<Tensor, EngineError> {
-        let name = kernel.name().to_string();
-        let shapes: Vec<Shape> = inputs
-            .iter()
-            .map(|t| {
-                (
-                    self.nodes[t.id].domain,
-                    self.nodes[t.id].rows,
-                    self.nodes[t.id].cols,
-                )
-            })
-            .collect();
-        let (domain, rows, cols) =
-            kernel
-                .output_shape(&shapes)
-                .map_err(|message| EngineError::Kernel {
-                    op: name.clone(),
-                    message,
-                })?;
-        let mut out = vec![T::zero(); rows * cols];
-        {
-            let slices: Vec<&[T]> = inputs
-                .iter()
-                .map(|t| self.nodes[t.id].value.as_slice())
-                .collect();
-            kernel
-                .forward(&slices, &shapes, &mut out)
-                .map_err(|message| EngineError::Kernel {
-                    op: name.clone(),
-                    message,
-                })?;
-        }
-        let fresh = inputs.iter().all(|t| self.nodes[t.id].fresh);
-        let replicated = inputs.iter().all(|t| self.nodes[t.id].replicated);
-        let spec = NodeSpec {
-            op: format!("rowwise:{name}"),
-            rows,
-            cols,
-            domain,
-            fresh,
-            replicated,
-        };
-        let ins = inputs.to_vec();
-        let k = kernel.clone();
-        self.push_op(
-            spec,
-            out,
-            inputs,
-            &[],
-            None,
-            Box::new(move |ctx, g| {
-                let slices: Vec<&[T]> = ins.iter().map(|&t| ctx.value(t)).collect();
-                let mut grads: Vec<Vec<T>> =
-                    slices.iter().map(|s| vec![T::zero(); s.len()]).collect();
-                match k.backward(&slices, &shapes, g, &mut grads) {
-                    None => {
-                        return Err(EngineError::NoBackward {
-                            op: format!("rowwise:{}", k.name()),
-                        })
-                    }
-                    Some(Err(message)) => {
-                        return Err(EngineError::Kernel {
-                            op: k.name().to_string(),
-                            message,
-                        })
-                    }
-                    Some(Ok(())) => {}
-                }
-                for (&t, gt) in ins.iter().zip(grads) {
-                    ctx.accumulate(t, gt);
-                }
-                Ok(())
-            }),
-        )
+        let op = format!("rowwise:{}", kernel.name());
+        self.push_kernel(kernel, inputs, op, None, true)
     }
 }

@@ -58,36 +58,6 @@ impl<T: Scalar> Graph<T> {
                 }
             }
         }
-        let shapes: Vec<Shape> = ins
-            .iter()
-            .map(|t| {
-                (
-                    self.nodes[t.id].domain,
-                    self.nodes[t.id].rows,
-                    self.nodes[t.id].cols,
-                )
-            })
-            .collect();
-        let (domain, rows, cols) =
-            kernel
-                .output_shape(&shapes)
-                .map_err(|message| EngineError::Kernel {
-                    op: name.clone(),
-                    message,
-                })?;
-        let mut out = vec![T::zero(); rows * cols];
-        {
-            let slices: Vec<&[T]> = ins
-                .iter()
-                .map(|t| self.nodes[t.id].value.as_slice())
-                .collect();
-            kernel
-                .forward(&slices, &shapes, &mut out)
-                .map_err(|message| EngineError::Kernel {
-                    op: name.clone(),
-                    message,
-                })?;
-        }
         let handler = if self.dist.is_some() {
             Some(if adapter.is_some() {
                 format!("opaque:{name}(adapter)")
@@ -97,45 +67,12 @@ impl<T: Scalar> Graph<T> {
         } else {
             None
         };
-        let spec = NodeSpec {
-            op: format!("opaque:{name}"),
-            rows,
-            cols,
-            domain,
-            fresh: false,
-            replicated: false,
-        };
-        let ins_b = ins.clone();
-        let k = kernel.clone();
-        let y = self.push_op(
-            spec,
-            out,
+        let y = self.push_kernel(
+            kernel,
             &ins,
-            &[],
+            format!("opaque:{name}"),
             handler.as_deref(),
-            Box::new(move |ctx, g| {
-                let slices: Vec<&[T]> = ins_b.iter().map(|&t| ctx.value(t)).collect();
-                let mut grads: Vec<Vec<T>> =
-                    slices.iter().map(|s| vec![T::zero(); s.len()]).collect();
-                match k.backward(&slices, &shapes, g, &mut grads) {
-                    None => {
-                        return Err(EngineError::NoBackward {
-                            op: format!("opaque:{}", k.name()),
-                        })
-                    }
-                    Some(Err(message)) => {
-                        return Err(EngineError::Kernel {
-                            op: k.name().to_string(),
-                            message,
-                        })
-                    }
-                    Some(Ok(())) => {}
-                }
-                for (&t, gt) in ins_b.iter().zip(grads) {
-                    ctx.accumulate(t, gt);
-                }
-                Ok(())
-            }),
+            false,
         )?;
         match adapter.as_ref().and_then(|a| a.outputs.get("0")) {
             Some(OutputTransform::ScatterOutputs) => {
@@ -149,6 +86,81 @@ impl<T: Scalar> Graph<T> {
             }
             None => Ok(y),
         }
+    }
+
+    /// Runs `kernel` on `ins` and records one node whose backward calls the
+    /// kernel's (shared by opaque and row-wise ops). `row_local` marks a
+    /// kernel that maps rows independently, so freshness and replication
+    /// carry over from the inputs.
+    pub(crate) fn push_kernel(
+        &mut self,
+        kernel: Arc<dyn OpaqueKernel<T>>,
+        ins: &[Tensor],
+        op: String,
+        handler: Option<&str>,
+        row_local: bool,
+    ) -> Result<Tensor, EngineError> {
+        let kernel_err = |message| EngineError::Kernel {
+            op: kernel.name().to_string(),
+            message,
+        };
+        let shapes: Vec<Shape> = ins
+            .iter()
+            .map(|t| {
+                (
+                    self.nodes[t.id].domain,
+                    self.nodes[t.id].rows,
+                    self.nodes[t.id].cols,
+                )
+            })
+            .collect();
+        let (domain, rows, cols) = kernel.output_shape(&shapes).map_err(kernel_err)?;
+        let mut out = vec![T::zero(); rows * cols];
+        {
+            let slices: Vec<&[T]> = ins
+                .iter()
+                .map(|t| self.nodes[t.id].value.as_slice())
+                .collect();
+            kernel
+                .forward(&slices, &shapes, &mut out)
+                .map_err(kernel_err)?;
+        }
+        let spec = NodeSpec {
+            op: op.clone(),
+            rows,
+            cols,
+            domain,
+            fresh: row_local && ins.iter().all(|t| self.nodes[t.id].fresh),
+            replicated: row_local && ins.iter().all(|t| self.nodes[t.id].replicated),
+        };
+        let ins_b = ins.to_vec();
+        let k = kernel.clone();
+        self.push_op(
+            spec,
+            out,
+            ins,
+            &[],
+            handler,
+            Box::new(move |ctx, g| {
+                let slices: Vec<&[T]> = ins_b.iter().map(|&t| ctx.value(t)).collect();
+                let mut grads: Vec<Vec<T>> =
+                    slices.iter().map(|s| vec![T::zero(); s.len()]).collect();
+                match k.backward(&slices, &shapes, g, &mut grads) {
+                    None => return Err(EngineError::NoBackward { op: op.clone() }),
+                    Some(Err(message)) => {
+                        return Err(EngineError::Kernel {
+                            op: k.name().to_string(),
+                            message,
+                        })
+                    }
+                    Some(Ok(())) => {}
+                }
+                for (&t, gt) in ins_b.iter().zip(grads) {
+                    ctx.accumulate(t, gt);
+                }
+                Ok(())
+            }),
+        )
     }
 
     /// The owned rows of a local Atom tensor. Backward pads ghost rows with zeros.
