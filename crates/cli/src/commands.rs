@@ -11,10 +11,11 @@ use ddmlip_engine::{DType, Model};
 use std::path::{Path, PathBuf};
 
 // `eval --backend mpi`; a child module so it shares this module's helpers.
+// `validate --backend mpi` reuses its MPI communicator wrapper.
 #[path = "bench_cmd.rs"]
 pub mod bench_cmd;
 #[path = "mpi_cmd.rs"]
-mod mpi_cmd;
+pub(crate) mod mpi_cmd;
 
 #[derive(Subcommand)]
 pub enum Command {

@@ -32,7 +32,7 @@ pub fn eval_mpi(args: EvalArgs) -> Result<u8, CliError> {
 }
 
 #[cfg(feature = "mpi")]
-mod with_mpi {
+pub(crate) mod with_mpi {
     use super::super::{eval_error, load_model, load_spec, read_structure, write_results};
     use super::EvalArgs;
     use crate::{output, CliError, EXIT_BAD_INPUT};
@@ -48,10 +48,26 @@ mod with_mpi {
     /// The process's MPI communicator, shared between the evaluation (which
     /// takes a `Box<dyn Communicator>` and keeps it until it returns) and this
     /// command, which still needs it afterwards to gather statistics. MPI is
-    /// finalised when the last handle is dropped.
-    struct SharedComm(Arc<Mutex<MpiCommunicator>>);
+    /// finalised when the last handle is dropped. `validate --backend mpi`
+    /// reuses it for every attempt.
+    pub(crate) struct SharedComm(Arc<Mutex<MpiCommunicator>>);
 
     impl SharedComm {
+        /// Starts MPI with `timeout` as the deadline of every blocking
+        /// point-to-point call.
+        pub(crate) fn init(timeout: std::time::Duration) -> Result<Self, CliError> {
+            let mpi = MpiCommunicator::init()
+                .map_err(|e| CliError::failed(anyhow!("cannot start MPI: {e}")))?
+                .with_timeout(timeout);
+            Ok(Self(Arc::new(Mutex::new(mpi))))
+        }
+
+        /// Another handle on the same communicator (for a call that consumes
+        /// a `Box<dyn Communicator>`).
+        pub(crate) fn handle(&self) -> Self {
+            Self(Arc::clone(&self.0))
+        }
+
         fn lock(&self) -> MutexGuard<'_, MpiCommunicator> {
             // A poisoned lock only means a panic elsewhere on this rank; the
             // communicator itself holds no invariant a panic could break.
@@ -131,7 +147,7 @@ mod with_mpi {
 
     /// Aborts the whole job with `message` (this call does not return under
     /// MPI); the error is returned only for the type checker's sake.
-    fn abort(comm: &SharedComm, message: String) -> CliError {
+    pub(crate) fn abort(comm: &SharedComm, message: String) -> CliError {
         comm.abort(&message);
         CliError::failed(anyhow!(message))
     }
@@ -140,7 +156,10 @@ mod with_mpi {
     /// and always terminates, so every rank reaches this collective. Returns
     /// `Err` on every rank if any rank failed; rank 0's error names them all,
     /// the other ranks' is silent (status only).
-    fn agree_on_input(comm: &SharedComm, verdict: &Result<Prepared, CliError>) -> Result<(), u8> {
+    pub(crate) fn agree_on_input<T>(
+        comm: &SharedComm,
+        verdict: &Result<T, CliError>,
+    ) -> Result<(), u8> {
         // One byte of exit status, then the message (empty when fine).
         let mine: Vec<u8> = match verdict {
             Ok(_) => vec![0],
@@ -187,10 +206,7 @@ mod with_mpi {
     }
 
     pub(super) fn eval(a: EvalArgs) -> Result<u8, CliError> {
-        let mpi = MpiCommunicator::init()
-            .map_err(|e| CliError::failed(anyhow!("cannot start MPI: {e}")))?
-            .with_timeout(DEFAULT_TIMEOUT);
-        let comm = SharedComm(Arc::new(Mutex::new(mpi)));
+        let comm = SharedComm::init(DEFAULT_TIMEOUT)?;
         let (rank, size) = (comm.rank(), comm.size());
         if rank == 0 {
             if let Some(n) = a.ranks.filter(|&n| n != size) {
@@ -215,7 +231,7 @@ mod with_mpi {
         };
 
         let started = Instant::now();
-        let handle = SharedComm(Arc::clone(&comm.0));
+        let handle = comm.handle();
         // On failure the evaluation aborts the job itself (MPI_Abort with the
         // failing rank's message), so an `Err` reaching here is unexpected;
         // abort anyway so no peer is left waiting.

@@ -1,14 +1,20 @@
 //! `ddmlip validate`: does the model give the single-process answer split
 //! over ranks, and if not, which spec fixes it. Thin wrapper over
-//! `ddmlip_validate::trace_and_validate`.
+//! `ddmlip_validate::trace_and_validate` (threads backend) and
+//! `ddmlip_validate::trace_and_validate_with` (one MPI process per rank).
 
-use crate::commands::{load_model, read_structure};
+use crate::commands::{load_model, read_structure, Backend};
 use crate::CliError;
 use anyhow::{anyhow, Context};
 use clap::Args;
-use ddmlip_validate::{trace_and_validate, ValidateError, ValidateOptions};
+use ddmlip_atoms::System;
+use ddmlip_engine::Model;
+use ddmlip_validate::{trace_and_validate, TraceReport, ValidateError, ValidateOptions};
 use std::path::PathBuf;
 use std::time::Duration;
+
+/// Ranks of the threads backend when `--ranks` is not given.
+const DEFAULT_RANKS: usize = 4;
 
 #[derive(Args)]
 pub struct ValidateArgs {
@@ -18,9 +24,14 @@ pub struct ValidateArgs {
     /// Extended XYZ structure file (several frames = a batch).
     #[arg(long)]
     structure: PathBuf,
-    /// Ranks of the decomposed run (threads).
-    #[arg(long, default_value_t = 4)]
-    ranks: usize,
+    /// Ranks of the decomposed run (threads) [default: 4]. Under
+    /// `--backend mpi` the rank count is the MPI job's size instead.
+    #[arg(long)]
+    ranks: Option<usize>,
+    /// Communication backend of the decomposed runs: threads of this process,
+    /// or one MPI process per rank (`mpirun -n N ddmlip validate --backend mpi ...`).
+    #[arg(long, value_enum, default_value_t = Backend::Threads)]
+    backend: Backend,
     /// Prior spec (JSON), kept verbatim as the first candidate; default: the model's own.
     #[arg(long)]
     spec: Option<PathBuf>,
@@ -47,8 +58,16 @@ pub struct ValidateArgs {
     timeout: f64,
 }
 
-/// Runs the validation; exit status 0 pass, 1 fail (2 comes back as an error).
-pub fn validate(a: ValidateArgs) -> Result<u8, CliError> {
+/// Everything a validation needs, read and checked.
+struct Prepared {
+    model: Box<dyn Model>,
+    frames: Vec<System>,
+    options: ValidateOptions,
+}
+
+/// Reads the model, structure and prior spec; `ranks` is the decomposed
+/// runs' rank count.
+fn prepare(a: &ValidateArgs, ranks: usize) -> Result<Prepared, CliError> {
     if !(a.timeout.is_finite() && a.timeout > 0.0) {
         return Err(CliError::input(anyhow!(
             "--timeout must be a positive number of seconds, got {}",
@@ -63,7 +82,7 @@ pub fn validate(a: ValidateArgs) -> Result<u8, CliError> {
     let model = load_model(&a.model)?;
     let frames = read_structure(&a.structure)?;
     let options = ValidateOptions {
-        ranks: a.ranks,
+        ranks,
         atol: a.atol,
         rtol: a.rtol,
         prior,
@@ -72,9 +91,21 @@ pub fn validate(a: ValidateArgs) -> Result<u8, CliError> {
         timeout: Duration::from_secs_f64(a.timeout),
         ..Default::default()
     };
-    let report = trace_and_validate(model.as_ref(), &frames, &options).map_err(|e| match e {
+    Ok(Prepared {
+        model,
+        frames,
+        options,
+    })
+}
+
+fn validate_error(e: ValidateError) -> CliError {
+    match e {
         ValidateError::Options(_) | ValidateError::Input(_) => CliError::input(e),
-    })?;
+    }
+}
+
+/// Writes `--spec-out`, prints the report; returns the exit status.
+fn finish(a: &ValidateArgs, report: &TraceReport) -> Result<u8, CliError> {
     if let Some(out) = &a.spec_out {
         std::fs::write(out, report.spec.to_json() + "\n")
             .with_context(|| format!("writing {}", out.display()))
@@ -89,4 +120,269 @@ pub fn validate(a: ValidateArgs) -> Result<u8, CliError> {
         }
     }
     Ok(if report.ok { 0 } else { crate::EXIT_FAILED })
+}
+
+/// Runs the validation; exit status 0 pass, 1 fail (2 comes back as an error).
+pub fn validate(a: ValidateArgs) -> Result<u8, CliError> {
+    if a.backend == Backend::Mpi {
+        return validate_mpi(a);
+    }
+    let p = prepare(&a, a.ranks.unwrap_or(DEFAULT_RANKS))?;
+    let report =
+        trace_and_validate(p.model.as_ref(), &p.frames, &p.options).map_err(validate_error)?;
+    finish(&a, &report)
+}
+
+/// `validate --backend mpi`: this process's rank of an MPI job. Without the
+/// `mpi` cargo feature this is a usage error (status 2).
+fn validate_mpi(a: ValidateArgs) -> Result<u8, CliError> {
+    #[cfg(feature = "mpi")]
+    {
+        with_mpi::validate(a)
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        let _ = a;
+        Err(CliError::input(anyhow!(
+            "this ddmlip was built without MPI support; rebuild it with \
+             `cargo build --release --features mpi` (needs OpenMPI: libopenmpi-dev openmpi-bin, \
+             and libclang-dev), then launch `mpirun -n N ddmlip validate --backend mpi ...`"
+        )))
+    }
+}
+
+/// The MPI protocol. Rank 0 runs the whole validation (reference, inference,
+/// comparison, auto-fix, report); every decomposed attempt is one collective
+/// step of all ranks:
+///
+/// 1. rank 0 all-gathers a command: `RUN` + the attempt's options as JSON
+///    (the spec chosen by auto-fix exists only on rank 0), or `DONE` + the
+///    final exit status;
+/// 2. on `RUN` every rank runs its part with `evaluate_on_communicator`;
+/// 3. every rank all-gathers its trace, handler firings and sizes as JSON, so
+///    rank 0's diagnostics see every rank, as with the threads backend.
+///
+/// A rank failing inside an attempt aborts the job (MPI_Abort with its
+/// message), as `eval --backend mpi` does: the other ranks would otherwise
+/// wait for it.
+#[cfg(feature = "mpi")]
+mod with_mpi {
+    use super::{finish, prepare, validate_error, ValidateArgs};
+    use crate::commands::mpi_cmd::with_mpi::{abort, agree_on_input, SharedComm};
+    use crate::CliError;
+    use anyhow::anyhow;
+    use ddmlip_atoms::System;
+    use ddmlip_comm::{Buffer, Communicator, SendBuf};
+    use ddmlip_domain::runtime::{
+        check_batch, evaluate_on_communicator, EvalError, EvalOptions, EvalResult, RankResult,
+    };
+    use ddmlip_engine::{DType, Model, Trace};
+    use ddmlip_spec::MLIPSpec;
+    use ddmlip_validate::trace_and_validate_with;
+    use serde::{Deserialize, Serialize};
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    /// Command byte: the job is over; the next byte is the exit status.
+    const DONE: u8 = 0;
+    /// Command byte: run the attempt whose options follow as JSON.
+    const RUN: u8 = 1;
+
+    /// The options of one attempt, as rank 0 sends them.
+    #[derive(Serialize, Deserialize)]
+    struct AttemptCommand {
+        spec: Option<MLIPSpec>,
+        f32: bool,
+        trace: bool,
+        check_finite: bool,
+        /// Å.
+        skin: f64,
+        /// s.
+        timeout: f64,
+    }
+
+    impl AttemptCommand {
+        fn of(o: &EvalOptions) -> Self {
+            Self {
+                spec: o.spec.clone(),
+                f32: o.dtype == DType::F32,
+                trace: o.trace,
+                check_finite: o.check_finite,
+                skin: o.skin,
+                timeout: o.timeout.as_secs_f64(),
+            }
+        }
+
+        fn options(self, ranks: usize) -> EvalOptions {
+            EvalOptions {
+                dtype: if self.f32 { DType::F32 } else { DType::F64 },
+                ranks,
+                spec: self.spec,
+                trace: self.trace,
+                check_finite: self.check_finite,
+                skin: self.skin,
+                timeout: Duration::from_secs_f64(self.timeout),
+                ..Default::default()
+            }
+        }
+    }
+
+    /// What one rank contributes to rank 0's view of an attempt.
+    #[derive(Serialize, Deserialize)]
+    struct RankReport {
+        trace: Option<Trace>,
+        handler_counts: BTreeMap<String, usize>,
+        bytes_sent: u64,
+        /// (owned rows, ghost rows, edges).
+        sizes: (usize, usize, usize),
+    }
+
+    impl RankReport {
+        fn of(r: &RankResult) -> Self {
+            Self {
+                trace: r.trace.clone(),
+                handler_counts: r.handler_counts.clone(),
+                bytes_sent: r.bytes_sent,
+                sizes: r.sizes,
+            }
+        }
+    }
+
+    fn bytes(b: Option<&Buffer>) -> &[u8] {
+        match b {
+            Some(Buffer::Bytes(v)) => v,
+            _ => &[],
+        }
+    }
+
+    /// One attempt on this rank, then every rank's report (rank order).
+    /// Any failure aborts the job: a peer is inside the same collective step.
+    fn run_attempt(
+        comm: &SharedComm,
+        model: &dyn Model,
+        frames: &[System],
+        opts: &EvalOptions,
+    ) -> Result<(RankResult, Vec<RankReport>), EvalError> {
+        let ranked = evaluate_on_communicator(model, frames, opts, Box::new(comm.handle()))
+            .inspect_err(|e| comm.abort(&e.to_string()))?;
+        let mine = serde_json::to_vec(&RankReport::of(&ranked))
+            .map_err(|e| fatal(comm, format!("encoding this rank's trace: {e}")))?;
+        let all = comm
+            .all_gather(SendBuf::Bytes(&mine))
+            .map_err(|e| fatal(comm, format!("gathering traces: {e}")))?;
+        let reports = all
+            .iter()
+            .enumerate()
+            .map(|(rank, b)| {
+                serde_json::from_slice(bytes(Some(b)))
+                    .map_err(|e| fatal(comm, format!("decoding rank {rank}'s trace: {e}")))
+            })
+            .collect::<Result<Vec<RankReport>, _>>()?;
+        Ok((ranked, reports))
+    }
+
+    /// Aborts the job; the error only satisfies the type checker.
+    fn fatal(comm: &SharedComm, message: String) -> EvalError {
+        comm.abort(&message);
+        EvalError::Input(message)
+    }
+
+    /// Rank 0's decomposed runner: announce, run, collect every rank's part.
+    fn lead_attempt(
+        comm: &SharedComm,
+        model: &dyn Model,
+        frames: &[System],
+        opts: &EvalOptions,
+    ) -> Result<EvalResult, EvalError> {
+        let mut command = vec![RUN];
+        serde_json::to_writer(&mut command, &AttemptCommand::of(opts))
+            .map_err(|e| fatal(comm, format!("encoding the attempt: {e}")))?;
+        comm.all_gather(SendBuf::Bytes(&command))
+            .map_err(|e| fatal(comm, format!("announcing the attempt: {e}")))?;
+        let (ranked, reports) = run_attempt(comm, model, frames, opts)?;
+        let mut result = ranked
+            .result
+            .ok_or_else(|| fatal(comm, "rank 0 produced no result".into()))?;
+        result.traces = Vec::with_capacity(reports.len());
+        result.handler_counts.clear();
+        result.rank_sizes.clear();
+        result.bytes_sent = 0;
+        for r in reports {
+            result.traces.extend(r.trace);
+            for (k, v) in r.handler_counts {
+                *result.handler_counts.entry(k).or_insert(0) += v;
+            }
+            result.bytes_sent += r.bytes_sent;
+            result.rank_sizes.push(r.sizes);
+        }
+        Ok(result)
+    }
+
+    /// Ranks 1..N: follow rank 0's commands until `DONE`; returns its status.
+    fn follow(comm: &SharedComm, model: &dyn Model, frames: &[System]) -> Result<u8, CliError> {
+        let size = comm.size();
+        loop {
+            let all = comm
+                .all_gather(SendBuf::Bytes(&[]))
+                .map_err(|e| abort(comm, format!("waiting for rank 0: {e}")))?;
+            let command = bytes(all.first());
+            match command.split_first() {
+                Some((&DONE, status)) => return Ok(status.first().copied().unwrap_or(1)),
+                Some((&RUN, json)) => {
+                    let cmd: AttemptCommand = serde_json::from_slice(json)
+                        .map_err(|e| abort(comm, format!("decoding rank 0's attempt: {e}")))?;
+                    run_attempt(comm, model, frames, &cmd.options(size))
+                        .map_err(|e| abort(comm, e.to_string()))?;
+                }
+                _ => return Err(abort(comm, "unknown command from rank 0".into())),
+            }
+        }
+    }
+
+    pub(super) fn validate(a: ValidateArgs) -> Result<u8, CliError> {
+        let timeout = if a.timeout.is_finite() && a.timeout > 0.0 {
+            Duration::from_secs_f64(a.timeout)
+        } else {
+            // `prepare` rejects it below, on every rank.
+            ddmlip_comm::DEFAULT_TIMEOUT
+        };
+        let comm = SharedComm::init(timeout)?;
+        let (rank, size) = (comm.rank(), comm.size());
+        if rank == 0 {
+            if let Some(n) = a.ranks.filter(|&n| n != size) {
+                eprintln!(
+                    "warning: --ranks {n} ignored: this MPI job has {size} process(es), one rank each \
+                     (set the rank count with mpirun/srun -n)"
+                );
+            }
+        }
+        // Every rank reads and checks its own input; the verdicts are shared
+        // so that a bad input stops every rank with status 2.
+        let verdict = prepare(&a, size).and_then(|p| {
+            check_batch(p.model.as_ref(), &p.frames)
+                .map_err(|e| CliError::input(anyhow!("{e}")))?;
+            Ok(p)
+        });
+        if let Err(status) = agree_on_input(&comm, &verdict) {
+            return Ok(status);
+        }
+        let Ok(p) = verdict else {
+            return Err(abort(&comm, "inconsistent input verdict".into()));
+        };
+        if rank != 0 {
+            return follow(&comm, p.model.as_ref(), &p.frames);
+        }
+        let outcome = trace_and_validate_with(p.model.as_ref(), &p.frames, &p.options, &mut |o| {
+            lead_attempt(&comm, p.model.as_ref(), &p.frames, o)
+        })
+        .map_err(validate_error)
+        .and_then(|report| finish(&a, &report));
+        let status = match &outcome {
+            Ok(s) => *s,
+            Err(e) => e.status,
+        };
+        comm.all_gather(SendBuf::Bytes(&[DONE, status]))
+            .map_err(|e| abort(&comm, format!("releasing the other ranks: {e}")))?;
+        outcome
+    }
 }

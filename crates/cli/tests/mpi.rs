@@ -138,6 +138,28 @@ fn mpi_backend_without_the_feature_says_how_to_build_it() {
     assert!(stderr.contains("--features mpi"), "{}", describe(&o));
 }
 
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn validate_mpi_backend_without_the_feature_says_how_to_build_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write(dir.path(), "cu.xyz", &fcc_cu(2, 0.05, 1));
+    let o = ddmlip()
+        .args([
+            "validate",
+            "--model",
+            "lj",
+            "--backend",
+            "mpi",
+            "--structure",
+        ])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", describe(&o));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("--features mpi"), "{}", describe(&o));
+}
+
 #[cfg(feature = "mpi")]
 mod with_mpi {
     use super::*;
@@ -438,5 +460,126 @@ mod with_mpi {
         assert!(stderr.contains("Å apart"), "{}", describe(&o));
         assert!(o.stdout.is_empty(), "{}", describe(&o));
         assert!(elapsed < Duration::from_secs(30), "took {elapsed:?}");
+    }
+
+    /// The report of `validate --json` (pretty JSON on stdout, rank 0 only).
+    fn report_of(o: &Output) -> Value {
+        serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("one JSON report expected ({e}); {}", describe(o)))
+    }
+
+    #[test]
+    fn validate_mpi_gives_the_threads_verdict_on_2_and_4_ranks() {
+        if !mpirun_available() {
+            eprintln!("skipped: mpirun not found");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let f = write(dir.path(), "cu.xyz", &fcc_cu(3, 0.05, 7));
+        for n in [2, 4] {
+            let threads = ddmlip()
+                .args(["validate", "--json", "--model", "schnet-demo", "--ranks"])
+                .arg(n.to_string())
+                .arg("--structure")
+                .arg(&f)
+                .output()
+                .unwrap();
+            assert_eq!(threads.status.code(), Some(0), "{}", describe(&threads));
+            let (o, _) = mpirun(
+                n,
+                &[
+                    "validate",
+                    "--backend",
+                    "mpi",
+                    "--json",
+                    "--model",
+                    "schnet-demo",
+                ],
+                &f,
+            );
+            assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+            let (t, m) = (report_of(&threads), report_of(&o));
+            assert_eq!(m["ok"], Value::Bool(true));
+            assert_eq!(m["ranks"], Value::from(n));
+            assert_eq!(m["spec"], t["spec"], "{n} ranks: same working spec");
+            let (ta, ma) = (&t["attempts"], &m["attempts"]);
+            assert_eq!(ma.as_array().unwrap().len(), ta.as_array().unwrap().len());
+            // Same outputs passed, and handler firings summed over all MPI
+            // ranks equal the threads backend's sum over its ranks.
+            assert_eq!(ma[0]["passed_outputs"], ta[0]["passed_outputs"]);
+            assert_eq!(ma[0]["handler_counts"], ta[0]["handler_counts"]);
+            for (k, v) in ma[0]["max_rel_diff"].as_object().unwrap() {
+                assert!(v.as_f64().unwrap() <= 1e-10, "{n} ranks, {k}: {v}");
+            }
+        }
+    }
+
+    #[test]
+    fn validate_mpi_wrong_prior_fails_without_autofix_and_is_fixed_with_it() {
+        if !mpirun_available() {
+            eprintln!("skipped: mpirun not found");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let f = write(dir.path(), "cu.xyz", &fcc_cu(3, 0.05, 11));
+        // The standard energy-model spec with scatter switched to
+        // halo_correction: wrong for a model that builds its own graph.
+        let mut spec: Value =
+            serde_json::from_str(&ddmlip_spec::MLIPSpec::standard_energy_model().to_json())
+                .unwrap();
+        spec["policy"]["scatter"] = Value::from("halo_correction");
+        let prior = write(dir.path(), "prior.json", &spec.to_string());
+        let out = dir.path().join("fixed.json");
+        let args = |extra: &[&str]| {
+            let mut v = vec![
+                "validate".to_string(),
+                "--backend".into(),
+                "mpi".into(),
+                "--model".into(),
+                "rebuild-demo".into(),
+                "--spec".into(),
+                prior.display().to_string(),
+                "--spec-out".into(),
+                out.display().to_string(),
+            ];
+            v.extend(extra.iter().map(|s| s.to_string()));
+            v
+        };
+        let off = args(&["--no-autofix", "--json"]);
+        let off: Vec<&str> = off.iter().map(String::as_str).collect();
+        let (o, _) = mpirun(4, &off, &f);
+        assert_eq!(o.status.code(), Some(1), "{}", describe(&o));
+        let r = report_of(&o);
+        assert_eq!(r["ok"], Value::Bool(false));
+        assert_eq!(r["attempts"].as_array().unwrap().len(), 1);
+        // The wrong handler fired on every one of the 4 ranks.
+        let fired = r["attempts"][0]["handler_counts"]["scatter:halo_correction"].as_u64();
+        assert_eq!(fired, Some(4), "{}", describe(&o));
+
+        let on = args(&[]);
+        let on: Vec<&str> = on.iter().map(String::as_str).collect();
+        let (o, _) = mpirun(4, &on, &f);
+        assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert!(stdout.contains("fix applied"), "{}", describe(&o));
+        let fixed: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+        assert_eq!(fixed["policy"]["scatter"], Value::from("local"));
+    }
+
+    #[test]
+    fn validate_mpi_bad_input_exits_2_on_every_rank() {
+        if !mpirun_available() {
+            eprintln!("skipped: mpirun not found");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let f = write(dir.path(), "cu.xyz", &fcc_cu(2, 0.05, 3));
+        let (o, t) = mpirun(
+            2,
+            &["validate", "--backend", "mpi", "--model", "no-such-model"],
+            &f,
+        );
+        assert_eq!(o.status.code(), Some(2), "{}", describe(&o));
+        assert!(t < Duration::from_secs(60), "no hang: {t:?}");
     }
 }

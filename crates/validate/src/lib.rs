@@ -272,6 +272,28 @@ pub fn trace_and_validate(
     batch: &[System],
     options: &ValidateOptions,
 ) -> Result<TraceReport, ValidateError> {
+    trace_and_validate_with(model, batch, options, &mut |opts| {
+        evaluate(model, batch, opts)
+    })
+}
+
+/// A backend that runs one decomposed attempt of a validation: given the
+/// attempt's options (`ranks == ValidateOptions::ranks`, `spec` set, traces
+/// and finite checks on), it returns the consolidated result with one trace
+/// per rank (rank order) and handler firings summed over ranks, like
+/// [`evaluate`] does for the threads backend.
+pub type DecomposedRunner<'a> = dyn FnMut(&EvalOptions) -> Result<EvalResult, EvalError> + 'a;
+
+/// [`trace_and_validate`] with the decomposed runs delegated to `runner`
+/// (for instance one MPI process per rank). The single-process reference
+/// still runs here, in this process, with [`evaluate`]; `runner` is called
+/// once per attempt, in order, and never for the reference.
+pub fn trace_and_validate_with(
+    model: &dyn Model,
+    batch: &[System],
+    options: &ValidateOptions,
+    runner: &mut DecomposedRunner<'_>,
+) -> Result<TraceReport, ValidateError> {
     let started = Instant::now();
     check_options(options)?;
     let (prior, prior_source) = match (&options.prior, model.declared_spec()) {
@@ -367,6 +389,7 @@ pub fn trace_and_validate(
             model,
             batch,
             options,
+            &mut *runner,
             &spec,
             rationale,
             &reference,
@@ -508,29 +531,27 @@ fn score(a: &Attempt) -> f64 {
     a.failed_outputs.len() as f64 * 1e7 + worst
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_attempt(
     model: &dyn Model,
     batch: &[System],
     options: &ValidateOptions,
+    runner: &mut DecomposedRunner<'_>,
     spec: &MLIPSpec,
     rationale: String,
     reference: &EvalResult,
     halo_radius: f64,
 ) -> (Attempt, RunData) {
     let t0 = Instant::now();
-    let result = evaluate(
-        model,
-        batch,
-        &EvalOptions {
-            dtype: options.dtype,
-            ranks: options.ranks,
-            spec: Some(spec.clone()),
-            trace: true,
-            check_finite: true,
-            timeout: options.timeout,
-            ..Default::default()
-        },
-    );
+    let result = runner(&EvalOptions {
+        dtype: options.dtype,
+        ranks: options.ranks,
+        spec: Some(spec.clone()),
+        trace: true,
+        check_finite: true,
+        timeout: options.timeout,
+        ..Default::default()
+    });
     let seconds = t0.elapsed().as_secs_f64();
     let mut attempt = Attempt {
         spec: spec.clone(),
