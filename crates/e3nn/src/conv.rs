@@ -922,11 +922,11 @@ fn row_blocks(offsets: &[usize]) -> Vec<(usize, usize)> {
 
 /// Splits `buf` into consecutive pieces of `width × (b.1 − b.0)` elements,
 /// where `b` runs over `bounds` (which must tile `0..buf.len()/width`).
-fn split_blocks<'a, T>(
-    mut buf: &'a mut [T],
+fn split_blocks<T>(
+    mut buf: &mut [T],
     bounds: impl Iterator<Item = (usize, usize)>,
     width: usize,
-) -> Vec<&'a mut [T]> {
+) -> Vec<&mut [T]> {
     let mut out = Vec::new();
     for (a, b) in bounds {
         let (head, tail) = std::mem::take(&mut buf).split_at_mut((b - a) * width);
