@@ -21,7 +21,10 @@ pub mod sevennet;
 pub mod sh;
 pub mod wigner;
 
-pub use conv::{conv_backward, conv_forward, ConvGraph, ConvPaths, TpPath};
+pub use conv::{
+    conv_backward, conv_forward, radial_conv_backward, radial_conv_forward, ConvGraph, ConvPaths,
+    TpPath,
+};
 pub use error::E3nnError;
 pub use gate::Gate;
 pub use irreps::{Irrep, Irreps, IrrepsLinear};

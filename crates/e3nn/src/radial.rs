@@ -233,6 +233,114 @@ impl<T: Real> RadialMlp<T> {
     }
 }
 
+/// Reusable buffers for running a [`RadialMlp`] on blocks of at most
+/// `max_rows` rows: hidden pre-activations (kept for the backward), hidden
+/// activations and two gradient buffers.
+#[derive(Clone, Debug)]
+pub(crate) struct MlpScratch<T> {
+    max_rows: usize,
+    /// Per hidden layer, pre-activations `z_k` (max_rows × width).
+    pre: Vec<Vec<T>>,
+    /// Per hidden layer, activations `φ(z_k)`.
+    act: Vec<Vec<T>>,
+    /// Ping-pong buffers for hidden-layer gradients (max_rows × max hidden width).
+    grad: [Vec<T>; 2],
+}
+
+impl<T: Real> RadialMlp<T> {
+    /// Scratch for blocks of up to `max_rows` rows.
+    pub(crate) fn scratch(&self, max_rows: usize) -> MlpScratch<T> {
+        let hidden = &self.widths[1..self.widths.len() - 1];
+        let widest = hidden.iter().copied().max().unwrap_or(0);
+        MlpScratch {
+            max_rows,
+            pre: hidden
+                .iter()
+                .map(|&w| vec![T::ZERO; max_rows * w])
+                .collect(),
+            act: hidden
+                .iter()
+                .map(|&w| vec![T::ZERO; max_rows * w])
+                .collect(),
+            grad: [
+                vec![T::ZERO; max_rows * widest],
+                vec![T::ZERO; max_rows * widest],
+            ],
+        }
+    }
+
+    /// Forward of `rows ≤ max_rows` rows (`input` rows × dim_in) into `out`
+    /// (rows × dim_out), leaving the hidden pre-activations in `s` for
+    /// [`Self::backward_block`]. Same arithmetic as [`Self::forward`].
+    pub(crate) fn forward_block(
+        &self,
+        input: &[T],
+        rows: usize,
+        s: &mut MlpScratch<T>,
+        out: &mut [T],
+    ) {
+        debug_assert!(rows <= s.max_rows);
+        let nl = self.weights.len();
+        for (k, w) in self.weights.iter().enumerate() {
+            let (i, on) = (self.widths[k], self.widths[k + 1]);
+            let x = if k == 0 {
+                &input[..rows * i]
+            } else {
+                &s.act[k - 1][..rows * i]
+            };
+            if k + 1 == nl {
+                matmul(rows, i, on, x, w, &mut out[..rows * on]);
+            } else {
+                let z = &mut s.pre[k][..rows * on];
+                matmul(rows, i, on, x, w, z);
+                for (a, &zv) in s.act[k][..rows * on].iter_mut().zip(z.iter()) {
+                    *a = nsilu(zv);
+                }
+            }
+        }
+    }
+
+    /// Input gradient (`grad_in`, rows × dim_in, overwritten) of the block
+    /// last passed to [`Self::forward_block`] with `s`, from `grad_out`
+    /// (rows × dim_out). Same arithmetic as [`Self::backward`].
+    pub(crate) fn backward_block(
+        &self,
+        rows: usize,
+        s: &mut MlpScratch<T>,
+        grad_out: &[T],
+        grad_in: &mut [T],
+    ) {
+        let nl = self.weights.len();
+        let [ga, gb] = &mut s.grad;
+        // `cur` holds the gradient w.r.t. the output of layer k (None: grad_out).
+        let mut cur_is_a: Option<bool> = None;
+        for k in (0..nl).rev() {
+            let (i, on) = (self.widths[k], self.widths[k + 1]);
+            let g: &[T] = match cur_is_a {
+                None => &grad_out[..rows * on],
+                Some(true) => &ga[..rows * on],
+                Some(false) => &gb[..rows * on],
+            };
+            if k == 0 {
+                matmul_bt(rows, on, i, g, &self.weights[k], &mut grad_in[..rows * i]);
+            } else {
+                // Write into the buffer `g` does not live in.
+                let into_a = cur_is_a != Some(true);
+                let (src, dst): (&[T], &mut [T]) = match cur_is_a {
+                    None => (&grad_out[..rows * on], &mut ga[..rows * i]),
+                    Some(true) => (&ga[..rows * on], &mut gb[..rows * i]),
+                    Some(false) => (&gb[..rows * on], &mut ga[..rows * i]),
+                };
+                matmul_bt(rows, on, i, src, &self.weights[k], dst);
+                for (gv, &z) in dst.iter_mut().zip(&s.pre[k - 1][..rows * i]) {
+                    *gv *= nsilu_grad(z);
+                }
+                cur_is_a = Some(into_a);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

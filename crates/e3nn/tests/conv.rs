@@ -2,7 +2,8 @@
 //! materialised messages, and its gradients against finite differences.
 
 use ddmlip_e3nn::{
-    conv_backward, conv_forward, sh_dim, sh_forward, wigner_3j, ConvGraph, ConvPaths, Irreps,
+    conv_backward, conv_forward, radial_conv_backward, radial_conv_forward, sh_dim, sh_forward,
+    wigner_3j, ConvGraph, ConvPaths, Irreps, RadialMlp,
 };
 
 struct Rng(u64);
@@ -291,4 +292,96 @@ fn bad_inputs_are_errors() {
     let mut out = vec![0.0; s.n * s.paths.dim_msg()];
     assert!(conv_forward(&s.paths, &graph, &s.h[1..], &s.sh, &s.w, 1.0, &mut out).is_err());
     assert!(conv_forward(&s.paths, &graph, &s.h, &s.sh, &s.w, 0.0, &mut out).is_err());
+}
+
+/// The fused radial-MLP + convolution kernels against the unfused path
+/// (`RadialMlp::forward` for all edges, then `conv_forward`; backward via
+/// `conv_backward` and `RadialMlp::backward`), on a graph large enough to span
+/// many edge blocks, with a hub row of more than one block's worth of edges
+/// and rows that receive or send nothing.
+#[test]
+fn fused_radial_conv_matches_unfused() {
+    let ir = Irreps::parse("4x0e+3x1e+2x2e+1x3e").unwrap();
+    let (paths, _, _) = ConvPaths::<f64>::uvu_sorted(&ir, 3, |_| 1, |l| l <= 3, wigner_3j).unwrap();
+    let mut rng = Rng(11);
+    let (n, ne, nb) = (150usize, 2000usize, 8usize);
+    let mut centers = Vec::new();
+    let mut neighbors = Vec::new();
+    for e in 0..ne {
+        // Rows 140.. never receive, rows 0..5 never send; row 70 is a hub.
+        let c = if e % 5 == 0 { 70 } else { rng.below(140) };
+        centers.push(c);
+        neighbors.push(5 + rng.below(145));
+    }
+    let graph = ConvGraph::new(n, &centers, &neighbors).unwrap();
+    let widths = [nb, 16, 12, paths.dim_w()];
+    let mats: Vec<Vec<f64>> = (0..3).map(|k| rng.vec(widths[k] * widths[k + 1])).collect();
+    let radial = RadialMlp::<f64>::new(&widths, &mats).unwrap();
+    let vecs: Vec<[f64; 3]> = (0..ne)
+        .map(|_| [rng.next() * 3.0, rng.next() * 3.0, rng.next() * 3.0])
+        .collect();
+    let mut sh = vec![0.0; ne * sh_dim(3)];
+    sh_forward(&vecs, 3, &mut sh).unwrap();
+    let h = rng.vec(n * ir.dim());
+    let emb = rng.vec(ne * nb);
+    let denom = 2.9;
+    let dm = paths.dim_msg();
+
+    // Unfused reference.
+    let mut w = vec![0.0; ne * paths.dim_w()];
+    radial.forward(&emb, ne, &mut w).unwrap();
+    let mut want = vec![0.0; n * dm];
+    conv_forward(&paths, &graph, &h, &sh, &w, denom, &mut want).unwrap();
+    let g = rng.vec(n * dm);
+    let (mut gh0, mut gsh0, mut gw0) =
+        (vec![0.0; h.len()], vec![0.0; sh.len()], vec![0.0; w.len()]);
+    conv_backward(
+        &paths, &graph, &h, &sh, &w, denom, &g, &mut gh0, &mut gsh0, &mut gw0,
+    )
+    .unwrap();
+    let mut gemb0 = vec![0.0; emb.len()];
+    radial.backward(&emb, ne, &gw0, &mut gemb0).unwrap();
+
+    // Fused.
+    let mut out = vec![f64::NAN; n * dm];
+    radial_conv_forward(&paths, &radial, denom, &graph, &h, &emb, &sh, &mut out).unwrap();
+    let (mut gh, mut gemb, mut gsh) = (
+        vec![f64::NAN; h.len()],
+        vec![f64::NAN; emb.len()],
+        vec![f64::NAN; sh.len()],
+    );
+    radial_conv_backward(
+        &paths, &radial, denom, &graph, &h, &emb, &sh, &g, &mut gh, &mut gemb, &mut gsh,
+    )
+    .unwrap();
+    for (name, got, want) in [
+        ("out", &out, &want),
+        ("grad_h", &gh, &gh0),
+        ("grad_emb", &gemb, &gemb0),
+        ("grad_sh", &gsh, &gsh0),
+    ] {
+        let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        assert!(scale > 1e-3, "{name} trivially zero");
+        for (k, (a, b)) in got.iter().zip(want.iter()).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-12 * scale.max(1.0),
+                "{name}[{k}]: fused {a} vs unfused {b}"
+            );
+        }
+    }
+    // Rows that receive nothing have a zero output; rows that send nothing a zero gradient.
+    assert!(out[140 * dm..].iter().all(|v| *v == 0.0));
+    assert!(gh[..5 * ir.dim()].iter().all(|v| *v == 0.0));
+
+    // Same result on a repeat (blocks are fixed by the graph, not the scheduler).
+    let mut again = vec![0.0; n * dm];
+    radial_conv_forward(&paths, &radial, denom, &graph, &h, &emb, &sh, &mut again).unwrap();
+    assert_eq!(out, again);
+
+    // Mismatched MLP output width and bad lengths are errors.
+    let small = RadialMlp::<f64>::new(&[nb, 3], &[rng.vec(nb * 3)]).unwrap();
+    assert!(radial_conv_forward(&paths, &small, denom, &graph, &h, &emb, &sh, &mut out).is_err());
+    assert!(
+        radial_conv_forward(&paths, &radial, denom, &graph, &h, &emb[1..], &sh, &mut out).is_err()
+    );
 }

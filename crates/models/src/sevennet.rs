@@ -6,7 +6,7 @@
 use ddmlip_e3nn::sevennet::{
     type_index, InteractionBlock, SevenNet, SevenNetWeights, N_SPECIES, SPECIES,
 };
-use ddmlip_e3nn::{conv_backward, conv_forward, ConvGraph, Gate, IrrepsLinear, Real};
+use ddmlip_e3nn::{radial_conv_backward, radial_conv_forward, ConvGraph, Gate, IrrepsLinear, Real};
 use ddmlip_engine::ops::opaque::Shape;
 use ddmlip_engine::{
     EngineError, Graph, MessageInputs, MessageKernel, Model, ModelInfo, ModelInputs, ModelOutputs,
@@ -349,19 +349,15 @@ impl<T: Scalar + Real> MessageKernel<T> for ConvKernel<T> {
     }
     fn forward(&self, x: &MessageInputs<'_, T>, out: &mut [T]) -> Result<(), String> {
         let b = self.block();
-        let ne = x.center.len();
         let graph = ConvGraph::new(x.n_rows, x.center, x.neighbor).map_err(kernel_err)?;
-        let mut w = vec![<T as Real>::ZERO; ne * b.radial.dim_out()];
-        b.radial
-            .forward(x.edges[0], ne, &mut w)
-            .map_err(kernel_err)?;
-        conv_forward(
+        radial_conv_forward(
             &b.conv,
+            &b.radial,
+            b.denominator,
             &graph,
             x.nodes[0],
+            x.edges[0],
             x.edges[1],
-            &w,
-            b.denominator,
             out,
         )
         .map_err(kernel_err)
@@ -374,31 +370,21 @@ impl<T: Scalar + Real> MessageKernel<T> for ConvKernel<T> {
         ge: &mut [Vec<T>],
     ) -> Result<(), String> {
         let b = self.block();
-        let ne = x.center.len();
         let graph = ConvGraph::new(x.n_rows, x.center, x.neighbor).map_err(kernel_err)?;
-        let mut w = vec![<T as Real>::ZERO; ne * b.radial.dim_out()];
-        b.radial
-            .forward(x.edges[0], ne, &mut w)
-            .map_err(kernel_err)?;
-        let mut gw = vec![<T as Real>::ZERO; w.len()];
-        let (gh, rest) = gn.split_at_mut(1);
-        let _ = rest;
         let (gemb, gsh) = ge.split_at_mut(1);
-        conv_backward(
+        radial_conv_backward(
             &b.conv,
+            &b.radial,
+            b.denominator,
             &graph,
             x.nodes[0],
+            x.edges[0],
             x.edges[1],
-            &w,
-            b.denominator,
             g,
-            &mut gh[0],
+            &mut gn[0],
+            &mut gemb[0],
             &mut gsh[0],
-            &mut gw,
         )
-        .map_err(kernel_err)?;
-        b.radial
-            .backward(x.edges[0], ne, &gw, &mut gemb[0])
-            .map_err(kernel_err)
+        .map_err(kernel_err)
     }
 }
