@@ -4,7 +4,7 @@
 
 use crate::graph::{Csr, NodeSpec};
 use crate::ops::PAR_THRESHOLD;
-use crate::{EngineError, Graph, Index, RowDomain, Scalar, Tensor};
+use crate::{DataMut, Distributor, EngineError, Graph, Index, RowDomain, Scalar, Tensor};
 use ddmlip_spec::{GatherMode, ScatterMode};
 use rayon::prelude::*;
 
@@ -303,37 +303,7 @@ impl<T: Scalar> Graph<T> {
 
     /// Overwrites ghost rows with their owners' rows. Adjoint: reverse-sum.
     pub(crate) fn halo_refresh(&mut self, x: Tensor, handler: &str) -> Result<Tensor, EngineError> {
-        let (rows, cols) = self.shape(x);
-        let mut v = self.nodes[x.id].value.clone();
-        let d = self
-            .dist
-            .as_deref_mut()
-            .ok_or_else(|| EngineError::shape("halo_refresh", "not distributed"))?;
-        d.refresh(T::data_mut(&mut v), cols)?;
-        let spec = NodeSpec {
-            op: "halo_refresh".into(),
-            rows,
-            cols,
-            domain: RowDomain::Atom,
-            fresh: true,
-            replicated: false,
-        };
-        self.push_op(
-            spec,
-            v,
-            &[x],
-            &[],
-            Some(handler),
-            Box::new(move |ctx, g| {
-                // Every rank runs this adjoint (requires_grad is rank-independent).
-                let mut gx = g.to_vec();
-                ctx.count("halo:reverse_sum(adjoint)");
-                ctx.dist("halo_refresh.backward")?
-                    .reverse_sum(T::data_mut(&mut gx), cols)?;
-                ctx.accumulate(x, gx);
-                Ok(())
-            }),
-        )
+        self.collective(x, Collective::Refresh, handler)
     }
 
     /// Adds ghost rows into their owners and zeroes them. Adjoint: refresh.
@@ -342,57 +312,44 @@ impl<T: Scalar> Graph<T> {
         x: Tensor,
         handler: &str,
     ) -> Result<Tensor, EngineError> {
-        let (rows, cols) = self.shape(x);
-        let mut v = self.nodes[x.id].value.clone();
-        let d = self
-            .dist
-            .as_deref_mut()
-            .ok_or_else(|| EngineError::shape("halo_reverse_sum", "not distributed"))?;
-        d.reverse_sum(T::data_mut(&mut v), cols)?;
-        let spec = NodeSpec {
-            op: "halo_reverse_sum".into(),
-            rows,
-            cols,
-            domain: RowDomain::Atom,
-            fresh: false,
-            replicated: false,
-        };
-        self.push_op(
-            spec,
-            v,
-            &[x],
-            &[],
-            Some(handler),
-            Box::new(move |ctx, g| {
-                let mut gx = g.to_vec();
-                ctx.count("halo:refresh(adjoint)");
-                ctx.dist("halo_reverse_sum.backward")?
-                    .refresh(T::data_mut(&mut gx), cols)?;
-                ctx.accumulate(x, gx);
-                Ok(())
-            }),
-        )
+        self.collective(x, Collective::ReverseSum, handler)
     }
 
     /// Element-wise sum over ranks (replicated result). Adjoint: all-reduce of
     /// the gradient — the transpose of the map (x₁…x_P) ↦ (Σx, …, Σx).
     pub(crate) fn all_reduce(&mut self, x: Tensor, handler: &str) -> Result<Tensor, EngineError> {
+        self.collective(x, Collective::AllReduce, handler)
+    }
+
+    /// Records one communication step as a node whose backward runs the
+    /// step's transpose; every rank runs both (requires_grad is rank-independent).
+    fn collective(
+        &mut self,
+        x: Tensor,
+        step: Collective,
+        handler: &str,
+    ) -> Result<Tensor, EngineError> {
         let (rows, cols) = self.shape(x);
         let mut v = self.nodes[x.id].value.clone();
         let d = self
             .dist
             .as_deref_mut()
-            .ok_or_else(|| EngineError::shape("all_reduce", "not distributed"))?;
-        d.all_reduce_sum(T::data_mut(&mut v))?;
-        let domain = self.nodes[x.id].domain;
+            .ok_or_else(|| EngineError::shape(step.op(), "not distributed"))?;
+        step.apply(d, T::data_mut(&mut v), cols)?;
+        let (domain, fresh, replicated) = match step {
+            Collective::Refresh => (RowDomain::Atom, true, false),
+            Collective::ReverseSum => (RowDomain::Atom, false, false),
+            Collective::AllReduce => (self.nodes[x.id].domain, true, true),
+        };
         let spec = NodeSpec {
-            op: "all_reduce".into(),
+            op: step.op().into(),
             rows,
             cols,
             domain,
-            fresh: true,
-            replicated: true,
+            fresh,
+            replicated,
         };
+        let adjoint = step.adjoint();
         self.push_op(
             spec,
             v,
@@ -401,9 +358,8 @@ impl<T: Scalar> Graph<T> {
             Some(handler),
             Box::new(move |ctx, g| {
                 let mut gx = g.to_vec();
-                ctx.count("reduce:all_reduce(adjoint)");
-                ctx.dist("all_reduce.backward")?
-                    .all_reduce_sum(T::data_mut(&mut gx))?;
+                ctx.count(adjoint.adjoint_handler());
+                adjoint.apply(ctx.dist(adjoint.op())?, T::data_mut(&mut gx), cols)?;
                 ctx.accumulate(x, gx);
                 Ok(())
             }),
@@ -417,6 +373,59 @@ impl<T: Scalar> Graph<T> {
             self.all_reduce(x, "reduce:all_reduce(explicit)")
         } else {
             Ok(x)
+        }
+    }
+}
+
+/// The communication steps of the distributed handlers, as linear maps on a
+/// rank's rows; each one's adjoint is another step.
+#[derive(Debug, Clone, Copy)]
+enum Collective {
+    /// Owners → ghosts (overwrite).
+    Refresh,
+    /// Ghosts → owners (add), ghosts zeroed.
+    ReverseSum,
+    /// Sum over ranks.
+    AllReduce,
+}
+
+impl Collective {
+    fn op(self) -> &'static str {
+        match self {
+            Collective::Refresh => "halo_refresh",
+            Collective::ReverseSum => "halo_reverse_sum",
+            Collective::AllReduce => "all_reduce",
+        }
+    }
+
+    /// The transpose: refresh ↔ reverse-sum, all-reduce ↔ all-reduce.
+    fn adjoint(self) -> Self {
+        match self {
+            Collective::Refresh => Collective::ReverseSum,
+            Collective::ReverseSum => Collective::Refresh,
+            Collective::AllReduce => Collective::AllReduce,
+        }
+    }
+
+    /// Handler name counted when this step runs as an adjoint.
+    fn adjoint_handler(self) -> &'static str {
+        match self {
+            Collective::Refresh => "halo:refresh(adjoint)",
+            Collective::ReverseSum => "halo:reverse_sum(adjoint)",
+            Collective::AllReduce => "reduce:all_reduce(adjoint)",
+        }
+    }
+
+    fn apply(
+        self,
+        d: &mut dyn Distributor,
+        data: DataMut<'_>,
+        cols: usize,
+    ) -> Result<(), EngineError> {
+        match self {
+            Collective::Refresh => d.refresh(data, cols),
+            Collective::ReverseSum => d.reverse_sum(data, cols),
+            Collective::AllReduce => d.all_reduce_sum(data),
         }
     }
 }
