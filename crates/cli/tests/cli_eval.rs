@@ -67,11 +67,15 @@ struct Files {
 }
 
 impl Files {
-    /// Written once per test binary (importing ASE costs about a second of CPU).
+    /// Written once per test process (importing ASE costs about a second of
+    /// CPU). The folder is per process: nextest runs each test in its own
+    /// process, in parallel, and a shared folder would be rewritten under a
+    /// reader's feet.
     fn get() -> &'static Files {
         static FILES: OnceLock<Files> = OnceLock::new();
         FILES.get_or_init(|| {
-            let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli_eval_structures");
+            let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+                .join(format!("cli_eval_structures_{}", std::process::id()));
             std::fs::create_dir_all(&dir).unwrap();
             let perm = python(WRITE_STRUCTURES, &[dir.to_str().unwrap()]);
             Files {
