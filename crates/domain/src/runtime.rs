@@ -618,6 +618,27 @@ pub struct RankResult {
     pub sizes: (usize, usize, usize),
 }
 
+/// The spec a decomposed run follows and the partition of every system over
+/// `ranks` (the same on every rank: a pure function of the input).
+fn plan_split(
+    model: &dyn Model,
+    batch: &[System],
+    opts: &EvalOptions,
+    ranks: usize,
+) -> Result<(MLIPSpec, Vec<Partition>), EvalError> {
+    let spec = effective_spec(model, opts);
+    let width = ghost_width(model, &spec, opts.skin);
+    let parts = batch
+        .iter()
+        .enumerate()
+        .map(|(s, sys)| {
+            partition_system(sys, ranks, width)
+                .map_err(|e| EvalError::Input(format!("frame {s}: {e}")))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((spec, parts))
+}
+
 /// Runs this process's rank of a decomposed evaluation over an external
 /// communicator (one MPI process per rank). Every rank must call it with the
 /// same batch and options; rank 0's [`RankResult::result`] holds the outputs.
@@ -628,19 +649,7 @@ pub fn evaluate_on_communicator(
     comm: Box<dyn Communicator>,
 ) -> Result<RankResult, EvalError> {
     let ranks = comm.size();
-    let prepared = check_batch(model, batch).and_then(|_| {
-        let spec = effective_spec(model, opts);
-        let width = ghost_width(model, &spec, opts.skin);
-        let parts: Vec<Partition> = batch
-            .iter()
-            .enumerate()
-            .map(|(s, sys)| {
-                partition_system(sys, ranks, width)
-                    .map_err(|e| EvalError::Input(format!("frame {s}: {e}")))
-            })
-            .collect::<Result<_, _>>()?;
-        Ok((spec, parts))
-    });
+    let prepared = check_batch(model, batch).and_then(|_| plan_split(model, batch, opts, ranks));
     let (spec, parts) = match prepared {
         Ok(p) => p,
         Err(e) => {
@@ -678,16 +687,7 @@ fn evaluate_threads(
     opts: &EvalOptions,
 ) -> Result<EvalResult, EvalError> {
     let ranks = opts.ranks;
-    let spec = effective_spec(model, opts);
-    let width = ghost_width(model, &spec, opts.skin);
-    let parts: Vec<Partition> = batch
-        .iter()
-        .enumerate()
-        .map(|(s, sys)| {
-            partition_system(sys, ranks, width)
-                .map_err(|e| EvalError::Input(format!("frame {s}: {e}")))
-        })
-        .collect::<Result<_, _>>()?;
+    let (spec, parts) = plan_split(model, batch, opts, ranks)?;
     let layout = Layout::new(&parts, batch, ranks);
     let comms = thread_world(
         ranks,
