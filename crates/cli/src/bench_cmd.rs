@@ -12,7 +12,7 @@ use crate::CliError;
 use anyhow::{anyhow, Context};
 use clap::{Args, Subcommand, ValueEnum};
 use ddmlip_atoms::System;
-use ddmlip_domain::runtime::{evaluate, EvalOptions};
+use ddmlip_domain::runtime::{EvalOptions, EvalResult, Evaluator, RankTimings};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::process::{Command as Process, Stdio};
@@ -64,8 +64,8 @@ struct ModelBenchArgs {
     /// Rank counts to time (threads backend), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1")]
     ranks: Vec<usize>,
-    /// Rayon threads per rank; the process pool has ranks × threads workers,
-    /// shared by all ranks. Default: the machine's cores / ranks (at least 1).
+    /// Rayon threads per rank: each rank of a split run has its own pool of
+    /// this many workers. Default: the machine's cores / ranks (at least 1).
     #[arg(long)]
     threads: Option<usize>,
     /// Timed evaluations after the warm-up; the median is reported.
@@ -111,7 +111,7 @@ pub struct ModelRecord {
     pub edges: usize,
     pub ranks: usize,
     pub threads_per_rank: usize,
-    /// Workers of the process-wide rayon pool (ranks × threads per rank).
+    /// Rayon workers of all ranks together (ranks × threads per rank).
     pub pool_threads: usize,
     /// `MATMUL_NUM_THREADS` as seen by the process (matrixmultiply's own threads).
     pub matmul_num_threads: Option<String>,
@@ -139,6 +139,50 @@ pub struct ModelRecord {
     pub ghost_owned_ratio: f64,
     /// Bytes sent by all ranks during one evaluation.
     pub bytes_per_step: u64,
+    /// Where the last timed evaluation's wall time went (decomposed runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phases: Option<PhaseBreakdown>,
+}
+
+/// One decomposed evaluation's time line, in seconds: the serial partition,
+/// then each phase as mean and maximum over ranks.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PhaseBreakdown {
+    /// Partition and halo layout, before the ranks start.
+    pub partition_s: f64,
+    /// Mean over ranks of [setup, forward, backward, reduce, gather, comm].
+    pub mean_s: [f64; 6],
+    /// Maximum over ranks of the same phases.
+    pub max_s: [f64; 6],
+    /// Earliest and latest rank end (s since the call started).
+    pub rank_end_s: [f64; 2],
+}
+
+impl PhaseBreakdown {
+    fn of(r: &EvalResult) -> Option<Self> {
+        if r.rank_timings.is_empty() {
+            return None;
+        }
+        let n = r.rank_timings.len() as f64;
+        let phases = |t: &RankTimings| [t.setup, t.forward, t.backward, t.reduce, t.gather, t.comm];
+        let mut mean_s = [0.0; 6];
+        let mut max_s = [0.0f64; 6];
+        let mut rank_end_s = [f64::INFINITY, 0.0f64];
+        for t in &r.rank_timings {
+            for (k, v) in phases(t).into_iter().enumerate() {
+                mean_s[k] += v / n;
+                max_s[k] = max_s[k].max(v);
+            }
+            rank_end_s[0] = rank_end_s[0].min(t.end());
+            rank_end_s[1] = rank_end_s[1].max(t.end());
+        }
+        Some(Self {
+            partition_s: r.partition_s,
+            mean_s,
+            max_s,
+            rank_end_s,
+        })
+    }
 }
 
 /// `bench model` summary: the records plus scaling against the smallest rank count.
@@ -334,10 +378,10 @@ fn model_child(a: &ModelBenchArgs) -> Result<u8, CliError> {
             "--threads and --repeats must be at least 1"
         )));
     }
-    // Ranks are std threads that call into rayon from outside any pool, so
-    // they all share the global pool: size it for every rank's share.
+    // A single-process run uses the global pool; decomposed runs give each
+    // rank a private pool of `threads` workers (EvalOptions::threads_per_rank).
     rayon::ThreadPoolBuilder::new()
-        .num_threads(ranks * threads)
+        .num_threads(threads)
         .build_global()
         .context("building the rayon pool")
         .map_err(CliError::failed)?;
@@ -360,11 +404,15 @@ fn model_child(a: &ModelBenchArgs) -> Result<u8, CliError> {
     let opts = EvalOptions {
         dtype: a.dtype.into(),
         ranks,
+        threads_per_rank: threads,
         ..Default::default()
     };
     let rss_before = read_status_kib("VmRSS:").unwrap_or(0) * 1024;
+    // Like an MD run: one evaluator, whose ranks keep their memory between
+    // steps; the warm-up step maps it.
+    let mut evaluator = Evaluator::new(model.as_ref(), opts);
     let t0 = Instant::now();
-    let first = evaluate(model.as_ref(), &frames, &opts).map_err(CliError::failed)?;
+    let first = evaluator.evaluate(&frames).map_err(CliError::failed)?;
     let warmup_s = t0.elapsed().as_secs_f64();
     drop(first);
     let mut times = Vec::with_capacity(a.repeats);
@@ -373,7 +421,7 @@ fn model_child(a: &ModelBenchArgs) -> Result<u8, CliError> {
     for _ in 0..a.repeats {
         let c0 = process_cpu_s();
         let t0 = Instant::now();
-        let r = evaluate(model.as_ref(), &frames, &opts).map_err(CliError::failed)?;
+        let r = evaluator.evaluate(&frames).map_err(CliError::failed)?;
         times.push(t0.elapsed().as_secs_f64());
         if let (Some(c0), Some(c1)) = (c0, process_cpu_s()) {
             cpu_times.push(c1 - c0);
@@ -416,6 +464,7 @@ fn model_child(a: &ModelBenchArgs) -> Result<u8, CliError> {
             0.0
         },
         bytes_per_step: last.as_ref().map_or(0, |r| r.bytes_sent),
+        phases: last.as_ref().and_then(PhaseBreakdown::of),
         times_s: times,
     };
     println!("{}", serde_json::to_string(&rec).map_err(CliError::failed)?);
@@ -423,11 +472,11 @@ fn model_child(a: &ModelBenchArgs) -> Result<u8, CliError> {
 }
 
 fn count_edges(sys: &System, cutoff: f64) -> Result<usize, CliError> {
-    use ddmlip_neighbors::{neighbor_list, NeighborOptions};
+    use ddmlip_neighbors::{pair_list_for_centers, NeighborOptions};
     if !(cutoff.is_finite() && cutoff > 0.0) {
         return Ok(0);
     }
-    let nl = neighbor_list(
+    let pairs = pair_list_for_centers(
         &sys.positions,
         sys.cell.as_ref(),
         sys.pbc,
@@ -435,9 +484,10 @@ fn count_edges(sys: &System, cutoff: f64) -> Result<usize, CliError> {
             cutoff,
             half: false,
         },
+        sys.len(),
     )
     .map_err(CliError::input)?;
-    Ok(nl.len())
+    Ok(pairs.len())
 }
 
 /// Median of a non-empty sample (mean of the two middle values for even
@@ -833,6 +883,7 @@ mod tests {
             eval_rss_per_atom: 0.0,
             ghost_owned_ratio: 0.0,
             bytes_per_step: 0,
+            phases: None,
         };
         let s = summarize(vec![rec(1, 1, 8.0), rec(4, 4, 2.5)]);
         assert!((s.speedup[1] - 3.2).abs() < 1e-12);

@@ -4,6 +4,7 @@
 use ddmlip_comm::{CommError, Communicator};
 use ddmlip_engine::{DataMut, Distributor, EngineError};
 use ddmlip_spec::MLIPSpec;
+use std::time::Instant;
 
 /// Message tag of halo traffic (collectives are matched by order).
 const HALO_TAG: u32 = 7;
@@ -26,6 +27,9 @@ pub struct HaloRuntime {
     pub comm: Box<dyn Communicator>,
     pub plan: LocalHaloPlan,
     pub spec: MLIPSpec,
+    /// Seconds spent in halo exchanges and all-reduces so far (packing,
+    /// waiting for peers and unpacking included).
+    pub comm_s: f64,
 }
 
 fn comm_err(op: &str, e: CommError) -> EngineError {
@@ -84,6 +88,16 @@ fn add_into<T: Copy + std::ops::AddAssign>(dst: &mut [T], src: &[T]) {
 }
 
 impl HaloRuntime {
+    /// A runtime that has not communicated yet.
+    pub fn new(comm: Box<dyn Communicator>, plan: LocalHaloPlan, spec: MLIPSpec) -> Self {
+        Self {
+            comm,
+            plan,
+            spec,
+            comm_s: 0.0,
+        }
+    }
+
     fn check_rows(&self, len: usize, cols: usize, op: &str) -> Result<(), EngineError> {
         if len != self.plan.n_local * cols {
             return Err(EngineError::Comm {
@@ -116,6 +130,7 @@ impl Distributor for HaloRuntime {
     }
 
     fn refresh(&mut self, data: DataMut<'_>, cols: usize) -> Result<(), EngineError> {
+        let t0 = Instant::now();
         match data {
             DataMut::F64(d) => {
                 self.check_rows(d.len(), cols, "halo refresh")?;
@@ -142,10 +157,12 @@ impl Distributor for HaloRuntime {
                 );
             }
         }
+        self.comm_s += t0.elapsed().as_secs_f64();
         Ok(())
     }
 
     fn reverse_sum(&mut self, data: DataMut<'_>, cols: usize) -> Result<(), EngineError> {
+        let t0 = Instant::now();
         let ghost_start = self.plan.n_owned * cols;
         match data {
             DataMut::F64(d) => {
@@ -175,15 +192,19 @@ impl Distributor for HaloRuntime {
                 d[ghost_start..].iter_mut().for_each(|x| *x = 0.0);
             }
         }
+        self.comm_s += t0.elapsed().as_secs_f64();
         Ok(())
     }
 
     fn all_reduce_sum(&mut self, data: DataMut<'_>) -> Result<(), EngineError> {
-        match data {
+        let t0 = Instant::now();
+        let out = match data {
             DataMut::F64(d) => self.comm.all_reduce_sum_f64(d),
             DataMut::F32(d) => self.comm.all_reduce_sum_f32(d),
         }
-        .map_err(|e| comm_err("all_reduce", e))
+        .map_err(|e| comm_err("all_reduce", e));
+        self.comm_s += t0.elapsed().as_secs_f64();
+        out
     }
 
     fn abort(&mut self, message: &str) {

@@ -6,12 +6,14 @@ use crate::partition::{partition_system, Partition};
 use ddmlip_atoms::{Cell, System};
 use ddmlip_comm::{thread_world, Communicator, ThreadsConfig};
 use ddmlip_engine::ops::PeriodicShifts;
-use ddmlip_engine::{DType, EngineError, Graph, Model, ModelInputs, RowDomain, Scalar, Trace};
-use ddmlip_neighbors::{neighbor_list, neighbor_list_for_centers, NeighborOptions};
+use ddmlip_engine::{
+    Buffers, DType, EngineError, Graph, Model, ModelInputs, RowDomain, Scalar, Trace,
+};
+use ddmlip_neighbors::{pair_list_for_centers, NeighborOptions};
 use ddmlip_spec::{MLIPSpec, OutputKind};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use thiserror::Error;
 
 /// Errors of a model evaluation.
@@ -47,6 +49,11 @@ pub struct EvalOptions {
     pub timeout: Duration,
     /// Run even when atoms are closer than [`MIN_DISTANCE`] (tests only).
     pub allow_close_atoms: bool,
+    /// Threads of each rank's own worker pool in a decomposed threads-backend
+    /// run; 0 picks the available cores / ranks (at least 1). Private pools
+    /// keep a rank's parallel work on its own cores, as separate processes
+    /// would. Single-process runs use the caller's rayon pool.
+    pub threads_per_rank: usize,
 }
 
 impl Default for EvalOptions {
@@ -60,6 +67,7 @@ impl Default for EvalOptions {
             skin: 0.0,
             timeout: Duration::from_secs(120),
             allow_close_atoms: false,
+            threads_per_rank: 0,
         }
     }
 }
@@ -102,6 +110,40 @@ pub struct EvalResult {
     pub bytes_sent: u64,
     /// Per rank: (owned, ghost) local rows and edges.
     pub rank_sizes: Vec<(usize, usize, usize)>,
+    /// Wall-clock seconds spent computing the partitions and halo layout
+    /// before any rank started (decomposed runs).
+    pub partition_s: f64,
+    /// Per rank: where its wall-clock time went (one entry for a
+    /// single-process run).
+    pub rank_timings: Vec<RankTimings>,
+}
+
+/// Where one rank's wall-clock time went, in seconds. `start` is measured
+/// from the beginning of the evaluation call; the phases follow each other.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RankTimings {
+    /// When the rank began, after the partition (s since the call started).
+    pub start: f64,
+    /// Local rows, halo plan, neighbour search and graph inputs.
+    pub setup: f64,
+    /// The model's forward pass (halo exchanges included).
+    pub forward: f64,
+    /// The backward pass for forces and stress (halo exchanges included).
+    pub backward: f64,
+    /// Reverse-sum of ghost forces and all-reduces of per-system outputs.
+    pub reduce: f64,
+    /// Gathering per-atom outputs and assembling them on rank 0.
+    pub gather: f64,
+    /// Part of forward + backward + reduce spent inside communication calls
+    /// (waiting for peers included).
+    pub comm: f64,
+}
+
+impl RankTimings {
+    /// When the rank finished (s since the call started).
+    pub fn end(&self) -> f64 {
+        self.start + self.setup + self.forward + self.backward + self.reduce + self.gather
+    }
 }
 
 impl EvalResult {
@@ -186,28 +228,85 @@ fn has_stress(sys: &System) -> bool {
 }
 
 /// Runs the model and returns every output, forces and stress included.
+/// For repeated evaluations (MD steps, benchmarks) keep an [`Evaluator`],
+/// which reuses each rank's memory between calls.
 pub fn evaluate(
     model: &dyn Model,
     batch: &[System],
     opts: &EvalOptions,
 ) -> Result<EvalResult, EvalError> {
-    check_batch(model, batch)?;
-    if opts.ranks == 0 {
-        return Err(EvalError::Input("--ranks must be at least 1".into()));
+    Evaluator::new(model, opts.clone()).evaluate(batch)
+}
+
+/// One rank's tensor memory, kept between evaluations.
+#[derive(Default)]
+struct RankBuffers {
+    f32: Buffers<f32>,
+    f64: Buffers<f64>,
+}
+
+/// Evaluates one model with fixed options again and again, keeping every
+/// rank's tensor memory from one call to the next: after the first call a
+/// step faults in no fresh pages, which is what lets many ranks share one
+/// machine. The memory held is about the peak of the last call
+/// ([`Evaluator::held_bytes`]); drop the evaluator to return it.
+pub struct Evaluator<'m> {
+    model: &'m dyn Model,
+    opts: EvalOptions,
+    /// One entry per rank (index = rank).
+    buffers: Vec<RankBuffers>,
+}
+
+impl<'m> Evaluator<'m> {
+    /// An evaluator of `model` under `opts`; nothing is checked or allocated
+    /// until the first [`Evaluator::evaluate`].
+    pub fn new(model: &'m dyn Model, opts: EvalOptions) -> Self {
+        Self {
+            model,
+            opts,
+            buffers: Vec::new(),
+        }
     }
-    if opts.ranks > MAX_THREAD_RANKS {
-        return Err(EvalError::Input(format!(
-            "--ranks {} is more than the threads backend runs ({MAX_THREAD_RANKS}: one OS thread per rank); use the MPI backend for more",
-            opts.ranks
-        )));
+
+    /// The options every call uses.
+    pub fn options(&self) -> &EvalOptions {
+        &self.opts
     }
-    if opts.ranks == 1 && opts.spec.is_none() {
-        return match opts.dtype {
-            DType::F64 => evaluate_single::<f64>(model, batch, opts),
-            DType::F32 => evaluate_single::<f32>(model, batch, opts),
-        };
+
+    /// Bytes of tensor memory kept for the next call, over all ranks.
+    pub fn held_bytes(&self) -> usize {
+        self.buffers
+            .iter()
+            .map(|b| b.f32.bytes() + b.f64.bytes())
+            .sum()
     }
-    evaluate_threads(model, batch, opts)
+
+    /// Runs the model on `batch`: see [`evaluate`].
+    pub fn evaluate(&mut self, batch: &[System]) -> Result<EvalResult, EvalError> {
+        let (model, opts) = (self.model, &self.opts);
+        check_batch(model, batch)?;
+        if opts.ranks == 0 {
+            return Err(EvalError::Input("--ranks must be at least 1".into()));
+        }
+        if opts.ranks > MAX_THREAD_RANKS {
+            return Err(EvalError::Input(format!(
+                "--ranks {} is more than the threads backend runs ({MAX_THREAD_RANKS}: one OS thread per rank); use the MPI backend for more",
+                opts.ranks
+            )));
+        }
+        // One rank without a spec is the plain single-process run.
+        let single = opts.ranks == 1 && opts.spec.is_none();
+        self.buffers
+            .resize_with(if single { 1 } else { opts.ranks }, RankBuffers::default);
+        if single {
+            let held = &mut self.buffers[0];
+            return match opts.dtype {
+                DType::F64 => evaluate_single(model, batch, opts, &mut held.f64),
+                DType::F32 => evaluate_single(model, batch, opts, &mut held.f32),
+            };
+        }
+        evaluate_threads(model, batch, opts, &mut self.buffers)
+    }
 }
 
 fn close_atoms_error(sys: usize, i: usize, j: usize, d: f64) -> EvalError {
@@ -221,8 +320,11 @@ fn evaluate_single<T: Scalar>(
     model: &dyn Model,
     batch: &[System],
     opts: &EvalOptions,
+    buffers: &mut Buffers<T>,
 ) -> Result<EvalResult, EvalError> {
-    let mut g = Graph::<T>::new();
+    let mut clock = Instant::now();
+    let mut timings = RankTimings::default();
+    let mut g = Graph::<T>::with_buffers(std::mem::take(buffers));
     if opts.trace {
         g.enable_trace();
     }
@@ -251,7 +353,7 @@ fn evaluate_single<T: Scalar>(
         } else {
             MIN_DISTANCE * 2.0
         };
-        let nl = neighbor_list(
+        let pairs = pair_list_for_centers(
             &sys.positions,
             sys.cell.as_ref(),
             sys.pbc,
@@ -259,23 +361,36 @@ fn evaluate_single<T: Scalar>(
                 cutoff,
                 half: false,
             },
+            sys.len(),
         )
         .map_err(|e| EvalError::Input(format!("frame {s}: {e}")))?;
         if !opts.allow_close_atoms {
-            if let Some(e) = nl.distances.iter().position(|&d| d < MIN_DISTANCE) {
+            if let Some((e, d)) = pairs.closest.filter(|&(_, d)| d < MIN_DISTANCE) {
                 return Err(close_atoms_error(
                     s,
-                    nl.centers[e] as usize,
-                    nl.neighbors[e] as usize,
-                    nl.distances[e],
+                    pairs.centers[e] as usize,
+                    pairs.neighbors[e] as usize,
+                    d,
                 ));
             }
         }
         if model.uses_runtime_graph() {
-            centers.extend(nl.centers.iter().map(|&c| c + offset));
-            neighbors.extend(nl.neighbors.iter().map(|&c| c + offset));
-            shifts.extend_from_slice(&nl.shifts);
-            edge_sys.extend(std::iter::repeat_n(s as u32, nl.len()));
+            let n_pairs = pairs.len();
+            let mut pair_shifts = pairs.shifts;
+            if pair_shifts.is_empty() {
+                pair_shifts = vec![[0; 3]; n_pairs];
+            }
+            if batch.len() == 1 {
+                // One system: the list is already in batch rows.
+                centers = pairs.centers;
+                neighbors = pairs.neighbors;
+                shifts = pair_shifts;
+            } else {
+                centers.extend(pairs.centers.iter().map(|&c| c + offset));
+                neighbors.extend(pairs.neighbors.iter().map(|&c| c + offset));
+                shifts.extend_from_slice(&pair_shifts);
+            }
+            edge_sys.extend(std::iter::repeat_n(s as u32, n_pairs));
         }
         offset += sys.len() as u32;
     }
@@ -300,9 +415,12 @@ fn evaluate_single<T: Scalar>(
         model.uses_runtime_graph(),
     )?;
     let (pos, eps, inputs) = (built.positions, built.strain, built.inputs);
+    timings.setup = lap(&mut clock);
     let out = model.forward_any(&mut g, &inputs)?;
     check_energy_shape(&g, out.energy, n_sys)?;
+    timings.forward = lap(&mut clock);
     let grads = g.grad(out.energy, None, &[pos, eps])?;
+    timings.backward = lap(&mut clock);
     let mut result = EvalResult {
         has_stress: batch.iter().map(has_stress).collect(),
         ..Default::default()
@@ -364,6 +482,9 @@ fn evaluate_single<T: Scalar>(
     if let Some(tr) = g.take_trace() {
         result.traces.push(tr);
     }
+    timings.gather = lap(&mut clock);
+    result.rank_timings = vec![timings];
+    *buffers = g.into_buffers();
     Ok(result)
 }
 
@@ -616,16 +737,20 @@ pub struct RankResult {
     pub bytes_sent: u64,
     /// (owned rows, ghost rows, edges) of this rank.
     pub sizes: (usize, usize, usize),
+    /// Where this rank's time went.
+    pub timings: RankTimings,
 }
 
-/// The spec a decomposed run follows and the partition of every system over
-/// `ranks` (the same on every rank: a pure function of the input).
+/// The spec a decomposed run follows, the partition of every system over
+/// `ranks` and the row layout (the same on every rank: a pure function of
+/// the input). `started` is when the evaluation call began.
 fn plan_split(
     model: &dyn Model,
     batch: &[System],
     opts: &EvalOptions,
     ranks: usize,
-) -> Result<(MLIPSpec, Vec<Partition>), EvalError> {
+    started: Instant,
+) -> Result<Split, EvalError> {
     let spec = effective_spec(model, opts);
     let width = ghost_width(model, &spec, opts.skin);
     let parts = batch
@@ -635,8 +760,15 @@ fn plan_split(
             partition_system(sys, ranks, width)
                 .map_err(|e| EvalError::Input(format!("frame {s}: {e}")))
         })
-        .collect::<Result<_, _>>()?;
-    Ok((spec, parts))
+        .collect::<Result<Vec<_>, _>>()?;
+    let layout = Layout::new(&parts, batch, ranks);
+    Ok(Split {
+        partition_s: started.elapsed().as_secs_f64(),
+        parts,
+        layout,
+        spec,
+        started,
+    })
 }
 
 /// Runs this process's rank of a decomposed evaluation over an external
@@ -648,22 +780,24 @@ pub fn evaluate_on_communicator(
     opts: &EvalOptions,
     comm: Box<dyn Communicator>,
 ) -> Result<RankResult, EvalError> {
+    let started = Instant::now();
     let ranks = comm.size();
-    let prepared = check_batch(model, batch).and_then(|_| plan_split(model, batch, opts, ranks));
-    let (spec, parts) = match prepared {
+    let prepared =
+        check_batch(model, batch).and_then(|_| plan_split(model, batch, opts, ranks, started));
+    let split = match prepared {
         Ok(p) => p,
         Err(e) => {
             comm.abort(&e.to_string());
             return Err(e);
         }
     };
-    let layout = Layout::new(&parts, batch, ranks);
     let mut r = match opts.dtype {
-        DType::F64 => run_rank::<f64>(model, batch, &parts, &layout, comm, &spec, opts)?,
-        DType::F32 => run_rank::<f32>(model, batch, &parts, &layout, comm, &spec, opts)?,
+        DType::F64 => run_rank::<f64>(model, batch, &split, comm, opts, &mut Buffers::default())?,
+        DType::F32 => run_rank::<f32>(model, batch, &split, comm, opts, &mut Buffers::default())?,
     };
     if let Some(res) = r.result.as_mut() {
-        res.partitions = parts;
+        res.partition_s = split.partition_s;
+        res.partitions = split.parts;
     }
     Ok(r)
 }
@@ -685,10 +819,10 @@ fn evaluate_threads(
     model: &dyn Model,
     batch: &[System],
     opts: &EvalOptions,
+    buffers: &mut [RankBuffers],
 ) -> Result<EvalResult, EvalError> {
     let ranks = opts.ranks;
-    let (spec, parts) = plan_split(model, batch, opts, ranks)?;
-    let layout = Layout::new(&parts, batch, ranks);
+    let split = plan_split(model, batch, opts, ranks, Instant::now())?;
     let comms = thread_world(
         ranks,
         ThreadsConfig {
@@ -696,20 +830,33 @@ fn evaluate_threads(
         },
     )
     .map_err(|e| EvalError::Input(format!("cannot start {ranks} ranks: {e}")))?;
+    let threads = match opts.threads_per_rank {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()) / ranks,
+        t => t,
+    }
+    .max(1);
     let outcomes: Vec<Result<RankResult, EvalError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = comms
             .into_iter()
-            .map(|comm| {
-                let (parts, layout, spec) = (&parts, &layout, &spec);
+            .zip(buffers.iter_mut())
+            .map(|(comm, held)| {
+                let split = &split;
                 scope.spawn(move || {
+                    let rank = comm.rank();
                     let comm: Box<dyn Communicator> = Box::new(comm);
-                    match opts.dtype {
-                        DType::F64 => {
-                            run_rank::<f64>(model, batch, parts, layout, comm, spec, opts)
-                        }
-                        DType::F32 => {
-                            run_rank::<f32>(model, batch, parts, layout, comm, spec, opts)
-                        }
+                    let body = || match opts.dtype {
+                        DType::F64 => run_rank(model, batch, split, comm, opts, &mut held.f64),
+                        DType::F32 => run_rank(model, batch, split, comm, opts, &mut held.f32),
+                    };
+                    match rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .thread_name(move |k| format!("rank{rank}-worker{k}"))
+                        .build()
+                    {
+                        Ok(pool) => pool.install(body),
+                        // Without a private pool the rank still runs, on the
+                        // caller's pool.
+                        Err(_) => body(),
                     }
                 })
             })
@@ -727,7 +874,9 @@ fn evaluate_threads(
             })
             .collect()
     });
-    combine_rank_results(outcomes, parts)
+    let mut result = combine_rank_results(outcomes, split.parts)?;
+    result.partition_s = split.partition_s;
+    Ok(result)
 }
 
 /// Picks rank 0's consolidated result, or the root-cause failure.
@@ -750,6 +899,7 @@ fn combine_rank_results(
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     let mut bytes = 0;
     let mut sizes = Vec::new();
+    let mut timings = Vec::new();
     for r in outcomes.into_iter().flatten() {
         if r.result.is_some() {
             result = r.result;
@@ -760,12 +910,14 @@ fn combine_rank_results(
         }
         bytes += r.bytes_sent;
         sizes.push(r.sizes);
+        timings.push(r.timings);
     }
     let mut result = result.ok_or_else(|| EvalError::Input("no rank produced a result".into()))?;
     result.traces = traces;
     result.handler_counts = counts;
     result.bytes_sent = bytes;
     result.rank_sizes = sizes;
+    result.rank_timings = timings;
     result.partitions = parts;
     Ok(result)
 }
@@ -785,29 +937,29 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 fn run_rank<T: Scalar>(
     model: &dyn Model,
     batch: &[System],
-    parts: &[Partition],
-    layout: &Layout,
+    split: &Split,
     comm: Box<dyn Communicator>,
-    spec: &MLIPSpec,
     opts: &EvalOptions,
+    buffers: &mut Buffers<T>,
 ) -> Result<RankResult, EvalError> {
+    let start = split.started.elapsed().as_secs_f64();
+    let clock = Instant::now();
     let rank = comm.rank();
-    let plan = layout.plan(parts, rank);
-    let mut g = Graph::<T>::new();
-    g.set_distributor(Box::new(HaloRuntime {
-        comm,
-        plan,
-        spec: spec.clone(),
-    }));
+    let plan = split.layout.plan(&split.parts, rank);
+    let mut g = Graph::<T>::with_buffers(std::mem::take(buffers));
+    g.set_distributor(Box::new(HaloRuntime::new(comm, plan, split.spec.clone())));
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        rank_body::<T>(&mut g, model, batch, parts, layout, rank, spec, opts)
+        rank_body::<T>(&mut g, model, batch, split, rank, opts, (start, clock))
     }));
     let outcome = match outcome {
         Ok(r) => r,
         Err(p) => Err(EvalError::Input(panic_message(&*p))),
     };
     match outcome {
-        Ok(r) => Ok(r),
+        Ok(r) => {
+            *buffers = g.into_buffers();
+            Ok(r)
+        }
         Err(e) => {
             let message = e.to_string();
             // A peer's failure is not this rank's to re-announce.
@@ -825,17 +977,39 @@ fn run_rank<T: Scalar>(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What every rank of one decomposed evaluation shares.
+struct Split {
+    parts: Vec<Partition>,
+    layout: Layout,
+    spec: MLIPSpec,
+    /// When the evaluation call began (rank timings are relative to it).
+    started: Instant,
+    /// Seconds spent computing `parts` and `layout`.
+    partition_s: f64,
+}
+
+/// Seconds since `clock`, restarting it.
+fn lap(clock: &mut Instant) -> f64 {
+    let now = Instant::now();
+    let s = (now - *clock).as_secs_f64();
+    *clock = now;
+    s
+}
+
 fn rank_body<T: Scalar>(
     g: &mut Graph<T>,
     model: &dyn Model,
     batch: &[System],
-    parts: &[Partition],
-    layout: &Layout,
+    split: &Split,
     rank: usize,
-    spec: &MLIPSpec,
     opts: &EvalOptions,
+    (start, mut clock): (f64, Instant),
 ) -> Result<RankResult, EvalError> {
+    let (parts, layout, spec) = (&split.parts, &split.layout, &split.spec);
+    let mut timings = RankTimings {
+        start,
+        ..Default::default()
+    };
     if opts.trace {
         g.enable_trace();
     }
@@ -890,7 +1064,7 @@ fn rank_body<T: Scalar>(
         };
         // Only owned atoms centre edges; their neighbours may be ghosts.
         let n_owned_s = dom.owned.len() as u32;
-        let nl = neighbor_list_for_centers(
+        let pairs = pair_list_for_centers(
             &local_pos,
             None,
             [false; 3],
@@ -901,11 +1075,8 @@ fn rank_body<T: Scalar>(
             n_owned_s as usize,
         )
         .map_err(|e| EvalError::Input(format!("frame {s}: {e}")))?;
-        for e in 0..nl.len() {
-            if nl.centers[e] >= n_owned_s {
-                continue;
-            }
-            if !opts.allow_close_atoms && nl.distances[e] < MIN_DISTANCE {
+        if !opts.allow_close_atoms {
+            if let Some((e, d)) = pairs.closest.filter(|&(_, d)| d < MIN_DISTANCE) {
                 let gid = |t: u32| -> usize {
                     if t < n_owned_s {
                         dom.owned[t as usize]
@@ -915,15 +1086,21 @@ fn rank_body<T: Scalar>(
                 };
                 return Err(close_atoms_error(
                     s,
-                    gid(nl.centers[e]),
-                    gid(nl.neighbors[e]),
-                    nl.distances[e],
+                    gid(pairs.centers[e]),
+                    gid(pairs.neighbors[e]),
+                    d,
                 ));
             }
-            if model.uses_runtime_graph() {
-                centers.push(rows[nl.centers[e] as usize] as u32);
-                neighbors.push(rows[nl.neighbors[e] as usize] as u32);
-                edge_sys.push(s as u32);
+        }
+        if model.uses_runtime_graph() {
+            edge_sys.extend(std::iter::repeat_n(s as u32, pairs.len()));
+            if batch.len() == 1 {
+                // One system: local list order is row order already.
+                centers = pairs.centers;
+                neighbors = pairs.neighbors;
+            } else {
+                centers.extend(pairs.centers.iter().map(|&c| rows[c as usize] as u32));
+                neighbors.extend(pairs.neighbors.iter().map(|&c| rows[c as usize] as u32));
             }
         }
     }
@@ -949,8 +1126,10 @@ fn rank_body<T: Scalar>(
         model.uses_runtime_graph(),
     )?;
     let (pos, eps, inputs) = (built.positions, built.strain, built.inputs);
+    timings.setup = lap(&mut clock);
     let out = model.forward_any(g, &inputs)?;
     check_energy_shape(g, out.energy, n_sys)?;
+    timings.forward = lap(&mut clock);
     // A replicated energy is the same number on every rank: seed it once so
     // that the all-reduce adjoints do not count it world_size times.
     let seed: Vec<T> = if g.is_replicated(out.energy) && rank != 0 {
@@ -959,6 +1138,7 @@ fn rank_body<T: Scalar>(
         vec![T::one(); n_sys]
     };
     let grads = g.grad(out.energy, Some(seed), &[pos, eps])?;
+    timings.backward = lap(&mut clock);
     let mut gpos = grads[0].clone();
     let mut geps = grads[1].clone();
     // Ghost positions are images of owned ones: their force share goes home.
@@ -1008,12 +1188,14 @@ fn rank_body<T: Scalar>(
             }
         }
     }
+    timings.reduce = lap(&mut clock);
     let handler_counts = g.handler_counts().clone();
     let trace = g.take_trace();
     let runtime = g
         .take_distributor()
         .and_then(|d| d.into_any().downcast::<HaloRuntime>().ok())
         .ok_or_else(|| EvalError::Input("distributor missing".into()))?;
+    timings.comm = runtime.comm_s;
     let comm = runtime.comm;
     let comm_err = |e: ddmlip_comm::CommError| {
         EvalError::Engine(EngineError::Comm {
@@ -1029,12 +1211,14 @@ fn rank_body<T: Scalar>(
     let bytes_sent = comm.stats().bytes_sent;
     let sizes = (n_owned, n_local - n_owned, n_edges);
     if rank != 0 {
+        timings.gather = lap(&mut clock);
         return Ok(RankResult {
             result: None,
             trace,
             handler_counts,
             bytes_sent,
             sizes,
+            timings,
         });
     }
     let n_atoms: usize = batch.iter().map(|s| s.len()).sum();
@@ -1077,11 +1261,13 @@ fn rank_body<T: Scalar>(
             values: stress_from_strain_grad(&to64(&geps), batch),
         },
     );
+    timings.gather = lap(&mut clock);
     Ok(RankResult {
         result: Some(result),
         trace,
         handler_counts,
         bytes_sent,
         sizes,
+        timings,
     })
 }

@@ -1,6 +1,7 @@
 use crate::dist::Distributor;
 use crate::trace::{Phase, Trace, TraceEvent, TraceShape};
 use crate::{EngineError, RowDomain, Scalar};
+use rayon::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -90,11 +91,104 @@ pub struct Graph<T: Scalar> {
     pub(crate) handler_counts: BTreeMap<String, usize>,
     pub(crate) scope: Vec<String>,
     pub(crate) check_finite: bool,
+    /// Recycled buffers for op outputs and gradients.
+    pub(crate) pool: Buffers<T>,
 }
 
 impl<T: Scalar> Default for Graph<T> {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Tensor buffers kept for reuse: gradients the backward pass has consumed,
+/// and (via [`Graph::into_buffers`] / [`Graph::with_buffers`]) every value of
+/// a finished evaluation for the next one. Large per-edge tensors then reuse
+/// memory that is already mapped instead of faulting in fresh pages for
+/// every op, which is what limits many ranks sharing one machine.
+pub struct Buffers<T> {
+    free: Vec<Vec<T>>,
+}
+
+impl<T> Default for Buffers<T> {
+    fn default() -> Self {
+        Self { free: Vec::new() }
+    }
+}
+
+impl<T> Buffers<T> {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.free
+            .iter()
+            .map(|v| v.capacity() * std::mem::size_of::<T>())
+            .sum()
+    }
+}
+
+impl<T: Scalar> Buffers<T> {
+    /// Most buffers kept; beyond it the smallest is released.
+    const MAX_BUFFERS: usize = 256;
+
+    /// A buffer of `len` elements whose content is unspecified (stale but
+    /// initialised): for callers that overwrite every element.
+    pub(crate) fn for_overwrite(&mut self, len: usize) -> Vec<T> {
+        // Best fit: the smallest kept buffer that holds `len` elements.
+        let best = self
+            .free
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.capacity() >= len)
+            .min_by_key(|(_, v)| v.capacity())
+            .map(|(k, _)| k);
+        match best {
+            Some(k) => {
+                let mut v = self.free.swap_remove(k);
+                if v.len() >= len {
+                    v.truncate(len);
+                } else {
+                    v.resize(len, T::zero());
+                }
+                v
+            }
+            None => vec![T::zero(); len],
+        }
+    }
+
+    /// A zero-filled buffer of `len` elements.
+    pub(crate) fn zeroed(&mut self, len: usize) -> Vec<T> {
+        let mut v = self.for_overwrite(len);
+        fill_zero(&mut v);
+        v
+    }
+
+    /// Keeps `v` for reuse.
+    pub(crate) fn give(&mut self, v: Vec<T>) {
+        if v.capacity() < MIN_POOLED {
+            return;
+        }
+        self.free.push(v);
+        if self.free.len() > Self::MAX_BUFFERS {
+            if let Some((k, _)) = self
+                .free
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, v)| v.capacity())
+            {
+                self.free.swap_remove(k);
+            }
+        }
+    }
+}
+
+/// Buffers smaller than this (elements) are left to the allocator.
+const MIN_POOLED: usize = 1 << 14;
+
+fn fill_zero<T: Scalar>(v: &mut [T]) {
+    if v.len() >= crate::ops::PAR_THRESHOLD {
+        v.par_iter_mut().for_each(|x| *x = T::zero());
+    } else {
+        v.fill(T::zero());
     }
 }
 
@@ -106,6 +200,7 @@ pub struct BackwardCtx<'a, T: Scalar> {
     pub(crate) grads: &'a mut [Option<Vec<T>>],
     pub(crate) dist: Option<&'a mut (dyn Distributor + 'static)>,
     pub(crate) counts: &'a mut BTreeMap<String, usize>,
+    pub(crate) pool: &'a mut Buffers<T>,
 }
 
 impl<'a, T: Scalar> BackwardCtx<'a, T> {
@@ -139,11 +234,43 @@ impl<'a, T: Scalar> BackwardCtx<'a, T> {
         }
         match &mut self.grads[t.id] {
             Some(acc) => {
-                for (a, b) in acc.iter_mut().zip(&g) {
-                    *a += *b;
+                if acc.len() >= crate::ops::PAR_THRESHOLD {
+                    acc.par_iter_mut().zip(&g).for_each(|(a, b)| *a += *b);
+                } else {
+                    acc.iter_mut().zip(&g).for_each(|(a, b)| *a += *b);
                 }
+                self.pool.give(g);
             }
             slot @ None => *slot = Some(g),
+        }
+    }
+
+    /// Adds element `i ↦ f(i)` into the gradient of `t`, for every element:
+    /// no temporary when `t` already has a gradient, a recycled buffer when
+    /// it has none.
+    pub fn accumulate_map(&mut self, t: Tensor, f: impl Fn(usize) -> T + Sync) {
+        if !self.nodes[t.id].requires_grad {
+            return;
+        }
+        let len = self.nodes[t.id].value.len();
+        let parallel = len >= crate::ops::PAR_THRESHOLD;
+        match &mut self.grads[t.id] {
+            Some(acc) => {
+                if parallel {
+                    acc.par_iter_mut().enumerate().for_each(|(i, a)| *a += f(i));
+                } else {
+                    acc.iter_mut().enumerate().for_each(|(i, a)| *a += f(i));
+                }
+            }
+            slot @ None => {
+                let mut v = self.pool.for_overwrite(len);
+                if parallel {
+                    v.par_iter_mut().enumerate().for_each(|(i, a)| *a = f(i));
+                } else {
+                    v.iter_mut().enumerate().for_each(|(i, a)| *a = f(i));
+                }
+                *slot = Some(v);
+            }
         }
     }
 
@@ -153,7 +280,8 @@ impl<'a, T: Scalar> BackwardCtx<'a, T> {
             return;
         }
         let len = self.nodes[t.id].value.len();
-        let acc = self.grads[t.id].get_or_insert_with(|| vec![T::zero(); len]);
+        let pool = &mut *self.pool;
+        let acc = self.grads[t.id].get_or_insert_with(|| pool.zeroed(len));
         f(acc);
     }
 
@@ -194,7 +322,25 @@ impl<T: Scalar> Graph<T> {
             handler_counts: BTreeMap::new(),
             scope: Vec::new(),
             check_finite: false,
+            pool: Buffers::default(),
         }
+    }
+
+    /// An empty graph whose op outputs and gradients reuse `buffers` (from
+    /// [`Graph::into_buffers`] of an earlier evaluation).
+    pub fn with_buffers(buffers: Buffers<T>) -> Self {
+        let mut g = Self::new();
+        g.pool = buffers;
+        g
+    }
+
+    /// Ends the graph, keeping the memory of its tensors for the next one.
+    pub fn into_buffers(self) -> Buffers<T> {
+        let mut pool = self.pool;
+        for node in self.nodes {
+            pool.give(node.value);
+        }
+        pool
     }
 
     /// Starts recording every op (forward and backward) into a trace.
@@ -584,6 +730,7 @@ impl<T: Scalar> Graph<T> {
             trace,
             dist,
             handler_counts,
+            pool,
             ..
         } = self;
         // Every rank walks the same nodes in the same order, so collective
@@ -601,6 +748,7 @@ impl<T: Scalar> Graph<T> {
                 grads: &mut grads,
                 dist: dist.as_deref_mut(),
                 counts: handler_counts,
+                pool,
             };
             bw(&mut ctx, &g)?;
             if let Some(tr) = trace.as_mut() {
@@ -632,6 +780,8 @@ impl<T: Scalar> Graph<T> {
             // Intermediate gradients are dropped as soon as they are consumed.
             if keep.contains(&id) {
                 grads[id] = Some(g);
+            } else {
+                pool.give(g);
             }
         }
         Ok(wrt

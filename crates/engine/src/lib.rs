@@ -18,7 +18,7 @@ mod trace;
 
 pub use dist::{DataMut, Distributor};
 pub use error::EngineError;
-pub use graph::{Graph, Index, Tensor};
+pub use graph::{Buffers, Graph, Index, Tensor};
 pub use model::{Edges, Model, ModelForward, ModelInfo, ModelInputs, ModelOutputs, SpeciesSupport};
 pub use ops::message::{MessageInputs, MessageKernel};
 pub use ops::opaque::OpaqueKernel;

@@ -9,7 +9,7 @@
 //! image shift, so cells smaller than the cutoff simply get wider stencils.
 
 use crate::frame::{pair_vector, Frame};
-use crate::{keep_in_half, prepare, NeighborError, NeighborList, NeighborOptions};
+use crate::{keep_in_half, prepare, NeighborError, NeighborList, NeighborOptions, PairList};
 use ddmlip_atoms::Cell;
 use rayon::prelude::*;
 
@@ -76,6 +76,50 @@ pub fn neighbor_list_for_centers(
     Ok(out)
 }
 
+/// The pairs of [`neighbor_list_for_centers`] without their vectors and
+/// distances (only the shortest distance is kept, for sanity checks), and
+/// without shifts when no axis is periodic. Same pairs, same order.
+pub fn pair_list_for_centers(
+    positions: &[[f64; 3]],
+    cell: Option<&Cell>,
+    pbc: [bool; 3],
+    opts: &NeighborOptions,
+    n_centers: usize,
+) -> Result<PairList, NeighborError> {
+    let fields = Fields {
+        geometry: false,
+        shifts: pbc.iter().any(|&p| p),
+    };
+    let n_centers = n_centers.min(positions.len());
+    let Some((chunks, order, chunk_size)) =
+        search_chunks(positions, cell, pbc, opts, n_centers, fields)?
+    else {
+        return Ok(PairList::default());
+    };
+    let mut list = NeighborList::default();
+    let closest = gather_in_center_order(&chunks, &order, chunk_size, fields, &mut list);
+    Ok(PairList {
+        centers: list.centers,
+        neighbors: list.neighbors,
+        shifts: list.shifts,
+        closest,
+    })
+}
+
+/// Which per-pair arrays a search produces.
+#[derive(Debug, Clone, Copy)]
+struct Fields {
+    /// Pair vectors and distances.
+    geometry: bool,
+    /// Image shifts.
+    shifts: bool,
+}
+
+const ALL_FIELDS: Fields = Fields {
+    geometry: true,
+    shifts: true,
+};
+
 fn search_into(
     positions: &[[f64; 3]],
     cell: Option<&Cell>,
@@ -85,10 +129,30 @@ fn search_into(
     out: &mut NeighborList,
 ) -> Result<(), NeighborError> {
     out.clear();
+    if let Some((chunks, order, chunk_size)) =
+        search_chunks(positions, cell, pbc, opts, n_centers, ALL_FIELDS)?
+    {
+        gather_in_center_order(&chunks, &order, chunk_size, ALL_FIELDS, out);
+    }
+    Ok(())
+}
+
+/// The per-chunk pair lists of the centres `0..n_centers`, with the centre
+/// order they were searched in and the chunk size; `None` when there is
+/// nothing to search.
+#[allow(clippy::type_complexity)]
+fn search_chunks(
+    positions: &[[f64; 3]],
+    cell: Option<&Cell>,
+    pbc: [bool; 3],
+    opts: &NeighborOptions,
+    n_centers: usize,
+    fields: Fields,
+) -> Result<Option<(Vec<ChunkPairs>, Vec<u32>, usize)>, NeighborError> {
     let prepared = prepare(positions, cell, pbc, opts)?;
     let n_atoms = positions.len();
     if n_atoms == 0 {
-        return Ok(());
+        return Ok(None);
     }
     let frame = &prepared.frame;
 
@@ -116,6 +180,7 @@ fn search_into(
         opts.half,
         opts.cutoff,
         search_radius,
+        fields,
     );
 
     // Centres are searched in bin order (neighbouring centres touch the same
@@ -124,21 +189,18 @@ fn search_into(
     // order. The output is therefore independent of the thread count.
     // Centres in bin order; when only the first `n_centers` atoms are centres,
     // the others are dropped here (they stay in the bins as neighbours).
-    let restricted: Vec<u32>;
-    let order: &[u32] = if n_centers < n_atoms {
-        restricted = bins
-            .atom
+    let order: Vec<u32> = if n_centers < n_atoms {
+        bins.atom
             .iter()
             .copied()
             .filter(|&a| (a as usize) < n_centers)
-            .collect();
-        &restricted
+            .collect()
     } else {
-        &bins.atom
+        bins.atom.clone()
     };
     let n_search = order.len();
     if n_search == 0 {
-        return Ok(());
+        return Ok(None);
     }
     let threads = rayon::current_num_threads().max(1);
     let chunk_size = (n_search / (threads * 16)).clamp(64, 4096);
@@ -153,8 +215,7 @@ fn search_into(
             search.run(&order[start..end], capacity)
         })
         .collect();
-    gather_in_center_order(&chunks, order, chunk_size, out);
-    Ok(())
+    Ok(Some((chunks, order, chunk_size)))
 }
 
 /// Bin layout: counts, stencil half-widths and the map from fractional
@@ -346,6 +407,7 @@ struct Search<'a> {
     image_reach: [i32; 3],
     /// Whether image codes fit in `IMAGE_BITS`.
     packed_keys: bool,
+    fields: Fields,
 }
 
 /// Scratch reused across the centres of one chunk.
@@ -367,6 +429,7 @@ impl<'a> Search<'a> {
         half: bool,
         cutoff: f64,
         search_radius: f64,
+        fields: Fields,
     ) -> Self {
         let mut wrap_tables: [Vec<(usize, i32)>; 3] = Default::default();
         let mut image_reach = [0i32; 3];
@@ -400,17 +463,21 @@ impl<'a> Search<'a> {
             wrap_tables,
             image_reach,
             packed_keys: codes < (1 << IMAGE_BITS),
+            fields,
         }
     }
 
     /// Pairs of each centre in `centers`, one sorted segment per centre.
     fn run(&self, centers: &[u32], capacity: usize) -> ChunkPairs {
+        let Fields { geometry, shifts } = self.fields;
+        let sized = |on: bool| if on { capacity } else { 0 };
         let mut out = ChunkPairs {
             counts: Vec::with_capacity(centers.len()),
             neighbors: Vec::with_capacity(capacity),
-            shifts: Vec::with_capacity(capacity),
-            vectors: Vec::with_capacity(capacity),
-            distances: Vec::with_capacity(capacity),
+            shifts: Vec::with_capacity(sized(shifts)),
+            vectors: Vec::with_capacity(sized(geometry)),
+            distances: Vec::with_capacity(sized(geometry)),
+            closest: None,
         };
         let mut scratch = Scratch::default();
         for &i in centers {
@@ -419,10 +486,17 @@ impl<'a> Search<'a> {
             let found = &mut scratch.found;
             out.counts.push(found.len() as u32);
             let mut emit = |c: &Candidate| {
+                if !geometry && out.closest.is_none_or(|(_, d2)| c.d2 < d2) {
+                    out.closest = Some((out.neighbors.len(), c.d2));
+                }
                 out.neighbors.push(c.j);
-                out.shifts.push(c.shift);
-                out.vectors.push(c.vector);
-                out.distances.push(c.d2.sqrt());
+                if shifts {
+                    out.shifts.push(c.shift);
+                }
+                if geometry {
+                    out.vectors.push(c.vector);
+                    out.distances.push(c.d2.sqrt());
+                }
             };
             if self.packed_keys && found.len() < (1 << INDEX_BITS) {
                 scratch.keys.clear();
@@ -553,28 +627,43 @@ impl<'a> Search<'a> {
 struct ChunkPairs {
     counts: Vec<u32>,
     neighbors: Vec<u32>,
+    /// Empty unless `Fields::shifts`.
     shifts: Vec<[i32; 3]>,
+    /// Empty unless `Fields::geometry`.
     vectors: Vec<[f64; 3]>,
     distances: Vec<f64>,
+    /// Without geometry: the chunk's shortest pair (index in the chunk, d²).
+    closest: Option<(usize, f64)>,
 }
 
 /// Copies the per-centre segments of `chunks` (searched in the order
 /// `order`, `chunk_size` centres per chunk) into one list sorted by centre,
-/// in parallel over ranges of centres.
+/// in parallel over ranges of centres; arrays not in `fields` stay empty.
+/// Returns the shortest pair (index in `out`, distance) of a search without
+/// geometry.
 fn gather_in_center_order(
     chunks: &[ChunkPairs],
     order: &[u32],
     chunk_size: usize,
+    fields: Fields,
     out: &mut NeighborList,
-) {
+) -> Option<(usize, f64)> {
+    // `order` is a permutation of the centres 0..n.
     let n_atoms = order.len();
     // For each centre: (chunk, first pair in the chunk, count).
     let mut location = vec![(0u32, 0u32, 0u32); n_atoms];
+    // The closest pair: (chunk, index in chunk, d²).
+    let mut closest: Option<(usize, usize, f64)> = None;
     for (c, chunk) in chunks.iter().enumerate() {
         let mut offset = 0u32;
         for (k, &count) in chunk.counts.iter().enumerate() {
             location[order[c * chunk_size + k] as usize] = (c as u32, offset, count);
             offset += count;
+        }
+        if let Some((p, d2)) = chunk.closest {
+            if closest.is_none_or(|(_, _, best)| d2 < best) {
+                closest = Some((c, p, d2));
+            }
         }
     }
     let ranges: Vec<std::ops::Range<usize>> = (0..n_atoms)
@@ -586,20 +675,37 @@ fn gather_in_center_order(
         .map(|r| location[r.clone()].iter().map(|l| l.2 as usize).sum())
         .collect();
     let total: usize = lengths.iter().sum();
+    let sized = |on: bool| if on { total } else { 0 };
     // Fresh zeroed allocations come straight from the OS and are first
     // touched by the parallel copy below; reused ones are only resized.
     resize_zeroed(&mut out.centers, total, 0);
     resize_zeroed(&mut out.neighbors, total, 0);
-    resize_zeroed(&mut out.shifts, total, [0; 3]);
-    resize_zeroed(&mut out.vectors, total, [0.0; 3]);
-    resize_zeroed(&mut out.distances, total, 0.0);
+    resize_zeroed(&mut out.shifts, sized(fields.shifts), [0; 3]);
+    resize_zeroed(&mut out.vectors, sized(fields.geometry), [0.0; 3]);
+    resize_zeroed(&mut out.distances, sized(fields.geometry), 0.0);
+    let part_lengths = |on: bool| -> Vec<usize> {
+        if on {
+            lengths.clone()
+        } else {
+            vec![0; lengths.len()]
+        }
+    };
     let parts: Vec<_> = split_by_lengths(&mut out.centers, &lengths)
         .into_iter()
         .zip(split_by_lengths(&mut out.neighbors, &lengths))
-        .zip(split_by_lengths(&mut out.shifts, &lengths))
-        .zip(split_by_lengths(&mut out.vectors, &lengths))
-        .zip(split_by_lengths(&mut out.distances, &lengths))
-        .zip(ranges)
+        .zip(split_by_lengths(
+            &mut out.shifts,
+            &part_lengths(fields.shifts),
+        ))
+        .zip(split_by_lengths(
+            &mut out.vectors,
+            &part_lengths(fields.geometry),
+        ))
+        .zip(split_by_lengths(
+            &mut out.distances,
+            &part_lengths(fields.geometry),
+        ))
+        .zip(ranges.clone())
         .collect();
     parts.into_par_iter().for_each(
         |(((((centers, neighbors), shifts), vectors), distances), range)| {
@@ -611,13 +717,30 @@ fn gather_in_center_order(
                 let dst = at..at + count;
                 centers[dst.clone()].fill(i as u32);
                 neighbors[dst.clone()].copy_from_slice(&chunk.neighbors[src.clone()]);
-                shifts[dst.clone()].copy_from_slice(&chunk.shifts[src.clone()]);
-                vectors[dst.clone()].copy_from_slice(&chunk.vectors[src.clone()]);
-                distances[dst].copy_from_slice(&chunk.distances[src]);
+                if fields.shifts {
+                    shifts[dst.clone()].copy_from_slice(&chunk.shifts[src.clone()]);
+                }
+                if fields.geometry {
+                    vectors[dst.clone()].copy_from_slice(&chunk.vectors[src.clone()]);
+                    distances[dst].copy_from_slice(&chunk.distances[src]);
+                }
                 at += count;
             }
         },
     );
+    // Where the closest pair landed: its centre's first output slot plus its
+    // offset within that centre's segment.
+    closest.map(|(c, p, d2)| {
+        let chunk = &chunks[c];
+        let (mut first, mut k) = (0usize, 0usize);
+        while first + chunk.counts[k] as usize <= p {
+            first += chunk.counts[k] as usize;
+            k += 1;
+        }
+        let center = order[c * chunk_size + k] as usize;
+        let before: usize = location[..center].iter().map(|l| l.2 as usize).sum();
+        (before + (p - first), d2.sqrt())
+    })
 }
 
 /// Sets `v` to `len` copies of `zero`, reusing its allocation when large

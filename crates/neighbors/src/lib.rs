@@ -15,7 +15,9 @@ use ddmlip_atoms::{Cell, System};
 use thiserror::Error;
 
 pub use brute::brute_force_neighbor_list;
-pub use cell_list::{neighbor_list, neighbor_list_for_centers, neighbor_list_into};
+pub use cell_list::{
+    neighbor_list, neighbor_list_for_centers, neighbor_list_into, pair_list_for_centers,
+};
 
 /// Inputs whose estimated pair count exceeds this are rejected with
 /// [`NeighborError::TooManyPairs`] instead of exhausting memory.
@@ -89,6 +91,36 @@ impl NeighborList {
         self.shifts.clear();
         self.vectors.clear();
         self.distances.clear();
+    }
+}
+
+/// The topology of a neighbour list without its geometry: what a model's
+/// runtime graph needs (it recomputes the pair vectors differentiably), at
+/// about a third of [`NeighborList`]'s memory.
+///
+/// Same pairs in the same order as [`NeighborList`]; `shifts` is empty when
+/// no axis is periodic (every shift would be zero).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PairList {
+    /// Centre atom `i` of each pair.
+    pub centers: Vec<u32>,
+    /// Neighbour atom `j` of each pair.
+    pub neighbors: Vec<u32>,
+    /// Integer cell shift `S` of each pair (empty without periodic axes).
+    pub shifts: Vec<[i32; 3]>,
+    /// The shortest pair: (pair index, distance in Å); `None` when empty.
+    pub closest: Option<(usize, f64)>,
+}
+
+impl PairList {
+    /// Number of pairs.
+    pub fn len(&self) -> usize {
+        self.centers.len()
+    }
+
+    /// True when there are no pairs.
+    pub fn is_empty(&self) -> bool {
+        self.centers.is_empty()
     }
 }
 

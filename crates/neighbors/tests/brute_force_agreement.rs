@@ -5,7 +5,9 @@ mod common;
 
 use common::{assert_same, fcc, triples};
 use ddmlip_atoms::Cell;
-use ddmlip_neighbors::{brute_force_neighbor_list, neighbor_list, NeighborList, NeighborOptions};
+use ddmlip_neighbors::{
+    brute_force_neighbor_list, neighbor_list, pair_list_for_centers, NeighborList, NeighborOptions,
+};
 use proptest::prelude::*;
 
 fn full(cutoff: f64) -> NeighborOptions {
@@ -121,6 +123,40 @@ proptest! {
         for s in &f.shifts {
             for (&periodic, &shift) in system.pbc.iter().zip(s) {
                 prop_assert!(periodic || shift == 0);
+            }
+        }
+    }
+
+    /// The geometry-free pair list of the first centres: the brute-force
+    /// pairs with those centres, in the same order, shifts only when some
+    /// axis is periodic, and the closest pair's distance.
+    #[test]
+    fn pair_list_matches_brute_force(system in system_strategy(), centre_fraction in 0.0..1.2f64) {
+        let positions = system.positions();
+        let cell = Cell::new(system.cell);
+        let n_centers = (positions.len() as f64 * centre_fraction) as usize;
+        for opts in [full(system.cutoff), half(system.cutoff)] {
+            let lean = pair_list_for_centers(&positions, Some(&cell), system.pbc, &opts, n_centers).unwrap();
+            let reference = brute_force_neighbor_list(&positions, Some(&cell), system.pbc, &opts).unwrap();
+            let keep: Vec<usize> = (0..reference.len())
+                .filter(|&e| (reference.centers[e] as usize) < n_centers)
+                .collect();
+            prop_assert_eq!(lean.len(), keep.len());
+            let periodic = system.pbc.iter().any(|&p| p);
+            prop_assert_eq!(lean.shifts.len(), if periodic { keep.len() } else { 0 });
+            for (k, &e) in keep.iter().enumerate() {
+                prop_assert_eq!((lean.centers[k], lean.neighbors[k]), (reference.centers[e], reference.neighbors[e]));
+                if periodic {
+                    prop_assert_eq!(lean.shifts[k], reference.shifts[e]);
+                }
+            }
+            let shortest = keep.iter().map(|&e| reference.distances[e]).fold(f64::INFINITY, f64::min);
+            match lean.closest {
+                None => prop_assert!(keep.is_empty()),
+                Some((p, d)) => {
+                    prop_assert!((d - shortest).abs() <= 1e-9 * shortest.max(1.0));
+                    prop_assert!((reference.distances[keep[p]] - d).abs() <= 1e-9 * d.max(1.0));
+                }
             }
         }
     }

@@ -67,7 +67,7 @@ impl Unary {
             Unary::Neg => -x,
             Unary::Scale(c) => T::of(c) * x,
             Unary::AddScalar(c) => x + T::of(c),
-            Unary::Powf(p) => x.powf(T::of(p)),
+            Unary::Powf(p) => power(x, p),
             Unary::ScaledSilu(c) => T::of(c) * x / (one + (-x).exp()),
         }
     }
@@ -96,8 +96,19 @@ impl Unary {
             Unary::Neg => -one,
             Unary::Scale(c) => T::of(c),
             Unary::AddScalar(_) => one,
-            Unary::Powf(p) => T::of(p) * x.powf(T::of(p - 1.0)),
+            Unary::Powf(p) => T::of(p) * power(x, p - 1.0),
         }
+    }
+}
+
+/// xᵖ; small integer exponents (e.g. the r⁻⁶ of pair potentials) by repeated
+/// multiplication, which is exact to a few ulp and far cheaper than `powf`.
+#[inline]
+fn power<T: Scalar>(x: T, p: f64) -> T {
+    if p.fract() == 0.0 && p.abs() <= 16.0 {
+        x.powi(p as i32)
+    } else {
+        x.powf(T::of(p))
     }
 }
 
@@ -142,7 +153,7 @@ impl<T: Scalar> Graph<T> {
         let (rows, cols) = self.shape(x);
         let n = &self.nodes[x.id];
         let xs = &n.value;
-        let mut out = vec![T::zero(); xs.len()];
+        let mut out = self.pool.for_overwrite(xs.len());
         map_into(&mut out, |i| f.apply(xs[i]));
         let spec = NodeSpec {
             op: f.name().to_string(),
@@ -167,9 +178,7 @@ impl<T: Scalar> Graph<T> {
                 }
                 let xs = ctx.value(x);
                 let ys = ctx.value(out_id);
-                let mut gx = vec![T::zero(); g.len()];
-                map_into(&mut gx, |i| g[i] * f.derivative(xs[i], ys[i]));
-                ctx.accumulate(x, gx);
+                ctx.accumulate_map(x, |i| g[i] * f.derivative(xs[i], ys[i]));
                 Ok(())
             }),
         )
@@ -234,7 +243,7 @@ impl<T: Scalar> Graph<T> {
                 Broadcast::Scalar => 0,
             }
         };
-        let mut out = vec![T::zero(); av.len()];
+        let mut out = self.pool.for_overwrite(av.len());
         map_into(&mut out, |i| {
             let (x, y) = (av[i], bv[bidx(i)]);
             match kind {
@@ -265,13 +274,11 @@ impl<T: Scalar> Graph<T> {
                 let av = ctx.value(a);
                 let bv = ctx.value(b);
                 if ctx.wants(a) {
-                    let mut ga = vec![T::zero(); g.len()];
-                    map_into(&mut ga, |i| match kind {
+                    ctx.accumulate_map(a, |i| match kind {
                         BinaryKind::Add | BinaryKind::Sub => g[i],
                         BinaryKind::Mul => g[i] * bv[bidx(i)],
                         BinaryKind::Div => g[i] / bv[bidx(i)],
                     });
-                    ctx.accumulate(a, ga);
                 }
                 if ctx.wants(b) {
                     let contrib = |i: usize| -> T {
@@ -285,9 +292,13 @@ impl<T: Scalar> Graph<T> {
                             }
                         }
                     };
+                    if bc == Broadcast::Full {
+                        ctx.accumulate_map(b, contrib);
+                        return Ok(());
+                    }
                     let mut gb = vec![T::zero(); rb * cb];
                     match bc {
-                        Broadcast::Full => map_into(&mut gb, contrib),
+                        Broadcast::Full => unreachable!("handled above"),
                         Broadcast::PerRow => {
                             let c = ca.max(1);
                             map_into(&mut gb, |r| (0..c).map(|k| contrib(r * c + k)).sum())

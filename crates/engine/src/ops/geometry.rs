@@ -44,7 +44,7 @@ impl<T: Scalar> Graph<T> {
         }
         let xv = &self.nodes[x.id].value;
         let ev = &self.nodes[eps.id].value;
-        let mut out = vec![T::zero(); rows * 3];
+        let mut out = self.pool.zeroed(rows * 3);
         let strain_row = |(r, o): (usize, &mut [T])| {
             let e = &ev[ids[r] as usize * 9..ids[r] as usize * 9 + 9];
             for k in 0..3 {
@@ -150,7 +150,7 @@ impl<T: Scalar> Graph<T> {
         }
         let n_edges = ci.len();
         let pv = &self.nodes[positions.id].value;
-        let mut out = vec![T::zero(); n_edges * 3];
+        let mut out = self.pool.zeroed(n_edges * 3);
         let fill = |(e, o): (usize, &mut [T])| {
             let (i, j) = (ci[e] as usize, ni[e] as usize);
             for k in 0..3 {
@@ -261,7 +261,7 @@ impl<T: Scalar> Graph<T> {
     pub fn row_norm(&mut self, x: Tensor) -> Result<Tensor, EngineError> {
         let (rows, cols) = self.shape(x);
         let xv = &self.nodes[x.id].value;
-        let mut out = vec![T::zero(); rows];
+        let mut out = self.pool.zeroed(rows);
         let norm = |(r, o): (usize, &mut T)| {
             *o = xv[r * cols..(r + 1) * cols]
                 .iter()
@@ -298,16 +298,15 @@ impl<T: Scalar> Graph<T> {
                 }
                 let xv = ctx.value(x);
                 let nv = ctx.value(out_t);
-                let mut gx = vec![T::zero(); rows * cols];
-                for r in 0..rows {
+                // d|x|/dx = x/|x|; zero-length rows (coincident atoms) get 0.
+                ctx.accumulate_map(x, |i| {
+                    let r = i / cols;
                     if nv[r] > T::zero() {
-                        let f = g[r] / nv[r];
-                        for c in 0..cols {
-                            gx[r * cols + c] = f * xv[r * cols + c];
-                        }
+                        g[r] / nv[r] * xv[i]
+                    } else {
+                        T::zero()
                     }
-                }
-                ctx.accumulate(x, gx);
+                });
                 Ok(())
             }),
         )

@@ -93,7 +93,7 @@ impl<T: Scalar> Graph<T> {
         let (_, cols) = self.shape(x);
         let ix = &self.indices[idx.id];
         let rows = ix.values.len();
-        let mut out = vec![T::zero(); rows * cols];
+        let mut out = self.pool.zeroed(rows * cols);
         gather_rows(&self.nodes[x.id].value, cols, &ix.values, &mut out);
         let nx = &self.nodes[x.id];
         let spec = NodeSpec {
@@ -176,7 +176,7 @@ impl<T: Scalar> Graph<T> {
         let rows = ix.target_rows;
         let domain = ix.target;
         let csr = ix.csr();
-        let mut out = vec![T::zero(); rows * cols];
+        let mut out = self.pool.zeroed(rows * cols);
         scatter_rows(&self.nodes[src.id].value, cols, &csr, &mut out);
         let spec = NodeSpec {
             op: "scatter_add".into(),
@@ -197,13 +197,7 @@ impl<T: Scalar> Graph<T> {
                     return Ok(());
                 }
                 let ids = ctx.index(idx);
-                ctx.accumulate_with(src, |gs| {
-                    let mut tmp = vec![T::zero(); gs.len()];
-                    gather_rows(g, cols, ids, &mut tmp);
-                    for (a, b) in gs.iter_mut().zip(tmp) {
-                        *a += b;
-                    }
-                });
+                ctx.accumulate_map(src, |i| g[ids[i / cols] as usize * cols + i % cols]);
                 Ok(())
             }),
         )
@@ -238,7 +232,7 @@ impl<T: Scalar> Graph<T> {
         let (_, cols) = self.shape(x);
         let ix = &self.indices[idx.id];
         let out_rows = ix.target_rows;
-        let mut out = vec![T::zero(); out_rows * cols];
+        let mut out = self.pool.zeroed(out_rows * cols);
         {
             let xv = &self.nodes[x.id].value;
             for (r, &s) in ix.values.iter().enumerate().take(limit) {

@@ -120,7 +120,7 @@ impl<T: Scalar> Graph<T> {
                 format!("inner sizes differ: {m}×{k} · {kb}×{n}"),
             ));
         }
-        let mut out = vec![T::zero(); m * n];
+        let mut out = self.pool.zeroed(m * n);
         matmul_into(self.value(a), self.value(b), &mut out, m, k, n, false);
         let (na, nb) = (&self.nodes[a.id], &self.nodes[b.id]);
         let spec = NodeSpec {

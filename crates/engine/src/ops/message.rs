@@ -102,7 +102,7 @@ impl<T: Scalar> Graph<T> {
             }
         }
         let cols = kernel.out_cols();
-        let mut out = vec![T::zero(); n_rows * cols];
+        let mut out = self.pool.zeroed(n_rows * cols);
         {
             let inputs = MessageInputs {
                 nodes: node_ins

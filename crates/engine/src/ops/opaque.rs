@@ -115,7 +115,7 @@ impl<T: Scalar> Graph<T> {
             })
             .collect();
         let (domain, rows, cols) = kernel.output_shape(&shapes).map_err(kernel_err)?;
-        let mut out = vec![T::zero(); rows * cols];
+        let mut out = self.pool.zeroed(rows * cols);
         {
             let slices: Vec<&[T]> = ins
                 .iter()
@@ -212,7 +212,7 @@ impl<T: Scalar> Graph<T> {
                 format!("{rows} rows exceed the {n_local} local rows"),
             ));
         }
-        let mut out = vec![T::zero(); n_local * cols];
+        let mut out = self.pool.zeroed(n_local * cols);
         out[..rows * cols].copy_from_slice(&self.nodes[x.id].value);
         let spec = NodeSpec {
             op: "pad_ghosts".into(),

@@ -100,8 +100,8 @@ impl<T: Scalar> Graph<T> {
         }
         let k = f.width();
         let dv = &self.nodes[d.id].value;
-        let mut val = vec![T::zero(); rows * k];
-        let mut der = vec![T::zero(); rows * k];
+        let mut val = self.pool.zeroed(rows * k);
+        let mut der = self.pool.zeroed(rows * k);
         // Rows are independent; chunks keep one small scratch pair per task.
         let chunk = 1024;
         val.par_chunks_mut(chunk * k.max(1))

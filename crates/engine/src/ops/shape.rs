@@ -18,7 +18,7 @@ impl<T: Scalar> Graph<T> {
             ));
         }
         let cols: usize = widths.iter().sum();
-        let mut out = vec![T::zero(); rows * cols];
+        let mut out = self.pool.zeroed(rows * cols);
         let mut off = 0;
         for (&t, &w) in parts.iter().zip(&widths) {
             let v = &self.nodes[t.id].value;
