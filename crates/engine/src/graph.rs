@@ -1,4 +1,5 @@
 use crate::dist::Distributor;
+use crate::ops::map_into;
 use crate::trace::{Phase, Trace, TraceEvent, TraceShape};
 use crate::{EngineError, RowDomain, Scalar};
 use rayon::prelude::*;
@@ -158,7 +159,7 @@ impl<T: Scalar> Buffers<T> {
     /// A zero-filled buffer of `len` elements.
     pub(crate) fn zeroed(&mut self, len: usize) -> Vec<T> {
         let mut v = self.for_overwrite(len);
-        fill_zero(&mut v);
+        map_into(&mut v, |_| T::zero());
         v
     }
 
@@ -183,14 +184,6 @@ impl<T: Scalar> Buffers<T> {
 
 /// Buffers smaller than this (elements) are left to the allocator.
 const MIN_POOLED: usize = 1 << 14;
-
-fn fill_zero<T: Scalar>(v: &mut [T]) {
-    if v.len() >= crate::ops::PAR_THRESHOLD {
-        v.par_iter_mut().for_each(|x| *x = T::zero());
-    } else {
-        v.fill(T::zero());
-    }
-}
 
 /// What a backward closure sees: input values, index arrays, gradient
 /// accumulators and (when distributed) the communicator.
@@ -264,11 +257,7 @@ impl<'a, T: Scalar> BackwardCtx<'a, T> {
             }
             slot @ None => {
                 let mut v = self.pool.for_overwrite(len);
-                if parallel {
-                    v.par_iter_mut().enumerate().for_each(|(i, a)| *a = f(i));
-                } else {
-                    v.iter_mut().enumerate().for_each(|(i, a)| *a = f(i));
-                }
+                map_into(&mut v, f);
                 *slot = Some(v);
             }
         }

@@ -1,7 +1,6 @@
 use crate::graph::NodeSpec;
-use crate::ops::PAR_THRESHOLD;
+use crate::ops::map_into;
 use crate::{EngineError, Graph, RowDomain, Scalar, Tensor};
-use rayon::prelude::*;
 
 /// Element-wise functions with known derivatives.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -119,14 +118,6 @@ fn softplus<T: Scalar>(x: T) -> T {
         x + (-x).exp().ln_1p()
     } else {
         x.exp().ln_1p()
-    }
-}
-
-fn map_into<T: Scalar>(out: &mut [T], f: impl Fn(usize) -> T + Sync) {
-    if out.len() >= PAR_THRESHOLD {
-        out.par_iter_mut().enumerate().for_each(|(i, o)| *o = f(i));
-    } else {
-        out.iter_mut().enumerate().for_each(|(i, o)| *o = f(i));
     }
 }
 
@@ -292,24 +283,20 @@ impl<T: Scalar> Graph<T> {
                             }
                         }
                     };
-                    if bc == Broadcast::Full {
-                        ctx.accumulate_map(b, contrib);
-                        return Ok(());
-                    }
-                    let mut gb = vec![T::zero(); rb * cb];
                     match bc {
-                        Broadcast::Full => unreachable!("handled above"),
+                        Broadcast::Full => ctx.accumulate_map(b, contrib),
                         Broadcast::PerRow => {
                             let c = ca.max(1);
-                            map_into(&mut gb, |r| (0..c).map(|k| contrib(r * c + k)).sum())
+                            ctx.accumulate_map(b, |r| (0..c).map(|k| contrib(r * c + k)).sum())
                         }
-                        _ => {
+                        Broadcast::PerCol | Broadcast::Scalar => {
+                            let mut gb = vec![T::zero(); rb * cb];
                             for i in 0..g.len() {
                                 gb[bidx(i)] += contrib(i);
                             }
+                            ctx.accumulate(b, gb);
                         }
                     }
-                    ctx.accumulate(b, gb);
                 }
                 Ok(())
             }),

@@ -18,3 +18,13 @@ pub use radial::Radial;
 
 /// Below this many elements an op runs on the calling thread.
 pub(crate) const PAR_THRESHOLD: usize = 1 << 14;
+
+/// `out[i] = f(i)` for every element, over rayon above [`PAR_THRESHOLD`].
+pub(crate) fn map_into<T: Send>(out: &mut [T], f: impl Fn(usize) -> T + Sync) {
+    use rayon::prelude::*;
+    if out.len() >= PAR_THRESHOLD {
+        out.par_iter_mut().enumerate().for_each(|(i, o)| *o = f(i));
+    } else {
+        out.iter_mut().enumerate().for_each(|(i, o)| *o = f(i));
+    }
+}
