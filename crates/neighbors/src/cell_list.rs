@@ -91,13 +91,11 @@ pub fn pair_list_for_centers(
         shifts: pbc.iter().any(|&p| p),
     };
     let n_centers = n_centers.min(positions.len());
-    let Some((chunks, order, chunk_size)) =
-        search_chunks(positions, cell, pbc, opts, n_centers, fields)?
-    else {
+    let Some(searched) = search_chunks(positions, cell, pbc, opts, n_centers, fields)? else {
         return Ok(PairList::default());
     };
     let mut list = NeighborList::default();
-    let closest = gather_in_center_order(&chunks, &order, chunk_size, fields, &mut list);
+    let closest = gather_in_center_order(&searched, fields, &mut list);
     Ok(PairList {
         centers: list.centers,
         neighbors: list.neighbors,
@@ -129,18 +127,23 @@ fn search_into(
     out: &mut NeighborList,
 ) -> Result<(), NeighborError> {
     out.clear();
-    if let Some((chunks, order, chunk_size)) =
-        search_chunks(positions, cell, pbc, opts, n_centers, ALL_FIELDS)?
-    {
-        gather_in_center_order(&chunks, &order, chunk_size, ALL_FIELDS, out);
+    if let Some(searched) = search_chunks(positions, cell, pbc, opts, n_centers, ALL_FIELDS)? {
+        gather_in_center_order(&searched, ALL_FIELDS, out);
     }
     Ok(())
 }
 
-/// The per-chunk pair lists of the centres `0..n_centers`, with the centre
-/// order they were searched in and the chunk size; `None` when there is
-/// nothing to search.
-#[allow(clippy::type_complexity)]
+/// The pairs of a search, per chunk of centres, before they are put in
+/// centre order.
+struct SearchedChunks {
+    chunks: Vec<ChunkPairs>,
+    /// The centres in the order they were searched (`chunk_size` per chunk).
+    order: Vec<u32>,
+    chunk_size: usize,
+}
+
+/// The per-chunk pair lists of the centres `0..n_centers`; `None` when
+/// there is nothing to search.
 fn search_chunks(
     positions: &[[f64; 3]],
     cell: Option<&Cell>,
@@ -148,7 +151,7 @@ fn search_chunks(
     opts: &NeighborOptions,
     n_centers: usize,
     fields: Fields,
-) -> Result<Option<(Vec<ChunkPairs>, Vec<u32>, usize)>, NeighborError> {
+) -> Result<Option<SearchedChunks>, NeighborError> {
     let prepared = prepare(positions, cell, pbc, opts)?;
     let n_atoms = positions.len();
     if n_atoms == 0 {
@@ -215,7 +218,11 @@ fn search_chunks(
             search.run(&order[start..end], capacity)
         })
         .collect();
-    Ok(Some((chunks, order, chunk_size)))
+    Ok(Some(SearchedChunks {
+        chunks,
+        order,
+        chunk_size,
+    }))
 }
 
 /// Bin layout: counts, stencil half-widths and the map from fractional
@@ -636,18 +643,21 @@ struct ChunkPairs {
     closest: Option<(usize, f64)>,
 }
 
-/// Copies the per-centre segments of `chunks` (searched in the order
-/// `order`, `chunk_size` centres per chunk) into one list sorted by centre,
-/// in parallel over ranges of centres; arrays not in `fields` stay empty.
-/// Returns the shortest pair (index in `out`, distance) of a search without
-/// geometry.
+/// Copies the per-centre segments of the searched chunks into one list
+/// sorted by centre, in parallel over ranges of centres; arrays not in
+/// `fields` stay empty. Returns the shortest pair (index in `out`, distance)
+/// of a search without geometry.
 fn gather_in_center_order(
-    chunks: &[ChunkPairs],
-    order: &[u32],
-    chunk_size: usize,
+    searched: &SearchedChunks,
     fields: Fields,
     out: &mut NeighborList,
 ) -> Option<(usize, f64)> {
+    let SearchedChunks {
+        chunks,
+        order,
+        chunk_size,
+    } = searched;
+    let chunk_size = *chunk_size;
     // `order` is a permutation of the centres 0..n.
     let n_atoms = order.len();
     // For each centre: (chunk, first pair in the chunk, count).
