@@ -139,6 +139,10 @@ pub struct ModelRecord {
     pub ghost_owned_ratio: f64,
     /// Bytes sent by all ranks during one evaluation.
     pub bytes_per_step: u64,
+    /// Minor page faults per timed evaluation (pages mapped on first touch;
+    /// memory reused between steps causes none).
+    #[serde(default)]
+    pub minor_faults_per_step: f64,
     /// Where the last timed evaluation's wall time went (decomposed runs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub phases: Option<PhaseBreakdown>,
@@ -156,6 +160,21 @@ pub struct PhaseBreakdown {
     pub max_s: [f64; 6],
     /// Earliest and latest rank end (s since the call started).
     pub rank_end_s: [f64; 2],
+    /// When the consolidated result was ready (s since the call started).
+    #[serde(default)]
+    pub finish_s: f64,
+    /// Each rank's sizes and time line.
+    #[serde(default)]
+    pub per_rank: Vec<RankRecord>,
+}
+
+/// One rank of a decomposed evaluation: its rows, edges and phases.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RankRecord {
+    pub owned: usize,
+    pub ghosts: usize,
+    pub edges: usize,
+    pub timings: RankTimings,
 }
 
 impl PhaseBreakdown {
@@ -176,11 +195,24 @@ impl PhaseBreakdown {
             rank_end_s[0] = rank_end_s[0].min(t.end());
             rank_end_s[1] = rank_end_s[1].max(t.end());
         }
+        let per_rank = r
+            .rank_sizes
+            .iter()
+            .zip(&r.rank_timings)
+            .map(|(&(owned, ghosts, edges), &timings)| RankRecord {
+                owned,
+                ghosts,
+                edges,
+                timings,
+            })
+            .collect();
         Some(Self {
             partition_s: r.partition_s,
             mean_s,
             max_s,
             rank_end_s,
+            finish_s: r.finish_s,
+            per_rank,
         })
     }
 }
@@ -379,9 +411,11 @@ fn model_child(a: &ModelBenchArgs) -> Result<u8, CliError> {
         )));
     }
     // A single-process run uses the global pool; decomposed runs give each
-    // rank a private pool of `threads` workers (EvalOptions::threads_per_rank).
+    // rank a private pool of `threads` workers (EvalOptions::threads_per_rank)
+    // and compute the partition, before the ranks start, on the global pool:
+    // there it may use every core the ranks will.
     rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
+        .num_threads(ranks * threads)
         .build_global()
         .context("building the rayon pool")
         .map_err(CliError::failed)?;
@@ -418,6 +452,7 @@ fn model_child(a: &ModelBenchArgs) -> Result<u8, CliError> {
     let mut times = Vec::with_capacity(a.repeats);
     let mut cpu_times = Vec::with_capacity(a.repeats);
     let mut last = None;
+    let faults_before = process_minor_faults();
     for _ in 0..a.repeats {
         let c0 = process_cpu_s();
         let t0 = Instant::now();
@@ -428,6 +463,10 @@ fn model_child(a: &ModelBenchArgs) -> Result<u8, CliError> {
         }
         last = Some(r);
     }
+    let minor_faults_per_step = match (faults_before, process_minor_faults()) {
+        (Some(f0), Some(f1)) => f1.saturating_sub(f0) as f64 / a.repeats as f64,
+        _ => 0.0,
+    };
     let peak = read_status_kib("VmHWM:").unwrap_or(0) * 1024;
     let (owned, ghost) = last
         .as_ref()
@@ -464,6 +503,7 @@ fn model_child(a: &ModelBenchArgs) -> Result<u8, CliError> {
             0.0
         },
         bytes_per_step: last.as_ref().map_or(0, |r| r.bytes_sent),
+        minor_faults_per_step,
         phases: last.as_ref().and_then(PhaseBreakdown::of),
         times_s: times,
     };
@@ -520,12 +560,26 @@ fn process_cpu_s() -> Option<f64> {
 }
 
 fn parse_stat_cpu_s(stat: &str) -> Option<f64> {
-    // The command name (field 2) is parenthesised and may hold spaces.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // `rest` starts at field 3, so fields 14 and 15 are at 11 and 12.
+    let f = stat_fields(stat)?;
+    // `f` starts at field 3, so fields 14 and 15 are at 11 and 12.
     let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
     Some(ticks as f64 / 100.0)
+}
+
+/// Minor page faults of this process so far (field 10 of `/proc/self/stat`):
+/// each is a page the kernel had to map (and zero) on first touch.
+fn process_minor_faults() -> Option<u64> {
+    parse_stat_minor_faults(&std::fs::read_to_string("/proc/self/stat").ok()?)
+}
+
+fn parse_stat_minor_faults(stat: &str) -> Option<u64> {
+    stat_fields(stat)?.get(7)?.parse().ok()
+}
+
+/// The fields of a `/proc/<pid>/stat` line from field 3 on.
+fn stat_fields(stat: &str) -> Option<Vec<&str>> {
+    // The command name (field 2) is parenthesised and may hold spaces.
+    Some(stat[stat.rfind(')')? + 1..].split_whitespace().collect())
 }
 
 fn parse_status_kib(status: &str, key: &str) -> Option<u64> {
@@ -745,6 +799,21 @@ mod tests {
         // proc(5): utime is field 14, stime field 15 (after a name with spaces).
         let s = "42 (a b) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 1";
         assert_eq!(parse_stat_cpu_s(s), Some(3.0));
+        // minflt is field 10.
+        assert_eq!(parse_stat_minor_faults(s), Some(7));
+    }
+
+    #[test]
+    fn touching_fresh_pages_counts_faults() {
+        let Some(before) = process_minor_faults() else {
+            return; // not Linux
+        };
+        // 64 MiB of fresh memory: at least 32 faults even with 2 MiB pages.
+        let mut v: Vec<u8> = Vec::with_capacity(64 << 20);
+        v.resize(64 << 20, 1);
+        let after = process_minor_faults().unwrap_or(0);
+        assert!(std::hint::black_box(&v)[12345] == 1);
+        assert!(after >= before + 32, "{before} -> {after}");
     }
 
     #[test]
@@ -879,6 +948,7 @@ mod tests {
             atom_steps_per_s: 0.0,
             rss_before_bytes: 0,
             peak_rss_bytes: 0,
+            minor_faults_per_step: 0.0,
             peak_rss_per_atom: 0.0,
             eval_rss_per_atom: 0.0,
             ghost_owned_ratio: 0.0,

@@ -211,6 +211,10 @@ impl Distributor for HaloRuntime {
         self.comm.abort(message);
     }
 
+    fn comm_seconds(&self) -> f64 {
+        self.comm_s
+    }
+
     fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
         self
     }

@@ -9,7 +9,7 @@ use ddmlip_engine::ops::PeriodicShifts;
 use ddmlip_engine::{
     Buffers, DType, EngineError, Graph, Model, ModelInputs, RowDomain, Scalar, Trace,
 };
-use ddmlip_neighbors::{pair_list_for_centers, NeighborOptions};
+use ddmlip_neighbors::{pair_list_for_centers_into, NeighborOptions, PairList, PairScratch};
 use ddmlip_spec::{MLIPSpec, OutputKind};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -116,6 +116,10 @@ pub struct EvalResult {
     /// Per rank: where its wall-clock time went (one entry for a
     /// single-process run).
     pub rank_timings: Vec<RankTimings>,
+    /// Seconds from the start of the call until the consolidated result was
+    /// ready (decomposed runs): after the last rank's end, joining the ranks
+    /// and assembling the result.
+    pub finish_s: f64,
 }
 
 /// Where one rank's wall-clock time went, in seconds. `start` is measured
@@ -137,6 +141,10 @@ pub struct RankTimings {
     /// Part of forward + backward + reduce spent inside communication calls
     /// (waiting for peers included).
     pub comm: f64,
+    /// Part of `comm` spent during the forward pass.
+    pub forward_comm: f64,
+    /// Handing the graph's memory back for the next call, after `gather`.
+    pub release: f64,
 }
 
 impl RankTimings {
@@ -243,6 +251,7 @@ pub fn evaluate(
 struct RankBuffers {
     f32: Buffers<f32>,
     f64: Buffers<f64>,
+    pairs: PairScratch,
 }
 
 /// Evaluates one model with fixed options again and again, keeping every
@@ -273,6 +282,15 @@ impl<'m> Evaluator<'m> {
         &self.opts
     }
 
+    /// Large tensors that could not reuse kept memory, over all calls and
+    /// ranks so far (see [`Buffers::fresh_allocations`]).
+    pub fn fresh_allocations(&self) -> usize {
+        self.buffers
+            .iter()
+            .map(|b| b.f32.fresh_allocations() + b.f64.fresh_allocations())
+            .sum()
+    }
+
     /// Bytes of tensor memory kept for the next call, over all ranks.
     pub fn held_bytes(&self) -> usize {
         self.buffers
@@ -301,8 +319,8 @@ impl<'m> Evaluator<'m> {
         if single {
             let held = &mut self.buffers[0];
             return match opts.dtype {
-                DType::F64 => evaluate_single(model, batch, opts, &mut held.f64),
-                DType::F32 => evaluate_single(model, batch, opts, &mut held.f32),
+                DType::F64 => evaluate_single(model, batch, opts, &mut held.f64, &mut held.pairs),
+                DType::F32 => evaluate_single(model, batch, opts, &mut held.f32, &mut held.pairs),
             };
         }
         evaluate_threads(model, batch, opts, &mut self.buffers)
@@ -321,6 +339,7 @@ fn evaluate_single<T: Scalar>(
     batch: &[System],
     opts: &EvalOptions,
     buffers: &mut Buffers<T>,
+    scratch: &mut PairScratch,
 ) -> Result<EvalResult, EvalError> {
     let mut clock = Instant::now();
     let mut timings = RankTimings::default();
@@ -336,7 +355,10 @@ fn evaluate_single<T: Scalar>(
     let mut numbers = Vec::new();
     let mut atom_system = Vec::new();
     let mut cells = Vec::new();
-    let (mut centers, mut neighbors, mut shifts, mut edge_sys) = (vec![], vec![], vec![], vec![]);
+    // Pair lists and per-edge indices live in the graph's recycled memory.
+    let (mut centers, mut neighbors) = (g.take_indices(), g.take_indices());
+    let (mut shifts, mut edge_sys) = (g.take_shifts(), g.take_indices());
+    let mut pairs = PairList::default();
     let mut offset = 0u32;
     for (s, sys) in batch.iter().enumerate() {
         positions.extend(
@@ -353,7 +375,12 @@ fn evaluate_single<T: Scalar>(
         } else {
             MIN_DISTANCE * 2.0
         };
-        let pairs = pair_list_for_centers(
+        if batch.len() == 1 {
+            pairs.centers = std::mem::take(&mut centers);
+            pairs.neighbors = std::mem::take(&mut neighbors);
+            pairs.shifts = std::mem::take(&mut shifts);
+        }
+        pair_list_for_centers_into(
             &sys.positions,
             sys.cell.as_ref(),
             sys.pbc,
@@ -362,6 +389,8 @@ fn evaluate_single<T: Scalar>(
                 half: false,
             },
             sys.len(),
+            scratch,
+            &mut pairs,
         )
         .map_err(|e| EvalError::Input(format!("frame {s}: {e}")))?;
         if !opts.allow_close_atoms {
@@ -376,14 +405,14 @@ fn evaluate_single<T: Scalar>(
         }
         if model.uses_runtime_graph() {
             let n_pairs = pairs.len();
-            let mut pair_shifts = pairs.shifts;
+            let mut pair_shifts = std::mem::take(&mut pairs.shifts);
             if pair_shifts.is_empty() {
-                pair_shifts = vec![[0; 3]; n_pairs];
+                pair_shifts.resize(n_pairs, [0; 3]);
             }
             if batch.len() == 1 {
                 // One system: the list is already in batch rows.
-                centers = pairs.centers;
-                neighbors = pairs.neighbors;
+                centers = std::mem::take(&mut pairs.centers);
+                neighbors = std::mem::take(&mut pairs.neighbors);
                 shifts = pair_shifts;
             } else {
                 centers.extend(pairs.centers.iter().map(|&c| c + offset));
@@ -393,6 +422,10 @@ fn evaluate_single<T: Scalar>(
             edge_sys.extend(std::iter::repeat_n(s as u32, n_pairs));
         }
         offset += sys.len() as u32;
+    }
+    // Lists a model without a runtime graph did not take go back for reuse.
+    for spare in [pairs.centers, pairs.neighbors] {
+        g.give_indices(spare);
     }
     let n_atoms = numbers.len();
     let mut neighbor_counts = vec![0.0f64; n_atoms];
@@ -792,8 +825,14 @@ pub fn evaluate_on_communicator(
         }
     };
     let mut r = match opts.dtype {
-        DType::F64 => run_rank::<f64>(model, batch, &split, comm, opts, &mut Buffers::default())?,
-        DType::F32 => run_rank::<f32>(model, batch, &split, comm, opts, &mut Buffers::default())?,
+        DType::F64 => {
+            let mut held = (Buffers::default(), PairScratch::default());
+            run_rank::<f64>(model, batch, &split, comm, opts, (&mut held.0, &mut held.1))?
+        }
+        DType::F32 => {
+            let mut held = (Buffers::default(), PairScratch::default());
+            run_rank::<f32>(model, batch, &split, comm, opts, (&mut held.0, &mut held.1))?
+        }
     };
     if let Some(res) = r.result.as_mut() {
         res.partition_s = split.partition_s;
@@ -845,8 +884,22 @@ fn evaluate_threads(
                     let rank = comm.rank();
                     let comm: Box<dyn Communicator> = Box::new(comm);
                     let body = || match opts.dtype {
-                        DType::F64 => run_rank(model, batch, split, comm, opts, &mut held.f64),
-                        DType::F32 => run_rank(model, batch, split, comm, opts, &mut held.f32),
+                        DType::F64 => run_rank(
+                            model,
+                            batch,
+                            split,
+                            comm,
+                            opts,
+                            (&mut held.f64, &mut held.pairs),
+                        ),
+                        DType::F32 => run_rank(
+                            model,
+                            batch,
+                            split,
+                            comm,
+                            opts,
+                            (&mut held.f32, &mut held.pairs),
+                        ),
                     };
                     match rayon::ThreadPoolBuilder::new()
                         .num_threads(threads)
@@ -876,6 +929,7 @@ fn evaluate_threads(
     });
     let mut result = combine_rank_results(outcomes, split.parts)?;
     result.partition_s = split.partition_s;
+    result.finish_s = split.started.elapsed().as_secs_f64();
     Ok(result)
 }
 
@@ -940,7 +994,7 @@ fn run_rank<T: Scalar>(
     split: &Split,
     comm: Box<dyn Communicator>,
     opts: &EvalOptions,
-    buffers: &mut Buffers<T>,
+    (buffers, pairs): (&mut Buffers<T>, &mut PairScratch),
 ) -> Result<RankResult, EvalError> {
     let start = split.started.elapsed().as_secs_f64();
     let clock = Instant::now();
@@ -949,15 +1003,26 @@ fn run_rank<T: Scalar>(
     let mut g = Graph::<T>::with_buffers(std::mem::take(buffers));
     g.set_distributor(Box::new(HaloRuntime::new(comm, plan, split.spec.clone())));
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        rank_body::<T>(&mut g, model, batch, split, rank, opts, (start, clock))
+        rank_body::<T>(
+            &mut g,
+            model,
+            batch,
+            split,
+            rank,
+            opts,
+            pairs,
+            (start, clock),
+        )
     }));
     let outcome = match outcome {
         Ok(r) => r,
         Err(p) => Err(EvalError::Input(panic_message(&*p))),
     };
     match outcome {
-        Ok(r) => {
+        Ok(mut r) => {
+            let released = Instant::now();
             *buffers = g.into_buffers();
+            r.timings.release = released.elapsed().as_secs_f64();
             Ok(r)
         }
         Err(e) => {
@@ -996,6 +1061,7 @@ fn lap(clock: &mut Instant) -> f64 {
     s
 }
 
+#[allow(clippy::too_many_arguments)]
 fn rank_body<T: Scalar>(
     g: &mut Graph<T>,
     model: &dyn Model,
@@ -1003,6 +1069,7 @@ fn rank_body<T: Scalar>(
     split: &Split,
     rank: usize,
     opts: &EvalOptions,
+    scratch: &mut PairScratch,
     (start, mut clock): (f64, Instant),
 ) -> Result<RankResult, EvalError> {
     let (parts, layout, spec) = (&split.parts, &split.layout, &split.spec);
@@ -1023,8 +1090,10 @@ fn rank_body<T: Scalar>(
     let mut atom_system = vec![0u32; n_local];
     let mut globals = vec![0u64; n_owned];
     let mut cells = Vec::with_capacity(9 * n_sys);
-    let (mut centers, mut neighbors) = (Vec::new(), Vec::new());
-    let mut edge_sys = Vec::new();
+    // Pair lists and per-edge indices live in the graph's recycled memory.
+    let (mut centers, mut neighbors) = (g.take_indices(), g.take_indices());
+    let mut edge_sys = g.take_indices();
+    let mut pairs = PairList::default();
     for (s, (sys, part)) in batch.iter().zip(parts).enumerate() {
         let dom = &part.ranks[rank];
         let cell = sys.cell_or_zero();
@@ -1064,7 +1133,11 @@ fn rank_body<T: Scalar>(
         };
         // Only owned atoms centre edges; their neighbours may be ghosts.
         let n_owned_s = dom.owned.len() as u32;
-        let pairs = pair_list_for_centers(
+        if batch.len() == 1 {
+            pairs.centers = std::mem::take(&mut centers);
+            pairs.neighbors = std::mem::take(&mut neighbors);
+        }
+        pair_list_for_centers_into(
             &local_pos,
             None,
             [false; 3],
@@ -1073,6 +1146,8 @@ fn rank_body<T: Scalar>(
                 half: false,
             },
             n_owned_s as usize,
+            scratch,
+            &mut pairs,
         )
         .map_err(|e| EvalError::Input(format!("frame {s}: {e}")))?;
         if !opts.allow_close_atoms {
@@ -1096,13 +1171,17 @@ fn rank_body<T: Scalar>(
             edge_sys.extend(std::iter::repeat_n(s as u32, pairs.len()));
             if batch.len() == 1 {
                 // One system: local list order is row order already.
-                centers = pairs.centers;
-                neighbors = pairs.neighbors;
+                centers = std::mem::take(&mut pairs.centers);
+                neighbors = std::mem::take(&mut pairs.neighbors);
             } else {
                 centers.extend(pairs.centers.iter().map(|&c| rows[c as usize] as u32));
                 neighbors.extend(pairs.neighbors.iter().map(|&c| rows[c as usize] as u32));
             }
         }
+    }
+    // Lists a model without a runtime graph did not take go back for reuse.
+    for spare in [pairs.centers, pairs.neighbors] {
+        g.give_indices(spare);
     }
     let n_edges = centers.len();
     let mut owned_counts = vec![0.0f64; n_owned];
@@ -1130,6 +1209,7 @@ fn rank_body<T: Scalar>(
     let out = model.forward_any(g, &inputs)?;
     check_energy_shape(g, out.energy, n_sys)?;
     timings.forward = lap(&mut clock);
+    timings.forward_comm = g.distributor().map_or(0.0, |d| d.comm_seconds());
     // A replicated energy is the same number on every rank: seed it once so
     // that the all-reduce adjoints do not count it world_size times.
     let seed: Vec<T> = if g.is_replicated(out.energy) && rank != 0 {

@@ -286,6 +286,40 @@ fn evaluator_reuse_gives_fresh_results() {
     assert!(kept.held_bytes() > 0, "no memory kept between calls");
 }
 
+/// Like an MD run: once an evaluator has seen a system, evaluating the same
+/// system again allocates no large tensor afresh, single-process or split.
+#[test]
+fn repeated_evaluations_reuse_all_tensor_memory() {
+    use ddmlip_domain::runtime::Evaluator;
+    use ddmlip_engine::DType;
+    let batch = vec![fcc(6)];
+    for name in ["lj", "schnet-demo", "eam-demo"] {
+        let m = load_model(name).unwrap();
+        for ranks in [1, 2, 4] {
+            for dtype in [DType::F64, DType::F32] {
+                let opts = EvalOptions {
+                    ranks,
+                    dtype,
+                    threads_per_rank: 1,
+                    ..Default::default()
+                };
+                let mut ev = Evaluator::new(m.as_ref(), opts);
+                ev.evaluate(&batch).unwrap();
+                let after_first = ev.fresh_allocations();
+                assert!(after_first > 0, "{name}: the first call allocates");
+                ev.evaluate(&batch).unwrap();
+                let after_second = ev.fresh_allocations();
+                ev.evaluate(&batch).unwrap();
+                assert_eq!(
+                    ev.fresh_allocations(),
+                    after_second,
+                    "{name}, {ranks} ranks, {dtype}: a repeated call allocated afresh"
+                );
+            }
+        }
+    }
+}
+
 /// Every rank reports its time line: phases are non-negative and every rank
 /// starts after the partition.
 #[test]

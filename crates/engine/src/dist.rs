@@ -30,6 +30,11 @@ pub trait Distributor: Send {
     fn all_reduce_sum(&mut self, data: DataMut<'_>) -> Result<(), EngineError>;
     /// Marks this rank failed so that no peer waits for it.
     fn abort(&mut self, message: &str);
+    /// Seconds spent in communication so far (waiting for peers included);
+    /// 0 when the runtime does not measure it.
+    fn comm_seconds(&self) -> f64 {
+        0.0
+    }
     /// Gives the runtime back its concrete type after the graph is done.
     fn into_any(self: Box<Self>) -> Box<dyn std::any::Any>;
 }

@@ -49,11 +49,29 @@ pub(crate) struct IndexNode {
 /// For each target row, the source rows that point at it, in ascending order.
 pub(crate) struct Csr {
     pub offsets: Vec<usize>,
-    pub sources: Vec<u32>,
+    /// `None` when the index is non-decreasing (e.g. edge centres): the
+    /// source rows of target t are then `offsets[t]..offsets[t + 1]`
+    /// themselves, and no permutation is built.
+    pub sources: Option<Vec<u32>>,
+}
+
+impl Csr {
+    /// Calls `f` with every source row of target row `t`, in ascending order.
+    #[inline]
+    pub fn for_each_source(&self, t: usize, mut f: impl FnMut(usize)) {
+        let span = self.offsets[t]..self.offsets[t + 1];
+        match &self.sources {
+            Some(s) => s[span].iter().for_each(|&e| f(e as usize)),
+            None => span.for_each(f),
+        }
+    }
 }
 
 impl IndexNode {
-    pub(crate) fn csr(&self) -> Arc<Csr> {
+    /// The inverse map, built on first use; `spare` supplies recycled
+    /// memory for its permutation (called at most once, and only when one
+    /// is needed).
+    pub(crate) fn csr(&self, spare: impl FnOnce() -> Vec<u32>) -> Arc<Csr> {
         self.csr
             .get_or_init(|| {
                 let mut counts = vec![0usize; self.target_rows + 1];
@@ -63,12 +81,19 @@ impl IndexNode {
                 for i in 0..self.target_rows {
                     counts[i + 1] += counts[i];
                 }
-                let mut fill = counts.clone();
-                let mut sources = vec![0u32; self.values.len()];
-                for (s, &v) in self.values.iter().enumerate() {
-                    sources[fill[v as usize]] = s as u32;
-                    fill[v as usize] += 1;
-                }
+                let sorted = self.values.windows(2).all(|w| w[0] <= w[1]);
+                let sources = (!sorted).then(|| {
+                    let mut fill = counts.clone();
+                    let mut sources = spare();
+                    // Every slot is written below; reuse skips the zeroing.
+                    sources.clear();
+                    sources.resize(self.values.len(), 0);
+                    for (s, &v) in self.values.iter().enumerate() {
+                        sources[fill[v as usize]] = s as u32;
+                        fill[v as usize] += 1;
+                    }
+                    sources
+                });
                 Arc::new(Csr {
                     offsets: counts,
                     sources,
@@ -94,6 +119,12 @@ pub struct Graph<T: Scalar> {
     pub(crate) check_finite: bool,
     /// Recycled buffers for op outputs and gradients.
     pub(crate) pool: Buffers<T>,
+    /// The periodic shift arrays given to this graph's ops, kept so that
+    /// their memory can be recycled when the graph ends.
+    pub(crate) shift_arrays: Vec<Arc<Vec<[i32; 3]>>>,
+    /// Values ops keep for their backward pass besides their outputs (e.g.
+    /// a radial basis's derivative table), recycled when the graph ends.
+    pub(crate) saved: Vec<Arc<Vec<T>>>,
 }
 
 impl<T: Scalar> Default for Graph<T> {
@@ -109,21 +140,88 @@ impl<T: Scalar> Default for Graph<T> {
 /// every op, which is what limits many ranks sharing one machine.
 pub struct Buffers<T> {
     free: Vec<Vec<T>>,
+    /// Requests (of at least `MIN_POOLED` elements) no kept buffer served.
+    fresh: usize,
+    /// Index arrays (edge centres, neighbours, inverse maps) of earlier graphs.
+    free_indices: Vec<Vec<u32>>,
+    /// The largest periodic shift array of an earlier graph.
+    free_shifts: Vec<[i32; 3]>,
 }
 
 impl<T> Default for Buffers<T> {
     fn default() -> Self {
-        Self { free: Vec::new() }
+        Self {
+            free: Vec::new(),
+            fresh: 0,
+            free_indices: Vec::new(),
+            free_shifts: Vec::new(),
+        }
     }
 }
 
 impl<T> Buffers<T> {
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.free
+        let values: usize = self.free.iter().map(|v| v.capacity()).sum();
+        let indices: usize = self.free_indices.iter().map(|v| v.capacity()).sum();
+        values * std::mem::size_of::<T>()
+            + indices * std::mem::size_of::<u32>()
+            + self.free_shifts.capacity() * std::mem::size_of::<[i32; 3]>()
+    }
+
+    /// An empty shift array with the kept capacity, for a caller that fills
+    /// it and hands it to an op as [`crate::ops::PeriodicShifts`].
+    pub fn take_shifts(&mut self) -> Vec<[i32; 3]> {
+        let mut v = std::mem::take(&mut self.free_shifts);
+        v.clear();
+        v
+    }
+
+    fn give_shifts(&mut self, v: Vec<[i32; 3]>) {
+        if v.capacity() > self.free_shifts.capacity() {
+            self.free_shifts = v;
+        }
+    }
+
+    /// How many large buffers (op outputs, gradients) had to be allocated
+    /// because no kept one fitted, since these buffers were made: once a
+    /// repeated evaluation has settled, a further identical one adds none.
+    pub fn fresh_allocations(&self) -> usize {
+        self.fresh
+    }
+
+    /// An empty index array with the largest kept capacity (a fresh one when
+    /// none is kept), for a caller that fills it, e.g. with a pair list, and
+    /// hands it to [`Graph::index`].
+    pub fn take_indices(&mut self) -> Vec<u32> {
+        let largest = self
+            .free_indices
             .iter()
-            .map(|v| v.capacity() * std::mem::size_of::<T>())
-            .sum()
+            .enumerate()
+            .max_by_key(|(_, v)| v.capacity())
+            .map(|(k, _)| k);
+        let mut v = largest.map_or_else(Vec::new, |k| self.free_indices.swap_remove(k));
+        v.clear();
+        v
+    }
+
+    /// Keeps an index array for reuse.
+    pub fn give_indices(&mut self, v: Vec<u32>) {
+        const MAX_INDEX_BUFFERS: usize = 16;
+        if v.capacity() < MIN_POOLED {
+            return;
+        }
+        self.free_indices.push(v);
+        if self.free_indices.len() > MAX_INDEX_BUFFERS {
+            if let Some((k, _)) = self
+                .free_indices
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, v)| v.capacity())
+            {
+                self.free_indices.swap_remove(k);
+            }
+        }
     }
 }
 
@@ -134,14 +232,20 @@ impl<T: Scalar> Buffers<T> {
     /// A buffer of `len` elements whose content is unspecified (stale but
     /// initialised): for callers that overwrite every element.
     pub(crate) fn for_overwrite(&mut self, len: usize) -> Vec<T> {
-        // Best fit: the smallest kept buffer that holds `len` elements.
+        // Best fit: the smallest kept buffer that holds `len` elements, but
+        // not one more than twice too large: handing a large buffer to a
+        // small request makes the next large request miss, and the pool
+        // would drift instead of settling on what a step needs.
         let best = self
             .free
             .iter()
             .enumerate()
-            .filter(|(_, v)| v.capacity() >= len)
+            .filter(|(_, v)| v.capacity() >= len && v.capacity() <= len.saturating_mul(2))
             .min_by_key(|(_, v)| v.capacity())
             .map(|(k, _)| k);
+        if best.is_none() && len >= MIN_POOLED {
+            self.fresh += 1;
+        }
         match best {
             Some(k) => {
                 let mut v = self.free.swap_remove(k);
@@ -220,9 +324,24 @@ impl<'a, T: Scalar> BackwardCtx<'a, T> {
         self.nodes[t.id].requires_grad
     }
 
+    /// A zero-filled buffer of `len` elements from the recycled memory (for
+    /// a gradient handed to [`BackwardCtx::accumulate`], which keeps or
+    /// recycles it).
+    pub(crate) fn zeroed(&mut self, len: usize) -> Vec<T> {
+        self.pool.zeroed(len)
+    }
+
+    /// A copy of `src` in recycled memory.
+    pub(crate) fn copy_of(&mut self, src: &[T]) -> Vec<T> {
+        let mut v = self.pool.for_overwrite(src.len());
+        v.copy_from_slice(src);
+        v
+    }
+
     /// Adds `g` into the gradient of `t` (ignored when `t` needs none).
     pub fn accumulate(&mut self, t: Tensor, g: Vec<T>) {
         if !self.nodes[t.id].requires_grad {
+            self.pool.give(g);
             return;
         }
         match &mut self.grads[t.id] {
@@ -258,6 +377,43 @@ impl<'a, T: Scalar> BackwardCtx<'a, T> {
             slot @ None => {
                 let mut v = self.pool.for_overwrite(len);
                 map_into(&mut v, f);
+                *slot = Some(v);
+            }
+        }
+    }
+
+    /// Adds into the gradient of `t` block by block: `f(state, b, dst,
+    /// overwrite)` fills (`overwrite`) or adds into `dst`, the elements
+    /// `b·block ..` of the gradient; `state` is scratch from `init`, made
+    /// once per rayon task rather than per block.
+    pub(crate) fn accumulate_blocks<S>(
+        &mut self,
+        t: Tensor,
+        block: usize,
+        init: impl Fn() -> S + Sync,
+        f: impl Fn(&mut S, usize, &mut [T], bool) + Sync,
+    ) {
+        if !self.nodes[t.id].requires_grad {
+            return;
+        }
+        let len = self.nodes[t.id].value.len();
+        let run = |acc: &mut [T], overwrite: bool| {
+            if len >= crate::ops::PAR_THRESHOLD {
+                acc.par_chunks_mut(block)
+                    .enumerate()
+                    .for_each_init(&init, |s, (b, dst)| f(s, b, dst, overwrite));
+            } else {
+                let mut s = init();
+                for (b, dst) in acc.chunks_mut(block).enumerate() {
+                    f(&mut s, b, dst, overwrite);
+                }
+            }
+        };
+        match &mut self.grads[t.id] {
+            Some(acc) => run(acc, false),
+            slot @ None => {
+                let mut v = self.pool.for_overwrite(len);
+                run(&mut v, true);
                 *slot = Some(v);
             }
         }
@@ -312,6 +468,8 @@ impl<T: Scalar> Graph<T> {
             scope: Vec::new(),
             check_finite: false,
             pool: Buffers::default(),
+            shift_arrays: Vec::new(),
+            saved: Vec::new(),
         }
     }
 
@@ -329,7 +487,57 @@ impl<T: Scalar> Graph<T> {
         for node in self.nodes {
             pool.give(node.value);
         }
+        // The ops (and their copies of the arrays) are gone now.
+        for v in self.saved {
+            if let Ok(v) = Arc::try_unwrap(v) {
+                pool.give(v);
+            }
+        }
+        for shifts in self.shift_arrays {
+            if let Ok(v) = Arc::try_unwrap(shifts) {
+                pool.give_shifts(v);
+            }
+        }
+        for ix in self.indices {
+            // Shared arrays (still held by a caller) stay with their owner.
+            if let Ok(values) = Arc::try_unwrap(ix.values) {
+                pool.give_indices(values);
+            }
+            if let Some(sources) = ix
+                .csr
+                .into_inner()
+                .and_then(|c| Arc::try_unwrap(c).ok())
+                .and_then(|c| c.sources)
+            {
+                pool.give_indices(sources);
+            }
+        }
         pool
+    }
+
+    /// An empty index array from this graph's recycled memory: see
+    /// [`Buffers::take_indices`].
+    pub fn take_indices(&mut self) -> Vec<u32> {
+        self.pool.take_indices()
+    }
+
+    /// Shares `v` with an op's backward closure; its memory goes back to the
+    /// pool when the graph ends.
+    pub(crate) fn save_for_backward(&mut self, v: Vec<T>) -> Arc<Vec<T>> {
+        let v = Arc::new(v);
+        self.saved.push(v.clone());
+        v
+    }
+
+    /// An empty shift array from this graph's recycled memory: see
+    /// [`Buffers::take_shifts`].
+    pub fn take_shifts(&mut self) -> Vec<[i32; 3]> {
+        self.pool.take_shifts()
+    }
+
+    /// Keeps an index array the caller no longer needs for the next graph.
+    pub fn give_indices(&mut self, v: Vec<u32>) {
+        self.pool.give_indices(v);
     }
 
     /// Starts recording every op (forward and backward) into a trace.
@@ -773,13 +981,18 @@ impl<T: Scalar> Graph<T> {
                 pool.give(g);
             }
         }
-        Ok(wrt
+        let out = wrt
             .iter()
             .map(|t| {
                 grads[t.id]
                     .take()
                     .unwrap_or_else(|| vec![T::zero(); self.nodes[t.id].value.len()])
             })
-            .collect())
+            .collect();
+        // Gradients of leaves nobody asked for are recycled, not dropped.
+        for g in grads.into_iter().flatten() {
+            self.pool.give(g);
+        }
+        Ok(out)
     }
 }

@@ -1,4 +1,4 @@
-use ddmlip_engine::ops::Unary;
+use ddmlip_engine::ops::{Pointwise, Unary};
 use ddmlip_engine::{
     EngineError, Graph, ModelForward, ModelInfo, ModelInputs, ModelOutputs, Scalar, SpeciesSupport,
 };
@@ -92,16 +92,21 @@ impl ModelForward for LennardJones {
         let edges = inputs
             .edges
             .ok_or_else(|| EngineError::Input("lj needs the runtime neighbour graph".into()))?;
-        let inv = g.unary(edges.lengths, Unary::Recip)?;
-        let s = g.scale(inv, self.sigma)?;
-        let s6 = g.unary(s, Unary::Powf(6.0))?;
-        let s12 = g.unary(s6, Unary::Square)?;
-        let diff = g.sub(s12, s6)?;
-        let mut pair = g.scale(diff, 4.0 * self.epsilon)?;
+        // r ↦ ½·(4ε[s¹² − s⁶] − shift), s = σ/r, as one fused per-edge op:
+        // the chain is memory-bound when every step is its own pass.
+        let mut e = Pointwise::new("lj_pair", 1);
+        let r = e.input(0);
+        let inv = e.unary(r, Unary::Recip);
+        let s = e.unary(inv, Unary::Scale(self.sigma));
+        let s6 = e.unary(s, Unary::Powf(6.0));
+        let s12 = e.unary(s6, Unary::Square);
+        let diff = e.sub(s12, s6);
+        let mut pair = e.unary(diff, Unary::Scale(4.0 * self.epsilon));
         if self.shift {
-            pair = g.unary(pair, Unary::AddScalar(-self.pair_at_cutoff()))?;
+            pair = e.unary(pair, Unary::AddScalar(-self.pair_at_cutoff()));
         }
-        let half = g.scale(pair, 0.5)?;
+        e.unary(pair, Unary::Scale(0.5));
+        let half = g.pointwise(&[edges.lengths], &e)?;
         let atomic = g.scatter_add(half, edges.center)?;
         let energy = g.segment_sum(atomic, inputs.atom_system)?;
         Ok(ModelOutputs {

@@ -86,22 +86,58 @@ pub fn pair_list_for_centers(
     opts: &NeighborOptions,
     n_centers: usize,
 ) -> Result<PairList, NeighborError> {
+    let mut out = PairList::default();
+    pair_list_for_centers_into(
+        positions,
+        cell,
+        pbc,
+        opts,
+        n_centers,
+        &mut PairScratch::default(),
+        &mut out,
+    )?;
+    Ok(out)
+}
+
+/// Memory of a pair search kept for the next one (per-chunk pair lists), so
+/// that a search repeated along an MD run maps no fresh pages.
+#[derive(Default)]
+pub struct PairScratch {
+    chunks: Vec<ChunkPairs>,
+}
+
+/// [`pair_list_for_centers`] writing into `out`, whose previous content is
+/// replaced and whose allocations are reused, with `scratch` reused for the
+/// intermediate lists. On error `out` is left empty.
+pub fn pair_list_for_centers_into(
+    positions: &[[f64; 3]],
+    cell: Option<&Cell>,
+    pbc: [bool; 3],
+    opts: &NeighborOptions,
+    n_centers: usize,
+    scratch: &mut PairScratch,
+    out: &mut PairList,
+) -> Result<(), NeighborError> {
     let fields = Fields {
         geometry: false,
         shifts: pbc.iter().any(|&p| p),
     };
-    let n_centers = n_centers.min(positions.len());
-    let Some(searched) = search_chunks(positions, cell, pbc, opts, n_centers, fields)? else {
-        return Ok(PairList::default());
+    let mut list = NeighborList {
+        centers: std::mem::take(&mut out.centers),
+        neighbors: std::mem::take(&mut out.neighbors),
+        shifts: std::mem::take(&mut out.shifts),
+        ..NeighborList::default()
     };
-    let mut list = NeighborList::default();
-    let closest = gather_in_center_order(&searched, fields, &mut list);
-    Ok(PairList {
-        centers: list.centers,
-        neighbors: list.neighbors,
-        shifts: list.shifts,
-        closest,
-    })
+    list.clear();
+    out.closest = None;
+    let n_centers = n_centers.min(positions.len());
+    if let Some(searched) = search_chunks(positions, cell, pbc, opts, n_centers, fields, scratch)? {
+        out.closest = gather_in_center_order(&searched, fields, &mut list);
+    }
+    out.centers = list.centers;
+    out.neighbors = list.neighbors;
+    out.shifts = list.shifts;
+    Ok(())
 }
 
 /// Which per-pair arrays a search produces.
@@ -127,7 +163,16 @@ fn search_into(
     out: &mut NeighborList,
 ) -> Result<(), NeighborError> {
     out.clear();
-    if let Some(searched) = search_chunks(positions, cell, pbc, opts, n_centers, ALL_FIELDS)? {
+    let mut scratch = PairScratch::default();
+    if let Some(searched) = search_chunks(
+        positions,
+        cell,
+        pbc,
+        opts,
+        n_centers,
+        ALL_FIELDS,
+        &mut scratch,
+    )? {
         gather_in_center_order(&searched, ALL_FIELDS, out);
     }
     Ok(())
@@ -135,8 +180,8 @@ fn search_into(
 
 /// The pairs of a search, per chunk of centres, before they are put in
 /// centre order.
-struct SearchedChunks {
-    chunks: Vec<ChunkPairs>,
+struct SearchedChunks<'s> {
+    chunks: &'s [ChunkPairs],
     /// The centres in the order they were searched (`chunk_size` per chunk).
     order: Vec<u32>,
     chunk_size: usize,
@@ -144,14 +189,15 @@ struct SearchedChunks {
 
 /// The per-chunk pair lists of the centres `0..n_centers`; `None` when
 /// there is nothing to search.
-fn search_chunks(
+fn search_chunks<'s>(
     positions: &[[f64; 3]],
     cell: Option<&Cell>,
     pbc: [bool; 3],
     opts: &NeighborOptions,
     n_centers: usize,
     fields: Fields,
-) -> Result<Option<SearchedChunks>, NeighborError> {
+    scratch: &'s mut PairScratch,
+) -> Result<Option<SearchedChunks<'s>>, NeighborError> {
     let prepared = prepare(positions, cell, pbc, opts)?;
     let n_atoms = positions.len();
     if n_atoms == 0 {
@@ -209,15 +255,16 @@ fn search_chunks(
     let chunk_size = (n_search / (threads * 16)).clamp(64, 4096);
     let n_chunks = n_search.div_ceil(chunk_size);
     let pairs_per_center = prepared.estimated_pairs / n_atoms as f64;
-    let chunks: Vec<ChunkPairs> = (0..n_chunks)
-        .into_par_iter()
-        .map(|c| {
-            let start = c * chunk_size;
-            let end = (start + chunk_size).min(n_search);
-            let capacity = ((end - start) as f64 * (pairs_per_center * 1.1 + 8.0)) as usize;
-            search.run(&order[start..end], capacity)
-        })
-        .collect();
+    if scratch.chunks.len() < n_chunks {
+        scratch.chunks.resize_with(n_chunks, ChunkPairs::default);
+    }
+    let chunks = &mut scratch.chunks[..n_chunks];
+    chunks.par_iter_mut().enumerate().for_each(|(c, out)| {
+        let start = c * chunk_size;
+        let end = (start + chunk_size).min(n_search);
+        let capacity = ((end - start) as f64 * (pairs_per_center * 1.1 + 8.0)) as usize;
+        search.run_into(&order[start..end], capacity, out);
+    });
     Ok(Some(SearchedChunks {
         chunks,
         order,
@@ -474,18 +521,22 @@ impl<'a> Search<'a> {
         }
     }
 
-    /// Pairs of each centre in `centers`, one sorted segment per centre.
-    fn run(&self, centers: &[u32], capacity: usize) -> ChunkPairs {
+    /// Pairs of each centre in `centers`, one sorted segment per centre,
+    /// written over `out` (whose allocations are reused).
+    fn run_into(&self, centers: &[u32], capacity: usize, out: &mut ChunkPairs) {
         let Fields { geometry, shifts } = self.fields;
         let sized = |on: bool| if on { capacity } else { 0 };
-        let mut out = ChunkPairs {
-            counts: Vec::with_capacity(centers.len()),
-            neighbors: Vec::with_capacity(capacity),
-            shifts: Vec::with_capacity(sized(shifts)),
-            vectors: Vec::with_capacity(sized(geometry)),
-            distances: Vec::with_capacity(sized(geometry)),
-            closest: None,
-        };
+        out.counts.clear();
+        out.neighbors.clear();
+        out.shifts.clear();
+        out.vectors.clear();
+        out.distances.clear();
+        out.closest = None;
+        out.counts.reserve(centers.len());
+        out.neighbors.reserve(capacity);
+        out.shifts.reserve(sized(shifts));
+        out.vectors.reserve(sized(geometry));
+        out.distances.reserve(sized(geometry));
         let mut scratch = Scratch::default();
         for &i in centers {
             scratch.found.clear();
@@ -521,7 +572,6 @@ impl<'a> Search<'a> {
                 found.iter().for_each(&mut emit);
             }
         }
-        out
     }
 
     fn center(&self, i: usize, scratch: &mut Scratch) {
@@ -631,6 +681,7 @@ impl<'a> Search<'a> {
 
 /// The pairs of one chunk of centres (in bin order): `counts[c]` pairs for
 /// its c-th centre, stored consecutively.
+#[derive(Default)]
 struct ChunkPairs {
     counts: Vec<u32>,
     neighbors: Vec<u32>,
@@ -648,7 +699,7 @@ struct ChunkPairs {
 /// `fields` stay empty. Returns the shortest pair (index in `out`, distance)
 /// of a search without geometry.
 fn gather_in_center_order(
-    searched: &SearchedChunks,
+    searched: &SearchedChunks<'_>,
     fields: Fields,
     out: &mut NeighborList,
 ) -> Option<(usize, f64)> {

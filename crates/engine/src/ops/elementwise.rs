@@ -51,7 +51,7 @@ impl Unary {
     }
 
     #[inline]
-    fn apply<T: Scalar>(&self, x: T) -> T {
+    pub(crate) fn apply<T: Scalar>(&self, x: T) -> T {
         let one = T::one();
         match *self {
             Unary::Silu => x / (one + (-x).exp()),
@@ -71,9 +71,75 @@ impl Unary {
         }
     }
 
+    /// `dst[e] = f(src[e])`, bit for bit [`Unary::apply`], with the match
+    /// hoisted out of the loop so that the common maps vectorise.
+    pub(crate) fn apply_slice<T: Scalar>(&self, src: &[T], dst: &mut [T]) {
+        macro_rules! each {
+            ($x:ident => $e:expr) => {
+                for (d, &$x) in dst.iter_mut().zip(src) {
+                    *d = $e;
+                }
+            };
+        }
+        let one = T::one();
+        match *self {
+            Unary::Scale(c) => {
+                let c = T::of(c);
+                each!(x => c * x)
+            }
+            Unary::AddScalar(c) => {
+                let c = T::of(c);
+                each!(x => x + c)
+            }
+            Unary::Square => each!(x => x * x),
+            Unary::Recip => each!(x => one / x),
+            Unary::Neg => each!(x => -x),
+            Unary::Powf(p) if p.fract() == 0.0 && p.abs() <= 16.0 => {
+                let n = p as i32;
+                each!(x => powi(x, n))
+            }
+            f => each!(x => f.apply(x)),
+        }
+    }
+
+    /// `acc[e] += g[e] · f'(x[e])` (y = f(x)), bit for bit the products of
+    /// [`Unary::derivative`], with the match hoisted out of the loop.
+    pub(crate) fn accumulate_derivative_slice<T: Scalar>(
+        &self,
+        x: &[T],
+        y: &[T],
+        g: &[T],
+        acc: &mut [T],
+    ) {
+        macro_rules! each {
+            ($x:ident, $y:ident => $e:expr) => {
+                for (((a, &gi), &$x), &$y) in acc.iter_mut().zip(g).zip(x).zip(y) {
+                    *a += gi * $e;
+                }
+            };
+        }
+        match *self {
+            Unary::Scale(c) => {
+                let c = T::of(c);
+                each!(_x, _y => c)
+            }
+            Unary::AddScalar(_) => each!(_x, _y => T::one()),
+            Unary::Square => {
+                let two = T::of(2.0);
+                each!(xi, _y => two * xi)
+            }
+            Unary::Recip => each!(_x, yi => -yi * yi),
+            Unary::Powf(p) if p.fract() == 0.0 && p.abs() <= 16.0 && (p - 1.0).abs() <= 16.0 => {
+                let (c, n) = (T::of(p), (p - 1.0) as i32);
+                each!(xi, _y => c * powi(xi, n))
+            }
+            f => each!(xi, yi => f.derivative(xi, yi)),
+        }
+    }
+
     /// dy/dx given x and y.
     #[inline]
-    fn derivative<T: Scalar>(&self, x: T, y: T) -> T {
+    pub(crate) fn derivative<T: Scalar>(&self, x: T, y: T) -> T {
         let one = T::one();
         match *self {
             Unary::Silu => {
@@ -105,9 +171,34 @@ impl Unary {
 #[inline]
 fn power<T: Scalar>(x: T, p: f64) -> T {
     if p.fract() == 0.0 && p.abs() <= 16.0 {
-        x.powi(p as i32)
+        powi(x, p as i32)
     } else {
         x.powf(T::of(p))
+    }
+}
+
+/// xⁿ by square-and-multiply from the lowest bit: the same products in the
+/// same order as the runtime's `powi`, but inlined, so that loops over it
+/// vectorise instead of calling out per element.
+#[inline(always)]
+fn powi<T: Scalar>(x: T, n: i32) -> T {
+    let mut base = x;
+    let mut e = n.unsigned_abs();
+    let mut acc = T::one();
+    loop {
+        if e & 1 != 0 {
+            acc *= base;
+        }
+        e >>= 1;
+        if e == 0 {
+            break;
+        }
+        base *= base;
+    }
+    if n < 0 {
+        T::one() / acc
+    } else {
+        acc
     }
 }
 
@@ -131,11 +222,35 @@ enum Broadcast {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum BinaryKind {
+pub(crate) enum BinaryKind {
     Add,
     Sub,
     Mul,
     Div,
+}
+
+impl BinaryKind {
+    #[inline]
+    pub(crate) fn apply<T: Scalar>(self, x: T, y: T) -> T {
+        match self {
+            BinaryKind::Add => x + y,
+            BinaryKind::Sub => x - y,
+            BinaryKind::Mul => x * y,
+            BinaryKind::Div => x / y,
+        }
+    }
+
+    /// (∂/∂x, ∂/∂y) of `apply` at (x, y).
+    #[inline]
+    pub(crate) fn partials<T: Scalar>(self, x: T, y: T) -> (T, T) {
+        let one = T::one();
+        match self {
+            BinaryKind::Add => (one, one),
+            BinaryKind::Sub => (one, -one),
+            BinaryKind::Mul => (y, x),
+            BinaryKind::Div => (one / y, -x / (y * y)),
+        }
+    }
 }
 
 impl<T: Scalar> Graph<T> {
@@ -235,15 +350,7 @@ impl<T: Scalar> Graph<T> {
             }
         };
         let mut out = self.pool.for_overwrite(av.len());
-        map_into(&mut out, |i| {
-            let (x, y) = (av[i], bv[bidx(i)]);
-            match kind {
-                BinaryKind::Add => x + y,
-                BinaryKind::Sub => x - y,
-                BinaryKind::Mul => x * y,
-                BinaryKind::Div => x / y,
-            }
-        });
+        map_into(&mut out, |i| kind.apply(av[i], bv[bidx(i)]));
         let b_fresh = nb.domain != RowDomain::Atom
             || nb.fresh
             || bc != Broadcast::Full && bc != Broadcast::PerRow;

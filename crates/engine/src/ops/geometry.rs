@@ -171,6 +171,7 @@ impl<T: Scalar> Graph<T> {
             edge_system: esys,
         }) = periodic
         {
+            self.shift_arrays.push(shifts.clone());
             if shifts.len() != n_edges || self.indices[esys.id].values.len() != n_edges {
                 return Err(EngineError::shape(
                     "edge_vectors",
@@ -213,20 +214,20 @@ impl<T: Scalar> Graph<T> {
             handler,
             Box::new(move |ctx, g| {
                 if ctx.wants(positions) {
-                    let csr_c = ctx.index_node(center).csr();
-                    let csr_n = ctx.index_node(neighbor).csr();
+                    let csr_c = ctx.index_node(center).csr(|| ctx.pool.take_indices());
+                    let csr_n = ctx.index_node(neighbor).csr(|| ctx.pool.take_indices());
                     ctx.accumulate_with(positions, |gp| {
                         let body = |(a, o): (usize, &mut [T])| {
-                            for &e in &csr_n.sources[csr_n.offsets[a]..csr_n.offsets[a + 1]] {
+                            csr_n.for_each_source(a, |e| {
                                 for k in 0..3 {
-                                    o[k] += g[e as usize * 3 + k];
+                                    o[k] += g[e * 3 + k];
                                 }
-                            }
-                            for &e in &csr_c.sources[csr_c.offsets[a]..csr_c.offsets[a + 1]] {
+                            });
+                            csr_c.for_each_source(a, |e| {
                                 for k in 0..3 {
-                                    o[k] -= g[e as usize * 3 + k];
+                                    o[k] -= g[e * 3 + k];
                                 }
-                            }
+                            });
                         };
                         if g.len() >= PAR_THRESHOLD {
                             gp.par_chunks_mut(3).enumerate().for_each(body);

@@ -30,12 +30,12 @@ pub(crate) fn scatter_rows<T: Scalar>(src: &[T], cols: usize, csr: &Csr, out: &m
         return;
     }
     let body = |(t, o): (usize, &mut [T])| {
-        for &s in &csr.sources[csr.offsets[t]..csr.offsets[t + 1]] {
-            let row = &src[s as usize * cols..(s as usize + 1) * cols];
+        csr.for_each_source(t, |s| {
+            let row = &src[s * cols..(s + 1) * cols];
             for (a, &b) in o.iter_mut().zip(row) {
                 *a += b;
             }
-        }
+        });
     };
     if src.len() >= PAR_THRESHOLD {
         out.par_chunks_mut(cols).enumerate().for_each(body);
@@ -116,7 +116,7 @@ impl<T: Scalar> Graph<T> {
                 if !ctx.wants(x) {
                     return Ok(());
                 }
-                let csr = ctx.index_node(idx).csr();
+                let csr = ctx.index_node(idx).csr(|| ctx.pool.take_indices());
                 ctx.accumulate_with(x, |gx| scatter_rows(g, cols, &csr, gx));
                 Ok(())
             }),
@@ -175,7 +175,7 @@ impl<T: Scalar> Graph<T> {
         }
         let rows = ix.target_rows;
         let domain = ix.target;
-        let csr = ix.csr();
+        let csr = ix.csr(|| self.pool.take_indices());
         let mut out = self.pool.zeroed(rows * cols);
         scatter_rows(&self.nodes[src.id].value, cols, &csr, &mut out);
         let spec = NodeSpec {
@@ -324,7 +324,8 @@ impl<T: Scalar> Graph<T> {
         handler: &str,
     ) -> Result<Tensor, EngineError> {
         let (rows, cols) = self.shape(x);
-        let mut v = self.nodes[x.id].value.clone();
+        let mut v = self.pool.for_overwrite(self.nodes[x.id].value.len());
+        v.copy_from_slice(&self.nodes[x.id].value);
         let d = self
             .dist
             .as_deref_mut()
@@ -351,7 +352,7 @@ impl<T: Scalar> Graph<T> {
             &[],
             Some(handler),
             Box::new(move |ctx, g| {
-                let mut gx = g.to_vec();
+                let mut gx = ctx.copy_of(g);
                 ctx.count(adjoint.adjoint_handler());
                 adjoint.apply(ctx.dist(adjoint.op())?, T::data_mut(&mut gx), cols)?;
                 ctx.accumulate(x, gx);

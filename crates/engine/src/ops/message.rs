@@ -155,16 +155,10 @@ impl<T: Scalar> Graph<T> {
                     neighbor: ctx.index(neighbor),
                     n_rows,
                 };
-                let mut gn: Vec<Vec<T>> = inputs
-                    .nodes
-                    .iter()
-                    .map(|s| vec![T::zero(); s.len()])
-                    .collect();
-                let mut ge: Vec<Vec<T>> = inputs
-                    .edges
-                    .iter()
-                    .map(|s| vec![T::zero(); s.len()])
-                    .collect();
+                let mut gn: Vec<Vec<T>> =
+                    inputs.nodes.iter().map(|s| ctx.zeroed(s.len())).collect();
+                let mut ge: Vec<Vec<T>> =
+                    inputs.edges.iter().map(|s| ctx.zeroed(s.len())).collect();
                 k.backward(&inputs, g, &mut gn, &mut ge)
                     .map_err(|message| EngineError::Kernel {
                         op: k.name().to_string(),

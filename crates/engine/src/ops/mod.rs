@@ -9,11 +9,13 @@ mod index;
 mod linalg;
 pub mod message;
 pub mod opaque;
+mod pointwise;
 mod radial;
 mod shape;
 
 pub use elementwise::Unary;
 pub use geometry::PeriodicShifts;
+pub use pointwise::{Pointwise, Reg};
 pub use radial::Radial;
 
 /// Below this many elements an op runs on the calling thread.

@@ -172,7 +172,8 @@ impl<T: Scalar> Graph<T> {
             .unwrap_or(self.nodes[x.id].rows);
         let (rows, cols) = self.shape(x);
         let keep = n_owned.min(rows);
-        let out = self.nodes[x.id].value[..keep * cols].to_vec();
+        let mut out = self.pool.for_overwrite(keep * cols);
+        out.copy_from_slice(&self.nodes[x.id].value[..keep * cols]);
         let spec = NodeSpec {
             op: "slice_owned".into(),
             rows: keep,
@@ -229,7 +230,8 @@ impl<T: Scalar> Graph<T> {
             &[],
             None,
             Box::new(move |ctx, g| {
-                ctx.accumulate(x, g[..rows * cols].to_vec());
+                let gx = ctx.copy_of(&g[..rows * cols]);
+                ctx.accumulate(x, gx);
                 Ok(())
             }),
         )

@@ -4,7 +4,6 @@ use crate::graph::NodeSpec;
 use crate::{EngineError, Graph, Scalar, Tensor};
 use rayon::prelude::*;
 use std::f64::consts::PI;
-use std::sync::Arc;
 
 /// A family of K radial functions of one distance, with derivatives.
 #[derive(Debug, Clone, PartialEq)]
@@ -131,7 +130,7 @@ impl<T: Scalar> Graph<T> {
             replicated: nd.replicated,
         };
         // The derivative table is kept for the backward pass (rows×K, like the output).
-        let der = Arc::new(der);
+        let der = self.save_for_backward(der);
         self.push_op(
             spec,
             val,
@@ -142,7 +141,7 @@ impl<T: Scalar> Graph<T> {
                 if !ctx.wants(d) {
                     return Ok(());
                 }
-                let mut gd = vec![T::zero(); rows];
+                let mut gd = ctx.zeroed(rows);
                 gd.par_iter_mut()
                     .enumerate()
                     .with_min_len(1024)
