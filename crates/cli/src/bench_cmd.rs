@@ -348,7 +348,7 @@ fn model_table(s: &ModelSummary) -> String {
     }
     let _ = writeln!(
         o,
-        "{:>5} {:>7} {:>10} {:>8} {:>12} {:>12} {:>10} {:>9} {:>9} {:>11} {:>8} {:>6}",
+        "{:>5} {:>7} {:>10} {:>8} {:>12} {:>12} {:>10} {:>9} {:>9} {:>11} {:>11} {:>8} {:>6}",
         "ranks",
         "thr/rk",
         "median s",
@@ -359,13 +359,14 @@ fn model_table(s: &ModelSummary) -> String {
         "KiB/atom",
         "ghost/own",
         "MiB/step",
+        "faults/step",
         "speedup",
         "eff"
     );
     for ((r, sp), ef) in s.records.iter().zip(&s.speedup).zip(&s.efficiency) {
         let _ = writeln!(
             o,
-            "{:>5} {:>7} {:>10.4} {:>8.3} {:>12.2} {:>12.3e} {:>10.1} {:>9.2} {:>9.3} {:>11.2} {:>8.2} {:>5.0}%",
+            "{:>5} {:>7} {:>10.4} {:>8.3} {:>12.2} {:>12.3e} {:>10.1} {:>9.2} {:>9.3} {:>11.2} {:>11.0} {:>8.2} {:>5.0}%",
             r.ranks,
             r.threads_per_rank,
             r.median_s,
@@ -376,9 +377,29 @@ fn model_table(s: &ModelSummary) -> String {
             r.peak_rss_per_atom / 1024.0,
             r.ghost_owned_ratio,
             r.bytes_per_step as f64 / MIB,
+            r.minor_faults_per_step,
             sp,
             100.0 * ef
         );
+    }
+    // Where a decomposed step's time went: the phases of the last timed
+    // evaluation, mean (max) over ranks.
+    for r in &s.records {
+        if let Some(p) = r.phases.as_ref().filter(|_| r.ranks > 1) {
+            let names = ["setup", "forward", "backward", "reduce", "gather", "comm"];
+            let phases: Vec<String> = names
+                .iter()
+                .zip(p.mean_s.iter().zip(&p.max_s))
+                .map(|(n, (mean, max))| format!("{n} {mean:.3} ({max:.3})"))
+                .collect();
+            let _ = writeln!(
+                o,
+                "{:>3} ranks, s mean (max): partition {:.3}, {}",
+                r.ranks,
+                p.partition_s,
+                phases.join(", ")
+            );
+        }
     }
     o
 }
@@ -958,5 +979,27 @@ mod tests {
         let s = summarize(vec![rec(1, 1, 8.0), rec(4, 4, 2.5)]);
         assert!((s.speedup[1] - 3.2).abs() < 1e-12);
         assert!((s.efficiency[1] - 0.8).abs() < 1e-12);
+
+        // The table shows faults per step and, for split runs, the phases.
+        let mut split = rec(4, 4, 2.5);
+        split.minor_faults_per_step = 1234.0;
+        split.phases = Some(PhaseBreakdown {
+            partition_s: 0.011,
+            mean_s: [0.1, 0.2, 0.3, 0.04, 0.005, 0.06],
+            max_s: [0.15, 0.25, 0.35, 0.045, 0.006, 0.07],
+            rank_end_s: [2.4, 2.5],
+            finish_s: 2.5,
+            per_rank: vec![],
+        });
+        let table = model_table(&summarize(vec![rec(1, 1, 8.0), split]));
+        assert!(table.contains("faults/step"), "{table}");
+        assert!(table.contains(" 1234 "), "{table}");
+        assert!(
+            table.contains("4 ranks, s mean (max): partition 0.011, setup 0.100 (0.150)"),
+            "{table}"
+        );
+        assert!(table.contains("comm 0.060 (0.070)"), "{table}");
+        // A single-process record has no phase line.
+        assert_eq!(table.matches("ranks, s mean").count(), 1, "{table}");
     }
 }
