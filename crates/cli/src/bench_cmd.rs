@@ -177,6 +177,9 @@ pub struct RankRecord {
     pub timings: RankTimings,
 }
 
+/// The phases of [`PhaseBreakdown::mean_s`] and [`PhaseBreakdown::max_s`].
+const PHASES: [&str; 6] = ["setup", "forward", "backward", "reduce", "gather", "comm"];
+
 impl PhaseBreakdown {
     fn of(r: &EvalResult) -> Option<Self> {
         if r.rank_timings.is_empty() {
@@ -386,8 +389,7 @@ fn model_table(s: &ModelSummary) -> String {
     // evaluation, mean (max) over ranks.
     for r in &s.records {
         if let Some(p) = r.phases.as_ref().filter(|_| r.ranks > 1) {
-            let names = ["setup", "forward", "backward", "reduce", "gather", "comm"];
-            let phases: Vec<String> = names
+            let phases: Vec<String> = PHASES
                 .iter()
                 .zip(p.mean_s.iter().zip(&p.max_s))
                 .map(|(n, (mean, max))| format!("{n} {mean:.3} ({max:.3})"))

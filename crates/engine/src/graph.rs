@@ -211,16 +211,17 @@ impl<T> Buffers<T> {
         if v.capacity() < MIN_POOLED {
             return;
         }
-        self.free_indices.push(v);
-        if self.free_indices.len() > MAX_INDEX_BUFFERS {
-            if let Some((k, _)) = self
-                .free_indices
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, v)| v.capacity())
-            {
-                self.free_indices.swap_remove(k);
-            }
+        keep_largest(&mut self.free_indices, v, MAX_INDEX_BUFFERS);
+    }
+}
+
+/// Adds `v` to `kept`; beyond `max` entries the one of smallest capacity is
+/// released.
+fn keep_largest<V>(kept: &mut Vec<Vec<V>>, v: Vec<V>, max: usize) {
+    kept.push(v);
+    if kept.len() > max {
+        if let Some((k, _)) = kept.iter().enumerate().min_by_key(|(_, v)| v.capacity()) {
+            kept.swap_remove(k);
         }
     }
 }
@@ -272,17 +273,7 @@ impl<T: Scalar> Buffers<T> {
         if v.capacity() < MIN_POOLED {
             return;
         }
-        self.free.push(v);
-        if self.free.len() > Self::MAX_BUFFERS {
-            if let Some((k, _)) = self
-                .free
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, v)| v.capacity())
-            {
-                self.free.swap_remove(k);
-            }
-        }
+        keep_largest(&mut self.free, v, Self::MAX_BUFFERS);
     }
 }
 
@@ -331,9 +322,15 @@ impl<'a, T: Scalar> BackwardCtx<'a, T> {
         self.pool.zeroed(len)
     }
 
+    /// A buffer of `len` elements from the recycled memory with unspecified
+    /// content, for a gradient the caller writes element by element.
+    pub(crate) fn for_overwrite(&mut self, len: usize) -> Vec<T> {
+        self.pool.for_overwrite(len)
+    }
+
     /// A copy of `src` in recycled memory.
     pub(crate) fn copy_of(&mut self, src: &[T]) -> Vec<T> {
-        let mut v = self.pool.for_overwrite(src.len());
+        let mut v = self.for_overwrite(src.len());
         v.copy_from_slice(src);
         v
     }

@@ -80,7 +80,8 @@ impl<T: Scalar> Graph<T> {
                 let ev = ctx.value(eps);
                 let xv = ctx.value(x);
                 if ctx.wants(x) {
-                    let mut gx = vec![T::zero(); rows * 3];
+                    // Every element is written below.
+                    let mut gx = ctx.for_overwrite(rows * 3);
                     for r in 0..rows {
                         let e = &ev[ids[r] as usize * 9..ids[r] as usize * 9 + 9];
                         for m in 0..3 {

@@ -143,8 +143,8 @@ impl<T: Scalar> Graph<T> {
             handler,
             Box::new(move |ctx, g| {
                 let slices: Vec<&[T]> = ins_b.iter().map(|&t| ctx.value(t)).collect();
-                let mut grads: Vec<Vec<T>> =
-                    slices.iter().map(|s| vec![T::zero(); s.len()]).collect();
+                // Kernels may add into their gradients: start from zero.
+                let mut grads: Vec<Vec<T>> = slices.iter().map(|s| ctx.zeroed(s.len())).collect();
                 match k.backward(&slices, &shapes, g, &mut grads) {
                     None => return Err(EngineError::NoBackward { op: op.clone() }),
                     Some(Err(message)) => {

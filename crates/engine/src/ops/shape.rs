@@ -47,7 +47,8 @@ impl<T: Scalar> Graph<T> {
                 let mut off = 0;
                 for (&t, &w) in parts_v.iter().zip(&widths) {
                     if ctx.wants(t) {
-                        let mut gt = vec![T::zero(); rows * w];
+                        // Every element is written below.
+                        let mut gt = ctx.for_overwrite(rows * w);
                         for r in 0..rows {
                             gt[r * w..(r + 1) * w]
                                 .copy_from_slice(&g[r * cols + off..r * cols + off + w]);
