@@ -252,6 +252,9 @@ struct RankBuffers {
     f32: Buffers<f32>,
     f64: Buffers<f64>,
     pairs: PairScratch,
+    /// The model reads a per-system sum during its forward pass, so its
+    /// all-reduces cannot be deferred (learned on the first call).
+    eager_sums: bool,
 }
 
 /// Evaluates one model with fixed options again and again, keeping every
@@ -826,12 +829,26 @@ pub fn evaluate_on_communicator(
     };
     let mut r = match opts.dtype {
         DType::F64 => {
-            let mut held = (Buffers::default(), PairScratch::default());
-            run_rank::<f64>(model, batch, &split, comm, opts, (&mut held.0, &mut held.1))?
+            let mut held = (Buffers::default(), PairScratch::default(), false);
+            run_rank::<f64>(
+                model,
+                batch,
+                &split,
+                comm,
+                opts,
+                (&mut held.0, &mut held.1, &mut held.2),
+            )?
         }
         DType::F32 => {
-            let mut held = (Buffers::default(), PairScratch::default());
-            run_rank::<f32>(model, batch, &split, comm, opts, (&mut held.0, &mut held.1))?
+            let mut held = (Buffers::default(), PairScratch::default(), false);
+            run_rank::<f32>(
+                model,
+                batch,
+                &split,
+                comm,
+                opts,
+                (&mut held.0, &mut held.1, &mut held.2),
+            )?
         }
     };
     if let Some(res) = r.result.as_mut() {
@@ -890,7 +907,7 @@ fn evaluate_threads(
                             split,
                             comm,
                             opts,
-                            (&mut held.f64, &mut held.pairs),
+                            (&mut held.f64, &mut held.pairs, &mut held.eager_sums),
                         ),
                         DType::F32 => run_rank(
                             model,
@@ -898,7 +915,7 @@ fn evaluate_threads(
                             split,
                             comm,
                             opts,
-                            (&mut held.f32, &mut held.pairs),
+                            (&mut held.f32, &mut held.pairs, &mut held.eager_sums),
                         ),
                     };
                     match rayon::ThreadPoolBuilder::new()
@@ -994,51 +1011,69 @@ fn run_rank<T: Scalar>(
     split: &Split,
     comm: Box<dyn Communicator>,
     opts: &EvalOptions,
-    (buffers, pairs): (&mut Buffers<T>, &mut PairScratch),
+    (buffers, pairs, eager_sums): (&mut Buffers<T>, &mut PairScratch, &mut bool),
 ) -> Result<RankResult, EvalError> {
     let start = split.started.elapsed().as_secs_f64();
     let clock = Instant::now();
     let rank = comm.rank();
     let plan = split.layout.plan(&split.parts, rank);
-    let mut g = Graph::<T>::with_buffers(std::mem::take(buffers));
-    g.set_distributor(Box::new(HaloRuntime::new(comm, plan, split.spec.clone())));
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        rank_body::<T>(
-            &mut g,
-            model,
-            batch,
-            split,
-            rank,
-            opts,
-            pairs,
-            (start, clock),
-        )
-    }));
-    let outcome = match outcome {
-        Ok(r) => r,
-        Err(p) => Err(EvalError::Input(panic_message(&*p))),
-    };
-    match outcome {
-        Ok(mut r) => {
-            let released = Instant::now();
-            *buffers = g.into_buffers();
-            r.timings.release = released.elapsed().as_secs_f64();
-            Ok(r)
-        }
-        Err(e) => {
-            let message = e.to_string();
-            // A peer's failure is not this rank's to re-announce.
-            if let Some(d) = g.distributor() {
-                d.abort(&message);
+    let mut dist: Box<dyn ddmlip_engine::Distributor> =
+        Box::new(HaloRuntime::new(comm, plan, split.spec.clone()));
+    loop {
+        let mut g = Graph::<T>::with_buffers(std::mem::take(buffers));
+        g.set_distributor(dist);
+        // Per-system sums complete when first needed (for the energy: after
+        // the backward pass, with the force exchange), unless this model
+        // reads them during its forward pass.
+        g.defer_all_reduces(!*eager_sums);
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            rank_body::<T>(
+                &mut g,
+                model,
+                batch,
+                split,
+                rank,
+                opts,
+                pairs,
+                (start, clock),
+            )
+        }));
+        let outcome = match outcome {
+            Ok(r) => r,
+            Err(p) => Err(EvalError::Input(panic_message(&*p))),
+        };
+        return match outcome {
+            // Every rank records the same ops, so every rank lands here at
+            // the same op, with no exchange left half done.
+            Err(EvalError::Engine(EngineError::DeferredSumRead { .. })) if !*eager_sums => {
+                *eager_sums = true;
+                dist = g
+                    .take_distributor()
+                    .ok_or_else(|| EvalError::Input("distributor missing".into()))?;
+                *buffers = g.into_buffers();
+                continue;
             }
-            Err(match e {
-                EvalError::Engine(EngineError::Comm { .. }) => e,
-                other => EvalError::RankFailed {
-                    rank,
-                    message: other.to_string(),
-                },
-            })
-        }
+            Ok(mut r) => {
+                let released = Instant::now();
+                *buffers = g.into_buffers();
+                r.timings.release = released.elapsed().as_secs_f64();
+                Ok(r)
+            }
+            Err(e) => {
+                let message = e.to_string();
+                // A peer's failure is not this rank's to re-announce.
+                if let Some(d) = g.distributor() {
+                    d.abort(&message);
+                }
+                Err(match e {
+                    EvalError::Engine(EngineError::Comm { .. }) => e,
+                    other => EvalError::RankFailed {
+                        rank,
+                        message: other.to_string(),
+                    },
+                })
+            }
+        };
     }
 }
 
@@ -1210,23 +1245,33 @@ fn rank_body<T: Scalar>(
     check_energy_shape(g, out.energy, n_sys)?;
     timings.forward = lap(&mut clock);
     timings.forward_comm = g.distributor().map_or(0.0, |d| d.comm_seconds());
-    // A replicated energy is the same number on every rank: seed it once so
-    // that the all-reduce adjoints do not count it world_size times.
-    let seed: Vec<T> = if g.is_replicated(out.energy) && rank != 0 {
-        vec![T::zero(); n_sys]
+    let grads = if g.is_pending(out.energy) {
+        // The energy's all-reduce is still pending: every rank seeds its
+        // partial with ones, and the sum completes after the force exchange
+        // below, so ranks meet once per step instead of twice.
+        g.grad_replicated_seed(out.energy, Some(vec![T::one(); n_sys]), &[pos, eps])?
     } else {
-        vec![T::one(); n_sys]
+        // A replicated energy is the same number on every rank: seed it once
+        // so that the all-reduce adjoints do not count it world_size times.
+        let seed: Vec<T> = if g.is_replicated(out.energy) && rank != 0 {
+            vec![T::zero(); n_sys]
+        } else {
+            vec![T::one(); n_sys]
+        };
+        g.grad(out.energy, Some(seed), &[pos, eps])?
     };
-    let grads = g.grad(out.energy, Some(seed), &[pos, eps])?;
     timings.backward = lap(&mut clock);
     let mut gpos = grads[0].clone();
     let mut geps = grads[1].clone();
     // Ghost positions are images of owned ones: their force share goes home.
+    g.distributor()
+        .ok_or_else(|| EvalError::Input("distributor missing".into()))?
+        .reverse_sum(T::data_mut(&mut gpos), 3)?;
+    g.resolve_pending()?;
     let mut energy = g.value(out.energy).to_vec();
     let dist = g
         .distributor()
         .ok_or_else(|| EvalError::Input("distributor missing".into()))?;
-    dist.reverse_sum(T::data_mut(&mut gpos), 3)?;
     if spec.all_reduce_outputs.iter().any(|o| o == "stress") {
         dist.all_reduce_sum(T::data_mut(&mut geps))?;
     }

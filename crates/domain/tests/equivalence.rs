@@ -343,3 +343,52 @@ fn rank_timings_are_consistent() {
         assert!(t.comm <= t.forward + t.backward + t.reduce + 1e-9);
     }
 }
+
+/// The energy's all-reduce completes after the backward pass (one meeting
+/// of the ranks per step instead of two), with the same result as the eager
+/// run that tracing forces; a model that reads a per-system sum during its
+/// forward pass (qeq-demo) falls back to eager sums and stays exact.
+#[test]
+fn deferred_energy_sum_matches_eager_and_skips_the_adjoint_exchange() {
+    let batch = vec![fcc(3)];
+    for name in ["lj", "schnet-demo", "qeq-demo"] {
+        let m = load_model(name).unwrap();
+        let run = |trace: bool| {
+            evaluate(
+                m.as_ref(),
+                &batch,
+                &EvalOptions {
+                    ranks: 3,
+                    trace,
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+        };
+        let (deferred, eager) = (run(false), run(true));
+        let single = evaluate(m.as_ref(), &batch, &EvalOptions::default()).unwrap();
+        for r in [&deferred, &eager] {
+            let d = compare(r, &single);
+            assert!(d < 1e-10, "{name}: decomposed differs by {d:e}");
+        }
+        let adjoints = |r: &EvalResult| {
+            r.handler_counts
+                .get("reduce:all_reduce(adjoint)")
+                .copied()
+                .unwrap_or(0)
+        };
+        assert!(
+            adjoints(&eager) > 0,
+            "{name}: eager run exchanges in backward"
+        );
+        if name == "qeq-demo" {
+            assert_eq!(
+                adjoints(&deferred),
+                adjoints(&eager),
+                "{name}: eager fallback"
+            );
+        } else {
+            assert_eq!(adjoints(&deferred), 0, "{name}: deferred energy sum");
+        }
+    }
+}

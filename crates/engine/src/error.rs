@@ -23,6 +23,11 @@ pub enum EngineError {
     /// A value became NaN or infinite.
     #[error("op `{op}` produced a non-finite value ({what})")]
     NonFinite { op: String, what: String },
+    /// An op was recorded on the output of a deferred all-reduce, which
+    /// holds only this rank's partial (see `Graph::defer_all_reduces`): the
+    /// caller repeats the evaluation with all-reduces completed eagerly.
+    #[error("op `{op}` reads a deferred all-reduce; evaluate again without deferral")]
+    DeferredSumRead { op: String },
     /// Anything a model reports about its input (species, geometry…).
     #[error("{0}")]
     Input(String),

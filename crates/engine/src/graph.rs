@@ -125,6 +125,12 @@ pub struct Graph<T: Scalar> {
     /// Values ops keep for their backward pass besides their outputs (e.g.
     /// a radial basis's derivative table), recycled when the graph ends.
     pub(crate) saved: Vec<Arc<Vec<T>>>,
+    /// Whether all-reduces wait until their sum is needed (see
+    /// [`Graph::defer_all_reduces`]).
+    pub(crate) defer_all_reduces: bool,
+    /// All-reduce outputs that still hold this rank's partial, in the order
+    /// they were recorded (the same on every rank).
+    pub(crate) pending: Vec<usize>,
 }
 
 impl<T: Scalar> Default for Graph<T> {
@@ -289,6 +295,9 @@ pub struct BackwardCtx<'a, T: Scalar> {
     pub(crate) dist: Option<&'a mut (dyn Distributor + 'static)>,
     pub(crate) counts: &'a mut BTreeMap<String, usize>,
     pub(crate) pool: &'a mut Buffers<T>,
+    /// The output of [`Graph::grad_replicated_seed`] when it is a deferred
+    /// all-reduce: its gradient is the seed, the same on every rank.
+    pub(crate) replicated_root: Option<usize>,
 }
 
 impl<'a, T: Scalar> BackwardCtx<'a, T> {
@@ -467,6 +476,8 @@ impl<T: Scalar> Graph<T> {
             pool: Buffers::default(),
             shift_arrays: Vec::new(),
             saved: Vec::new(),
+            defer_all_reduces: false,
+            pending: Vec::new(),
         }
     }
 
@@ -540,6 +551,40 @@ impl<T: Scalar> Graph<T> {
     /// Starts recording every op (forward and backward) into a trace.
     pub fn enable_trace(&mut self) {
         self.trace = Some(Trace::default());
+    }
+
+    /// Distributed: all-reduces (per-system sums and their like) no longer
+    /// communicate when recorded; their outputs hold this rank's partial
+    /// until [`Graph::resolve_pending`]. A rank whose energy sum is the last
+    /// op then does not wait for its peers before its backward pass (see
+    /// [`Graph::grad_replicated_seed`]). Recording an op on such an output
+    /// fails with [`EngineError::DeferredSumRead`] (the model needs its sums
+    /// during the forward pass: evaluate it again without deferral). Read
+    /// deferred outputs only after `resolve_pending`. Ignored while tracing
+    /// (trace records hold forward values).
+    pub fn defer_all_reduces(&mut self, on: bool) {
+        self.defer_all_reduces = on;
+    }
+
+    /// Whether `t` is a deferred all-reduce that still holds a partial.
+    pub fn is_pending(&self, t: Tensor) -> bool {
+        self.pending.contains(&t.id)
+    }
+
+    /// Completes every deferred all-reduce, in recording order (every rank
+    /// must call it at the same point of the run).
+    pub fn resolve_pending(&mut self) -> Result<(), EngineError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let d = self
+            .dist
+            .as_deref_mut()
+            .ok_or_else(|| EngineError::shape("all_reduce", "not distributed"))?;
+        for id in std::mem::take(&mut self.pending) {
+            d.all_reduce_sum(T::data_mut(&mut self.nodes[id].value))?;
+        }
+        Ok(())
     }
 
     /// Makes every op check its output for NaN/inf and fail naming itself.
@@ -819,6 +864,12 @@ impl<T: Scalar> Graph<T> {
         handler: Option<&str>,
         backward: BackwardFn<T>,
     ) -> Result<Tensor, EngineError> {
+        // Ops read only their inputs, so an op whose inputs include a
+        // deferred sum has just computed from a partial: refuse it (every
+        // rank does, at the same op), and the caller runs again eagerly.
+        if inputs.iter().any(|t| self.pending.contains(&t.id)) {
+            return Err(EngineError::DeferredSumRead { op: spec.op });
+        }
         let requires_grad = inputs.iter().any(|t| self.nodes[t.id].requires_grad);
         if self.check_finite {
             if let Some(pos) = value.iter().position(|x| !x.is_finite()) {
@@ -901,6 +952,35 @@ impl<T: Scalar> Graph<T> {
         seed: Option<Vec<T>>,
         wrt: &[Tensor],
     ) -> Result<Vec<Vec<T>>, EngineError> {
+        self.resolve_pending()?;
+        self.backward(output, seed, wrt, None)
+    }
+
+    /// [`Graph::grad`] for a seed that every rank passes identically (a
+    /// replicated output such as the energy). When `output` is a deferred
+    /// all-reduce its adjoint needs no communication — the gradient of
+    /// `Σ_ranks x` for a seed shared by all ranks is that seed on each — so
+    /// no rank waits for its peers between forward and backward; the sum
+    /// itself stays pending until [`Graph::resolve_pending`].
+    pub fn grad_replicated_seed(
+        &mut self,
+        output: Tensor,
+        seed: Option<Vec<T>>,
+        wrt: &[Tensor],
+    ) -> Result<Vec<Vec<T>>, EngineError> {
+        // Other pending sums feed nothing (recording a consumer would have
+        // completed them), so they receive no gradient and can wait.
+        let root = self.is_pending(output).then_some(output.id);
+        self.backward(output, seed, wrt, root)
+    }
+
+    fn backward(
+        &mut self,
+        output: Tensor,
+        seed: Option<Vec<T>>,
+        wrt: &[Tensor],
+        replicated_root: Option<usize>,
+    ) -> Result<Vec<Vec<T>>, EngineError> {
         let n = self.nodes.len();
         let mut grads: Vec<Option<Vec<T>>> = (0..n).map(|_| None).collect();
         let out_len = self.nodes[output.id].value.len();
@@ -943,6 +1023,7 @@ impl<T: Scalar> Graph<T> {
                 dist: dist.as_deref_mut(),
                 counts: handler_counts,
                 pool,
+                replicated_root,
             };
             bw(&mut ctx, &g)?;
             if let Some(tr) = trace.as_mut() {

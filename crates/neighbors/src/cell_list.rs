@@ -2,20 +2,40 @@
 //!
 //! Atoms are wrapped into the cell along periodic axes and counting-sorted
 //! into a grid of parallelepiped bins whose perpendicular widths are at least
-//! `cutoff / BINS_PER_CUTOFF`. Since `|Δfrac_k| ≤ |Δr| / height_k`, a
-//! neighbour's bin index differs from its centre's by at most
-//! `ceil(cutoff · nbins_k / height_k)` along axis k, which is the stencil
-//! half-width; along periodic axes the stencil wraps and each wrap adds one
-//! image shift, so cells smaller than the cutoff simply get wider stencils.
+//! `cutoff / k` (k between 2 and 3, see [`BINS_PER_CUTOFF`]). Since
+//! `|Δfrac_k| ≤ |Δr| / height_k`, a neighbour's bin index differs from its
+//! centre's by at most `ceil(cutoff · nbins_k / height_k)` along axis k,
+//! which is the stencil half-width; along periodic axes the stencil wraps
+//! and each wrap adds one image shift, so cells smaller than the cutoff
+//! simply get wider stencils. When the frame's axes are the Cartesian axes
+//! (orthorhombic cells, open systems such as a rank's local atoms), each
+//! centre visits only the bin rows its cutoff sphere reaches.
 
 use crate::frame::{pair_vector, Frame};
 use crate::{keep_in_half, prepare, NeighborError, NeighborList, NeighborOptions, PairList};
 use ddmlip_atoms::Cell;
 use rayon::prelude::*;
 
-/// Bins per cutoff length: 2 (half-cutoff bins, ±2 stencil) scans about 0.58×
-/// the volume of cutoff-sized bins with a ±1 stencil.
-const BINS_PER_CUTOFF: f64 = 2.0;
+/// Bins per cutoff length, between these bounds. Finer bins let the
+/// trimmed stencil follow the cutoff sphere more closely (half-cutoff bins
+/// scan about 2.5× the sphere's volume, third-cutoff bins about 1.9×), but
+/// every bin row costs a lookup, so bins stay large enough to hold a few
+/// atoms each ([`ATOMS_PER_BIN`]).
+const BINS_PER_CUTOFF: (f64, f64) = (2.0, 3.0);
+
+/// The fewest atoms a bin should hold on average at a uniform density.
+const ATOMS_PER_BIN: f64 = 3.0;
+
+/// Bins per cutoff for `pairs_per_atom` expected pairs per atom: a bin of
+/// `cutoff / k` holds `pairs_per_atom / (4π/3 · k³)` atoms on average.
+fn bins_per_cutoff(pairs_per_atom: f64) -> f64 {
+    let k = (pairs_per_atom / (4.0 / 3.0 * std::f64::consts::PI * ATOMS_PER_BIN)).cbrt();
+    if k.is_finite() {
+        k.clamp(BINS_PER_CUTOFF.0, BINS_PER_CUTOFF.1)
+    } else {
+        BINS_PER_CUTOFF.0
+    }
+}
 
 /// Builds the neighbour list of `positions` (Å, one row per atom) in `cell`
 /// (rows are lattice vectors; may be `None` when no axis is periodic) with
@@ -128,11 +148,13 @@ pub fn pair_list_for_centers_into(
         shifts: std::mem::take(&mut out.shifts),
         ..NeighborList::default()
     };
-    list.clear();
     out.closest = None;
     let n_centers = n_centers.min(positions.len());
-    if let Some(searched) = search_chunks(positions, cell, pbc, opts, n_centers, fields, scratch)? {
-        out.closest = gather_in_center_order(&searched, fields, &mut list);
+    // The gather overwrites every slot it keeps, so the old lists are not
+    // cleared first (that would zero them all again).
+    match search_chunks(positions, cell, pbc, opts, n_centers, fields, scratch)? {
+        Some(searched) => out.closest = gather_in_center_order(&searched, fields, &mut list),
+        None => list.clear(),
     }
     out.centers = list.centers;
     out.neighbors = list.neighbors;
@@ -282,6 +304,13 @@ struct Grid {
     /// Bins per unit of fractional coordinate.
     bins_per_frac: [f64; 3],
     pbc: [bool; 3],
+    /// Perpendicular bin width per axis (Å).
+    width: [f64; 3],
+    /// The frame's axes are the Cartesian axes (orthorhombic cells, open
+    /// systems): per-axis gaps between a centre and a bin are Cartesian
+    /// distances, so the stencil can be cut to the bins the cutoff sphere
+    /// actually reaches.
+    trimmed: bool,
 }
 
 impl Grid {
@@ -289,13 +318,14 @@ impl Grid {
         let mut nbins = [1usize; 3];
         let mut extent = [1.0; 3];
         let mut origin = [0.0; 3];
+        let per_cutoff = bins_per_cutoff(prepared.estimated_pairs / n_atoms.max(1) as f64);
         for k in 0..3 {
             if !frame.pbc[k] {
                 origin[k] = prepared.frac_range[k].0;
                 extent[k] = prepared.frac_range[k].1 - prepared.frac_range[k].0;
             }
             let length = extent[k] * frame.heights[k];
-            let wanted = (length * BINS_PER_CUTOFF / search_radius).floor();
+            let wanted = (length * per_cutoff / search_radius).floor();
             // Clamp before converting: open systems may span astronomically many cutoffs.
             nbins[k] = if wanted >= 1.0 {
                 wanted.min(1e9) as usize
@@ -327,13 +357,46 @@ impl Grid {
                 (reach as i64).min(nbins[k] as i64 - 1)
             };
         }
+        let mut width = [0.0; 3];
+        for k in 0..3 {
+            width[k] = frame.heights[k] * extent[k] / nbins[k] as f64;
+        }
+        let axis_aligned = (0..3)
+            .all(|k| frame.basis[k][k] > 0.0 && (0..3).all(|m| m == k || frame.basis[k][m] == 0.0));
         Self {
             nbins,
             stencil,
             origin,
             bins_per_frac,
             pbc: frame.pbc,
+            width,
+            trimmed: axis_aligned && width.iter().all(|w| w.is_finite() && *w > 0.0),
         }
+    }
+
+    /// The stencil targets along `axis` (raw, unwrapped bin indices) that can
+    /// hold a point within `reach` Å of the centre at bin coordinate `u`
+    /// (bins spanning `[t, t + 1)`), inside the stencil around bin `b`.
+    #[inline]
+    fn targets(&self, axis: usize, b: usize, u: f64, reach: f64) -> (i64, i64) {
+        let (mut lo, mut hi) = (b as i64 - self.stencil[axis], b as i64 + self.stencil[axis]);
+        if self.trimmed {
+            let h = reach / self.width[axis];
+            lo = lo.max((u - h).floor() as i64);
+            hi = hi.min((u + h).floor() as i64);
+        }
+        if !self.pbc[axis] {
+            lo = lo.max(0);
+            hi = hi.min(self.nbins[axis] as i64 - 1);
+        }
+        (lo, hi)
+    }
+
+    /// Distance (Å) along `axis` from bin coordinate `u` to bin `t`.
+    #[inline]
+    fn gap(&self, axis: usize, t: i64, u: f64) -> f64 {
+        let t = t as f64;
+        (t - u).max(u - (t + 1.0)).max(0.0) * self.width[axis]
     }
 
     fn linear(&self, b: [usize; 3]) -> usize {
@@ -356,6 +419,8 @@ struct Bins {
     original: Vec<[f64; 3]>,
     /// Per atom (original order): bin coordinates, wrap and wrapped position.
     atom_bin: Vec<[usize; 3]>,
+    /// Per atom: continuous bin coordinate (bin `t` spans `[t, t + 1)`).
+    atom_u: Vec<[f64; 3]>,
     atom_wrap: Vec<[i32; 3]>,
     atom_wrapped: Vec<[f64; 3]>,
 }
@@ -364,10 +429,12 @@ impl Bins {
     fn new(positions: &[[f64; 3]], prepared: &crate::Prepared, grid: &Grid, frame: &Frame) -> Self {
         let n_atoms = positions.len();
         let mut atom_bin = Vec::with_capacity(n_atoms);
+        let mut atom_u = Vec::with_capacity(n_atoms);
         let mut atom_wrap = Vec::with_capacity(n_atoms);
         let mut atom_wrapped = Vec::with_capacity(n_atoms);
         for (&r, f) in positions.iter().zip(&prepared.fractional) {
             let mut bin = [0usize; 3];
+            let mut u = [0.0; 3];
             let mut wrap = [0i32; 3];
             for k in 0..3 {
                 let local = if grid.pbc[k] {
@@ -380,7 +447,8 @@ impl Bins {
                 };
                 // Rounding can put `local` a hair outside [0, extent]; clamping
                 // moves the atom by far less than the search-radius margin.
-                let b = (local * grid.bins_per_frac[k]).floor();
+                u[k] = local * grid.bins_per_frac[k];
+                let b = u[k].floor();
                 bin[k] = if b > 0.0 {
                     (b as usize).min(grid.nbins[k] - 1)
                 } else {
@@ -389,6 +457,7 @@ impl Bins {
             }
             let s = frame.shift_cartesian(wrap);
             atom_bin.push(bin);
+            atom_u.push(u);
             atom_wrap.push(wrap);
             atom_wrapped.push([r[0] - s[0], r[1] - s[1], r[2] - s[2]]);
         }
@@ -422,6 +491,7 @@ impl Bins {
             wrap,
             original,
             atom_bin,
+            atom_u,
             atom_wrap,
             atom_wrapped,
         }
@@ -453,6 +523,10 @@ struct Search<'a> {
     half: bool,
     cutoff2: f64,
     search2: f64,
+    /// Squared distance below which a candidate is certainly a pair: the
+    /// candidate distance differs from the exact one by less than
+    /// `search_radius − cutoff`.
+    inside2: f64,
     /// Per axis, for stencil target t in [−stencil, nbins − 1 + stencil]
     /// (indexed by t + stencil): the wrapped bin and its image shift. Avoids
     /// integer division in the hot loop.
@@ -514,6 +588,7 @@ impl<'a> Search<'a> {
             half,
             cutoff2: cutoff * cutoff,
             search2: search_radius * search_radius,
+            inside2: (cutoff - (search_radius - cutoff)).max(0.0).powi(2),
             wrap_tables,
             image_reach,
             packed_keys: codes < (1 << IMAGE_BITS),
@@ -521,8 +596,9 @@ impl<'a> Search<'a> {
         }
     }
 
-    /// Pairs of each centre in `centers`, one sorted segment per centre,
-    /// written over `out` (whose allocations are reused).
+    /// Pairs of each centre in `centers`, one segment per centre, written
+    /// over `out` (whose allocations are reused). With geometry a segment is
+    /// sorted by `(j, S)`; without, it is in search order.
     fn run_into(&self, centers: &[u32], capacity: usize, out: &mut ChunkPairs) {
         let Fields { geometry, shifts } = self.fields;
         let sized = |on: bool| if on { capacity } else { 0 };
@@ -538,23 +614,49 @@ impl<'a> Search<'a> {
         out.vectors.reserve(sized(geometry));
         out.distances.reserve(sized(geometry));
         let mut scratch = Scratch::default();
+        if !geometry {
+            // Pair lists: straight into the output, no per-centre sort.
+            let mut closest = f64::INFINITY;
+            for &i in centers {
+                let before = out.neighbors.len();
+                self.center(i as usize, &mut scratch.runs, |j, _, shift, _, d2| {
+                    if d2 < closest {
+                        closest = d2;
+                        out.closest = Some((out.neighbors.len(), d2));
+                    }
+                    out.neighbors.push(j);
+                    if shifts {
+                        out.shifts.push(shift);
+                    }
+                });
+                out.counts.push((out.neighbors.len() - before) as u32);
+            }
+            return;
+        }
         for &i in centers {
             scratch.found.clear();
-            self.center(i as usize, &mut scratch);
             let found = &mut scratch.found;
+            self.center(
+                i as usize,
+                &mut scratch.runs,
+                |j, image, shift, vector, d2| {
+                    found.push(Candidate {
+                        j,
+                        image,
+                        shift,
+                        vector,
+                        d2,
+                    })
+                },
+            );
             out.counts.push(found.len() as u32);
             let mut emit = |c: &Candidate| {
-                if !geometry && out.closest.is_none_or(|(_, d2)| c.d2 < d2) {
-                    out.closest = Some((out.neighbors.len(), c.d2));
-                }
                 out.neighbors.push(c.j);
                 if shifts {
                     out.shifts.push(c.shift);
                 }
-                if geometry {
-                    out.vectors.push(c.vector);
-                    out.distances.push(c.d2.sqrt());
-                }
+                out.vectors.push(c.vector);
+                out.distances.push(c.d2.sqrt());
             };
             if self.packed_keys && found.len() < (1 << INDEX_BITS) {
                 scratch.keys.clear();
@@ -574,11 +676,20 @@ impl<'a> Search<'a> {
         }
     }
 
-    fn center(&self, i: usize, scratch: &mut Scratch) {
+    /// Calls `emit(j, image code, S, r_j + S·cell − r_i, |·|²)` for every
+    /// neighbour of centre `i` (in bin order). `runs` is scratch.
+    #[inline(always)]
+    fn center<F: FnMut(u32, u32, [i32; 3], [f64; 3], f64)>(
+        &self,
+        i: usize,
+        runs: &mut Vec<(usize, usize, i32)>,
+        mut emit: F,
+    ) {
         let bins = self.bins;
         let grid = self.grid;
         let basis = &self.frame.basis;
         let bin_i = bins.atom_bin[i];
+        let u_i = bins.atom_u[i];
         let wrap_i = bins.atom_wrap[i];
         let w_i = bins.atom_wrapped[i];
         let r_i = self.positions[i];
@@ -586,23 +697,17 @@ impl<'a> Search<'a> {
         let st = grid.stencil;
         let reach = self.image_reach;
         let width = [2 * reach[1] as u32 + 1, 2 * reach[2] as u32 + 1];
+        // Without periodic axes the wrapped positions are the positions as
+        // given and every shift is zero, so the candidate distance is already
+        // the exact pair distance.
+        let exact = !grid.pbc.iter().any(|&p| p);
+        let radius = self.search2.sqrt();
 
-        // Along z, consecutive bins are consecutive slot ranges: merge the
-        // stencil into runs that share one image shift.
-        scratch.runs.clear();
-        for t in (bin_i[2] as i64 - st[2])..=(bin_i[2] as i64 + st[2]) {
-            if !grid.pbc[2] && !(0..grid.nbins[2] as i64).contains(&t) {
-                continue;
-            }
-            let (tz, sz) = self.wrap_tables[2][(t + st[2]) as usize];
-            match scratch.runs.last_mut() {
-                Some(run) if run.2 == sz && run.1 + 1 == tz => run.1 = tz,
-                _ => scratch.runs.push((tz, tz, sz)),
-            }
-        }
-
-        for tx_raw in (bin_i[0] as i64 - st[0])..=(bin_i[0] as i64 + st[0]) {
-            if !grid.pbc[0] && !(0..grid.nbins[0] as i64).contains(&tx_raw) {
+        let (x_lo, x_hi) = grid.targets(0, bin_i[0], u_i[0], radius);
+        for tx_raw in x_lo..=x_hi {
+            let gx = grid.gap(0, tx_raw, u_i[0]);
+            let left_x = self.search2 - gx * gx;
+            if grid.trimmed && left_x <= 0.0 {
                 continue;
             }
             let (tx, sx) = self.wrap_tables[0][(tx_raw + st[0]) as usize];
@@ -611,8 +716,11 @@ impl<'a> Search<'a> {
                 sx as f64 * basis[0][1],
                 sx as f64 * basis[0][2],
             ];
-            for ty_raw in (bin_i[1] as i64 - st[1])..=(bin_i[1] as i64 + st[1]) {
-                if !grid.pbc[1] && !(0..grid.nbins[1] as i64).contains(&ty_raw) {
+            let (y_lo, y_hi) = grid.targets(1, bin_i[1], u_i[1], left_x.max(0.0).sqrt());
+            for ty_raw in y_lo..=y_hi {
+                let gy = grid.gap(1, ty_raw, u_i[1]);
+                let left_y = left_x - gy * gy;
+                if grid.trimmed && left_y <= 0.0 {
                     continue;
                 }
                 let (ty, sy) = self.wrap_tables[1][(ty_raw + st[1]) as usize];
@@ -621,8 +729,19 @@ impl<'a> Search<'a> {
                     shift_x[1] + sy as f64 * basis[1][1],
                     shift_x[2] + sy as f64 * basis[1][2],
                 ];
+                // Along z, consecutive bins are consecutive slot ranges: merge
+                // the row's targets into runs that share one image shift.
+                let (z_lo, z_hi) = grid.targets(2, bin_i[2], u_i[2], left_y.max(0.0).sqrt());
+                runs.clear();
+                for t in z_lo..=z_hi {
+                    let (tz, sz) = self.wrap_tables[2][(t + st[2]) as usize];
+                    match runs.last_mut() {
+                        Some(run) if run.2 == sz && run.1 + 1 == tz => run.1 = tz,
+                        _ => runs.push((tz, tz, sz)),
+                    }
+                }
                 let row = (tx * grid.nbins[1] + ty) * grid.nbins[2];
-                for &(first, last, sz) in &scratch.runs {
+                for &(first, last, sz) in runs.iter() {
                     // The image of the run translated by T·cell, seen from w_i.
                     let origin = [
                         w_i[0] - (shift_xy[0] + sz as f64 * basis[2][0]),
@@ -658,19 +777,21 @@ impl<'a> Search<'a> {
                         {
                             continue;
                         }
+                        if exact || (!self.fields.geometry && d2 < self.inside2) {
+                            // The candidate distance decides (exact, or far
+                            // enough inside the cutoff that rounding cannot).
+                            if d2 < self.cutoff2 {
+                                emit(j, code, shift, d, d2);
+                            }
+                            continue;
+                        }
                         let (vector, exact2) = pair_vector(
                             r_i,
                             bins.original[slot],
                             self.frame.shift_cartesian(shift),
                         );
                         if exact2 < self.cutoff2 {
-                            scratch.found.push(Candidate {
-                                j,
-                                image: code,
-                                shift,
-                                vector,
-                                d2: exact2,
-                            });
+                            emit(j, code, shift, vector, exact2);
                         }
                     }
                 }
@@ -739,11 +860,11 @@ fn gather_in_center_order(
     let sized = |on: bool| if on { total } else { 0 };
     // Fresh zeroed allocations come straight from the OS and are first
     // touched by the parallel copy below; reused ones are only resized.
-    resize_zeroed(&mut out.centers, total, 0);
-    resize_zeroed(&mut out.neighbors, total, 0);
-    resize_zeroed(&mut out.shifts, sized(fields.shifts), [0; 3]);
-    resize_zeroed(&mut out.vectors, sized(fields.geometry), [0.0; 3]);
-    resize_zeroed(&mut out.distances, sized(fields.geometry), 0.0);
+    resize_for_overwrite(&mut out.centers, total, 0);
+    resize_for_overwrite(&mut out.neighbors, total, 0);
+    resize_for_overwrite(&mut out.shifts, sized(fields.shifts), [0; 3]);
+    resize_for_overwrite(&mut out.vectors, sized(fields.geometry), [0.0; 3]);
+    resize_for_overwrite(&mut out.distances, sized(fields.geometry), 0.0);
     let part_lengths = |on: bool| -> Vec<usize> {
         if on {
             lengths.clone()
@@ -804,10 +925,10 @@ fn gather_in_center_order(
     })
 }
 
-/// Sets `v` to `len` copies of `zero`, reusing its allocation when large
-/// enough and otherwise taking a fresh zeroed one (no copy of old content).
-fn resize_zeroed<T: Clone>(v: &mut Vec<T>, len: usize, zero: T) {
-    v.clear();
+/// Sets `v` to length `len`, reusing its allocation when large enough and
+/// otherwise taking a fresh zeroed one (no copy of old content). Reused
+/// slots keep stale values: the caller overwrites every slot.
+fn resize_for_overwrite<T: Clone>(v: &mut Vec<T>, len: usize, zero: T) {
     if v.capacity() >= len {
         v.resize(len, zero);
     } else {

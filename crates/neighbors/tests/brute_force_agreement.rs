@@ -128,8 +128,9 @@ proptest! {
     }
 
     /// The geometry-free pair list of the first centres: the brute-force
-    /// pairs with those centres, in the same order, shifts only when some
-    /// axis is periodic, and the closest pair's distance.
+    /// pairs with those centres, grouped by centre in increasing order (any
+    /// order within a centre), shifts only when some axis is periodic, and
+    /// the closest pair's distance.
     #[test]
     fn pair_list_matches_brute_force(system in system_strategy(), centre_fraction in 0.0..1.2f64) {
         let positions = system.positions();
@@ -144,21 +145,58 @@ proptest! {
             prop_assert_eq!(lean.len(), keep.len());
             let periodic = system.pbc.iter().any(|&p| p);
             prop_assert_eq!(lean.shifts.len(), if periodic { keep.len() } else { 0 });
-            for (k, &e) in keep.iter().enumerate() {
-                prop_assert_eq!((lean.centers[k], lean.neighbors[k]), (reference.centers[e], reference.neighbors[e]));
-                if periodic {
-                    prop_assert_eq!(lean.shifts[k], reference.shifts[e]);
-                }
-            }
+            prop_assert!(lean.centers.windows(2).all(|w| w[0] <= w[1]), "not grouped by centre");
+            let shift = |list_shifts: &[[i32; 3]], e: usize| if periodic { list_shifts[e] } else { [0; 3] };
+            let mut found: Vec<(u32, u32, [i32; 3])> = (0..lean.len())
+                .map(|k| (lean.centers[k], lean.neighbors[k], shift(&lean.shifts, k)))
+                .collect();
+            let expected: Vec<(u32, u32, [i32; 3])> = keep
+                .iter()
+                .map(|&e| (reference.centers[e], reference.neighbors[e], reference.shifts[e]))
+                .collect();
+            // The reference is sorted by (i, j, S); the lean list only by i.
+            found.sort_unstable();
+            prop_assert_eq!(&found, &expected);
             let shortest = keep.iter().map(|&e| reference.distances[e]).fold(f64::INFINITY, f64::min);
             match lean.closest {
                 None => prop_assert!(keep.is_empty()),
                 Some((p, d)) => {
                     prop_assert!((d - shortest).abs() <= 1e-9 * shortest.max(1.0));
-                    prop_assert!((reference.distances[keep[p]] - d).abs() <= 1e-9 * d.max(1.0));
+                    let pair = (lean.centers[p], lean.neighbors[p], shift(&lean.shifts, p));
+                    let e = keep[expected.binary_search(&pair).unwrap()];
+                    prop_assert!((reference.distances[e] - d).abs() <= 1e-9 * d.max(1.0));
                 }
             }
         }
+    }
+
+    /// Many atoms per bin row in orthorhombic cells and open systems, where
+    /// the search cuts its stencil to the bins the cutoff sphere reaches:
+    /// same pairs as the exhaustive reference, with and without geometry.
+    #[test]
+    fn trimmed_stencil_finds_every_pair(
+        lengths in proptest::array::uniform3(6.0..22.0f64),
+        pbc in proptest::array::uniform3(any::<bool>()),
+        with_cell in any::<bool>(),
+        unit in proptest::collection::vec(proptest::array::uniform3(-0.2..1.2f64), 150..400),
+        cutoff in 1.0..6.0f64,
+    ) {
+        let pbc = if with_cell { pbc } else { [false; 3] };
+        let matrix = [[lengths[0], 0.0, 0.0], [0.0, lengths[1], 0.0], [0.0, 0.0, lengths[2]]];
+        let cell = Cell::new(matrix);
+        let positions: Vec<[f64; 3]> = unit.iter().map(|&f| cell.to_cartesian(f)).collect();
+        let cell = with_cell.then_some(&cell);
+        let opts = full(cutoff);
+        let fast = neighbor_list(&positions, cell, pbc, &opts).unwrap();
+        let reference = brute_force_neighbor_list(&positions, cell, pbc, &opts).unwrap();
+        assert_same(&fast, &reference, 1e-12);
+        let lean = pair_list_for_centers(&positions, cell, pbc, &opts, positions.len()).unwrap();
+        let periodic = pbc.iter().any(|&p| p);
+        let mut found: Vec<(u32, u32, [i32; 3])> = (0..lean.len())
+            .map(|k| (lean.centers[k], lean.neighbors[k], if periodic { lean.shifts[k] } else { [0; 3] }))
+            .collect();
+        found.sort_unstable();
+        prop_assert_eq!(found, triples(&reference));
     }
 
     /// Open systems without a cell, far from the origin, with clusters.

@@ -1,7 +1,7 @@
 //! Geometry: strain, edge vectors with cell shifts, row norms.
 
 use crate::graph::NodeSpec;
-use crate::ops::PAR_THRESHOLD;
+use crate::ops::{scatter_in_source_order, PAR_THRESHOLD};
 use crate::{EngineError, Graph, Index, RowDomain, Scalar, Tensor};
 use ddmlip_spec::GatherMode;
 use rayon::prelude::*;
@@ -215,27 +215,43 @@ impl<T: Scalar> Graph<T> {
             handler,
             Box::new(move |ctx, g| {
                 if ctx.wants(positions) {
-                    let csr_c = ctx.index_node(center).csr(|| ctx.pool.take_indices());
-                    let csr_n = ctx.index_node(neighbor).csr(|| ctx.pool.take_indices());
-                    ctx.accumulate_with(positions, |gp| {
-                        let body = |(a, o): (usize, &mut [T])| {
-                            csr_n.for_each_source(a, |e| {
+                    // Per atom: + the edges it is the neighbour of, then − the
+                    // edges it centres, each in ascending edge order, on any
+                    // number of threads.
+                    let (node_c, node_n) = (ctx.index_node(center), ctx.index_node(neighbor));
+                    if scatter_in_source_order(g.len()) {
+                        ctx.accumulate_with(positions, |gp| {
+                            for (row, &a) in g.chunks_exact(3).zip(node_n.values.iter()) {
+                                let o = &mut gp[a as usize * 3..a as usize * 3 + 3];
                                 for k in 0..3 {
-                                    o[k] += g[e * 3 + k];
+                                    o[k] += row[k];
                                 }
-                            });
-                            csr_c.for_each_source(a, |e| {
+                            }
+                            for (row, &a) in g.chunks_exact(3).zip(node_c.values.iter()) {
+                                let o = &mut gp[a as usize * 3..a as usize * 3 + 3];
                                 for k in 0..3 {
-                                    o[k] -= g[e * 3 + k];
+                                    o[k] -= row[k];
                                 }
+                            }
+                        });
+                    } else {
+                        let csr_c = node_c.csr(|| ctx.pool.take_indices());
+                        let csr_n = node_n.csr(|| ctx.pool.take_indices());
+                        ctx.accumulate_with(positions, |gp| {
+                            gp.par_chunks_mut(3).enumerate().for_each(|(a, o)| {
+                                csr_n.for_each_source(a, |e| {
+                                    for k in 0..3 {
+                                        o[k] += g[e * 3 + k];
+                                    }
+                                });
+                                csr_c.for_each_source(a, |e| {
+                                    for k in 0..3 {
+                                        o[k] -= g[e * 3 + k];
+                                    }
+                                });
                             });
-                        };
-                        if g.len() >= PAR_THRESHOLD {
-                            gp.par_chunks_mut(3).enumerate().for_each(body);
-                        } else {
-                            gp.chunks_mut(3).enumerate().for_each(body);
-                        }
-                    });
+                        });
+                    }
                 }
                 if let Some((cell, shifts, sys)) = &shift_data {
                     if ctx.wants(*cell) {

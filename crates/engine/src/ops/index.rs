@@ -2,11 +2,12 @@
 //! gather (Atom → Edge), scatter-add (Edge → Atom), system reductions
 //! (Atom → System), and the halo / all-reduce steps their handlers insert.
 
-use crate::graph::{Csr, NodeSpec};
-use crate::ops::PAR_THRESHOLD;
+use crate::graph::{Csr, IndexNode, NodeSpec};
+use crate::ops::{scatter_in_source_order, PAR_THRESHOLD};
 use crate::{DataMut, Distributor, EngineError, Graph, Index, RowDomain, Scalar, Tensor};
 use ddmlip_spec::{GatherMode, ScatterMode};
 use rayon::prelude::*;
+use std::sync::Arc;
 
 pub(crate) fn gather_rows<T: Scalar>(x: &[T], cols: usize, idx: &[u32], out: &mut [T]) {
     if cols == 0 {
@@ -23,25 +24,47 @@ pub(crate) fn gather_rows<T: Scalar>(x: &[T], cols: usize, idx: &[u32], out: &mu
     }
 }
 
-/// `out[t] += Σ_{s: idx[s] = t} src[s]`, race-free through the inverse map;
-/// sums in ascending source order so results do not depend on thread count.
-pub(crate) fn scatter_rows<T: Scalar>(src: &[T], cols: usize, csr: &Csr, out: &mut [T]) {
+/// The inverse map a scatter of `len` source elements through `node`
+/// needs: `None` when it runs in source order on the calling thread (see
+/// [`scatter_in_source_order`]); `spare` supplies recycled memory.
+pub(crate) fn scatter_map(
+    node: &IndexNode,
+    len: usize,
+    spare: impl FnOnce() -> Vec<u32>,
+) -> Option<Arc<Csr>> {
+    (!scatter_in_source_order(len)).then(|| node.csr(spare))
+}
+
+/// `out[t] += Σ_{s: values[s] = t} src[s]`, summed in ascending source order
+/// so that results do not depend on the thread count: straight through
+/// `values` when `csr` is `None`, else race-free through the inverse map.
+pub(crate) fn scatter_rows<T: Scalar>(
+    src: &[T],
+    cols: usize,
+    values: &[u32],
+    csr: Option<&Csr>,
+    out: &mut [T],
+) {
     if cols == 0 {
         return;
     }
-    let body = |(t, o): (usize, &mut [T])| {
+    let Some(csr) = csr else {
+        for (row, &t) in src.chunks_exact(cols).zip(values) {
+            let o = &mut out[t as usize * cols..(t as usize + 1) * cols];
+            for (a, &b) in o.iter_mut().zip(row) {
+                *a += b;
+            }
+        }
+        return;
+    };
+    out.par_chunks_mut(cols).enumerate().for_each(|(t, o)| {
         csr.for_each_source(t, |s| {
             let row = &src[s * cols..(s + 1) * cols];
             for (a, &b) in o.iter_mut().zip(row) {
                 *a += b;
             }
         });
-    };
-    if src.len() >= PAR_THRESHOLD {
-        out.par_chunks_mut(cols).enumerate().for_each(body);
-    } else {
-        out.chunks_mut(cols).enumerate().for_each(body);
-    }
+    });
 }
 
 impl<T: Scalar> Graph<T> {
@@ -116,8 +139,11 @@ impl<T: Scalar> Graph<T> {
                 if !ctx.wants(x) {
                     return Ok(());
                 }
-                let csr = ctx.index_node(idx).csr(|| ctx.pool.take_indices());
-                ctx.accumulate_with(x, |gx| scatter_rows(g, cols, &csr, gx));
+                let node = ctx.index_node(idx);
+                let csr = scatter_map(node, g.len(), || ctx.pool.take_indices());
+                ctx.accumulate_with(x, |gx| {
+                    scatter_rows(g, cols, &node.values, csr.as_deref(), gx)
+                });
                 Ok(())
             }),
         )
@@ -175,9 +201,15 @@ impl<T: Scalar> Graph<T> {
         }
         let rows = ix.target_rows;
         let domain = ix.target;
-        let csr = ix.csr(|| self.pool.take_indices());
+        let csr = scatter_map(ix, rows_src * cols, || self.pool.take_indices());
         let mut out = self.pool.zeroed(rows * cols);
-        scatter_rows(&self.nodes[src.id].value, cols, &csr, &mut out);
+        scatter_rows(
+            &self.nodes[src.id].value,
+            cols,
+            &ix.values,
+            csr.as_deref(),
+            &mut out,
+        );
         let spec = NodeSpec {
             op: "scatter_add".into(),
             rows,
@@ -330,7 +362,11 @@ impl<T: Scalar> Graph<T> {
             .dist
             .as_deref_mut()
             .ok_or_else(|| EngineError::shape(step.op(), "not distributed"))?;
-        step.apply(d, T::data_mut(&mut v), cols)?;
+        let deferred =
+            matches!(step, Collective::AllReduce) && self.defer_all_reduces && self.trace.is_none();
+        if !deferred {
+            step.apply(d, T::data_mut(&mut v), cols)?;
+        }
         let (domain, fresh, replicated) = match step {
             Collective::Refresh => (RowDomain::Atom, true, false),
             Collective::ReverseSum => (RowDomain::Atom, false, false),
@@ -345,7 +381,8 @@ impl<T: Scalar> Graph<T> {
             replicated,
         };
         let adjoint = step.adjoint();
-        self.push_op(
+        let me = self.nodes.len();
+        let y = self.push_op(
             spec,
             v,
             &[x],
@@ -353,12 +390,20 @@ impl<T: Scalar> Graph<T> {
             Some(handler),
             Box::new(move |ctx, g| {
                 let mut gx = ctx.copy_of(g);
-                ctx.count(adjoint.adjoint_handler());
-                adjoint.apply(ctx.dist(adjoint.op())?, T::data_mut(&mut gx), cols)?;
+                // The seed of a replicated output, on a sum that was never
+                // consumed: already the gradient of every rank's partial.
+                if ctx.replicated_root != Some(me) {
+                    ctx.count(adjoint.adjoint_handler());
+                    adjoint.apply(ctx.dist(adjoint.op())?, T::data_mut(&mut gx), cols)?;
+                }
                 ctx.accumulate(x, gx);
                 Ok(())
             }),
-        )
+        )?;
+        if deferred {
+            self.pending.push(y.id);
+        }
+        Ok(y)
     }
 
     /// Public all-reduce for models that need a global sum of a per-rank

@@ -21,6 +21,15 @@ pub use radial::Radial;
 /// Below this many elements an op runs on the calling thread.
 pub(crate) const PAR_THRESHOLD: usize = 1 << 14;
 
+/// Whether a scatter of `len` source elements runs on the calling thread:
+/// small inputs, or a pool of one worker (one thread per rank). It then adds
+/// rows straight in source order, which gives every target the same sum, in
+/// the same order, as the parallel path through the inverse map, without
+/// building that map or reading the sources out of order.
+pub(crate) fn scatter_in_source_order(len: usize) -> bool {
+    len < PAR_THRESHOLD || rayon::current_num_threads() == 1
+}
+
 /// `out[i] = f(i)` for every element, over rayon above [`PAR_THRESHOLD`].
 pub(crate) fn map_into<T: Send>(out: &mut [T], f: impl Fn(usize) -> T + Sync) {
     use rayon::prelude::*;
