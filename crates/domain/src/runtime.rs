@@ -257,6 +257,38 @@ struct RankBuffers {
     eager_sums: bool,
 }
 
+impl RankBuffers {
+    /// [`run_rank`] in the precision `opts.dtype` asks for, with this rank's
+    /// memory.
+    fn run_rank(
+        &mut self,
+        model: &dyn Model,
+        batch: &[System],
+        split: &Split,
+        comm: Box<dyn Communicator>,
+        opts: &EvalOptions,
+    ) -> Result<RankResult, EvalError> {
+        match opts.dtype {
+            DType::F64 => run_rank(
+                model,
+                batch,
+                split,
+                comm,
+                opts,
+                (&mut self.f64, &mut self.pairs, &mut self.eager_sums),
+            ),
+            DType::F32 => run_rank(
+                model,
+                batch,
+                split,
+                comm,
+                opts,
+                (&mut self.f32, &mut self.pairs, &mut self.eager_sums),
+            ),
+        }
+    }
+}
+
 /// Evaluates one model with fixed options again and again, keeping every
 /// rank's tensor memory from one call to the next: after the first call a
 /// step faults in no fresh pages, which is what lets many ranks share one
@@ -827,30 +859,7 @@ pub fn evaluate_on_communicator(
             return Err(e);
         }
     };
-    let mut r = match opts.dtype {
-        DType::F64 => {
-            let mut held = (Buffers::default(), PairScratch::default(), false);
-            run_rank::<f64>(
-                model,
-                batch,
-                &split,
-                comm,
-                opts,
-                (&mut held.0, &mut held.1, &mut held.2),
-            )?
-        }
-        DType::F32 => {
-            let mut held = (Buffers::default(), PairScratch::default(), false);
-            run_rank::<f32>(
-                model,
-                batch,
-                &split,
-                comm,
-                opts,
-                (&mut held.0, &mut held.1, &mut held.2),
-            )?
-        }
-    };
+    let mut r = RankBuffers::default().run_rank(model, batch, &split, comm, opts)?;
     if let Some(res) = r.result.as_mut() {
         res.partition_s = split.partition_s;
         res.partitions = split.parts;
@@ -900,24 +909,7 @@ fn evaluate_threads(
                 scope.spawn(move || {
                     let rank = comm.rank();
                     let comm: Box<dyn Communicator> = Box::new(comm);
-                    let body = || match opts.dtype {
-                        DType::F64 => run_rank(
-                            model,
-                            batch,
-                            split,
-                            comm,
-                            opts,
-                            (&mut held.f64, &mut held.pairs, &mut held.eager_sums),
-                        ),
-                        DType::F32 => run_rank(
-                            model,
-                            batch,
-                            split,
-                            comm,
-                            opts,
-                            (&mut held.f32, &mut held.pairs, &mut held.eager_sums),
-                        ),
-                    };
+                    let body = || held.run_rank(model, batch, split, comm, opts);
                     match rayon::ThreadPoolBuilder::new()
                         .num_threads(threads)
                         .thread_name(move |k| format!("rank{rank}-worker{k}"))

@@ -527,6 +527,11 @@ struct Search<'a> {
     /// candidate distance differs from the exact one by less than
     /// `search_radius − cutoff`.
     inside2: f64,
+    search_radius: f64,
+    /// Without periodic axes the wrapped positions are the positions as
+    /// given and every shift is zero, so a candidate's distance is already
+    /// the exact pair distance.
+    exact_candidates: bool,
     /// Per axis, for stencil target t in [−stencil, nbins − 1 + stencil]
     /// (indexed by t + stencil): the wrapped bin and its image shift. Avoids
     /// integer division in the hot loop.
@@ -589,6 +594,8 @@ impl<'a> Search<'a> {
             cutoff2: cutoff * cutoff,
             search2: search_radius * search_radius,
             inside2: (cutoff - (search_radius - cutoff)).max(0.0).powi(2),
+            search_radius,
+            exact_candidates: !grid.pbc.iter().any(|&p| p),
             wrap_tables,
             image_reach,
             packed_keys: codes < (1 << IMAGE_BITS),
@@ -697,11 +704,7 @@ impl<'a> Search<'a> {
         let st = grid.stencil;
         let reach = self.image_reach;
         let width = [2 * reach[1] as u32 + 1, 2 * reach[2] as u32 + 1];
-        // Without periodic axes the wrapped positions are the positions as
-        // given and every shift is zero, so the candidate distance is already
-        // the exact pair distance.
-        let exact = !grid.pbc.iter().any(|&p| p);
-        let radius = self.search2.sqrt();
+        let (exact, radius) = (self.exact_candidates, self.search_radius);
 
         let (x_lo, x_hi) = grid.targets(0, bin_i[0], u_i[0], radius);
         for tx_raw in x_lo..=x_hi {
