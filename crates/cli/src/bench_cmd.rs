@@ -7,7 +7,7 @@
 //! once per process) and so that the peak RSS read from `/proc/self/status`
 //! belongs to one configuration alone.
 
-use super::{demo_crystal, load_model, read_structure, Precision};
+use super::{demo_crystal, load_model, read_structure, BalanceArg, Precision};
 use crate::CliError;
 use anyhow::{anyhow, Context};
 use clap::{Args, Subcommand, ValueEnum};
@@ -71,6 +71,9 @@ struct ModelBenchArgs {
     /// Timed evaluations after the warm-up; the median is reported.
     #[arg(long, default_value_t = 3)]
     repeats: usize,
+    /// How split runs place domain boundaries.
+    #[arg(long, value_enum, default_value_t = BalanceArg::Geometric)]
+    balance: BalanceArg,
     /// Print one JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -115,6 +118,9 @@ pub struct ModelRecord {
     pub pool_threads: usize,
     /// `MATMUL_NUM_THREADS` as seen by the process (matrixmultiply's own threads).
     pub matmul_num_threads: Option<String>,
+    /// How domain boundaries were placed (`--balance`).
+    #[serde(default)]
+    pub balance: String,
     pub warmup_s: f64,
     /// Wall time of every timed evaluation (s).
     pub times_s: Vec<f64>,
@@ -143,6 +149,12 @@ pub struct ModelRecord {
     /// memory reused between steps causes none).
     #[serde(default)]
     pub minor_faults_per_step: f64,
+    /// Per timed evaluation, each rank's own work (s): setup, forward and
+    /// backward without the time spent in communication calls (decomposed
+    /// runs). A rank that is slow in every step is a slow core or a heavy
+    /// domain; one that changes from step to step is noise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rank_work_s: Vec<Vec<f64>>,
     /// Where the last timed evaluation's wall time went (decomposed runs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub phases: Option<PhaseBreakdown>,
@@ -270,6 +282,7 @@ fn model_parent(a: &ModelBenchArgs) -> Result<u8, CliError> {
             .args(["--threads", &threads_per_rank(a, r).to_string()])
             .args(["--repeats", &a.repeats.to_string()])
             .stderr(Stdio::inherit());
+        cmd.args(["--balance", a.balance.name()]);
         match &a.structure {
             Some(p) => cmd.arg("--structure").arg(p),
             None => cmd.args([
@@ -437,8 +450,9 @@ fn model_child(a: &ModelBenchArgs) -> Result<u8, CliError> {
     // rank a private pool of `threads` workers (EvalOptions::threads_per_rank)
     // and compute the partition, before the ranks start, on the global pool:
     // there it may use every core the ranks will.
+    let pool_threads = ranks * threads;
     rayon::ThreadPoolBuilder::new()
-        .num_threads(ranks * threads)
+        .num_threads(pool_threads)
         .build_global()
         .context("building the rayon pool")
         .map_err(CliError::failed)?;
@@ -462,6 +476,7 @@ fn model_child(a: &ModelBenchArgs) -> Result<u8, CliError> {
         dtype: a.dtype.into(),
         ranks,
         threads_per_rank: threads,
+        balance: a.balance.into(),
         ..Default::default()
     };
     let rss_before = read_status_kib("VmRSS:").unwrap_or(0) * 1024;
@@ -475,6 +490,7 @@ fn model_child(a: &ModelBenchArgs) -> Result<u8, CliError> {
     let mut times = Vec::with_capacity(a.repeats);
     let mut cpu_times = Vec::with_capacity(a.repeats);
     let mut last = None;
+    let mut rank_work_s = Vec::new();
     let faults_before = process_minor_faults();
     for _ in 0..a.repeats {
         let c0 = process_cpu_s();
@@ -483,6 +499,9 @@ fn model_child(a: &ModelBenchArgs) -> Result<u8, CliError> {
         times.push(t0.elapsed().as_secs_f64());
         if let (Some(c0), Some(c1)) = (c0, process_cpu_s()) {
             cpu_times.push(c1 - c0);
+        }
+        if r.rank_timings.len() > 1 {
+            rank_work_s.push(r.rank_timings.iter().map(RankTimings::work).collect());
         }
         last = Some(r);
     }
@@ -509,8 +528,9 @@ fn model_child(a: &ModelBenchArgs) -> Result<u8, CliError> {
         edges,
         ranks,
         threads_per_rank: threads,
-        pool_threads: ranks * threads,
+        pool_threads,
         matmul_num_threads: std::env::var("MATMUL_NUM_THREADS").ok(),
+        balance: a.balance.name().into(),
         warmup_s,
         median_s,
         median_cpu_s: median(&cpu_times),
@@ -528,6 +548,7 @@ fn model_child(a: &ModelBenchArgs) -> Result<u8, CliError> {
         bytes_per_step: last.as_ref().map_or(0, |r| r.bytes_sent),
         minor_faults_per_step,
         phases: last.as_ref().and_then(PhaseBreakdown::of),
+        rank_work_s,
         times_s: times,
     };
     println!("{}", serde_json::to_string(&rec).map_err(CliError::failed)?);
@@ -976,6 +997,8 @@ mod tests {
             eval_rss_per_atom: 0.0,
             ghost_owned_ratio: 0.0,
             bytes_per_step: 0,
+            balance: "geometric".into(),
+            rank_work_s: Vec::new(),
             phases: None,
         };
         let s = summarize(vec![rec(1, 1, 8.0), rec(4, 4, 2.5)]);

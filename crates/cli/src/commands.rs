@@ -6,7 +6,7 @@ use crate::CliError;
 use anyhow::{anyhow, Context};
 use clap::{Args, Subcommand, ValueEnum};
 use ddmlip_atoms::System;
-use ddmlip_domain::runtime::{evaluate, EvalError, EvalOptions, EvalResult};
+use ddmlip_domain::runtime::{evaluate, BalancePolicy, EvalError, EvalOptions, EvalResult};
 use ddmlip_engine::{DType, Model};
 use std::path::{Path, PathBuf};
 
@@ -60,6 +60,33 @@ impl From<Precision> for DType {
     }
 }
 
+/// Domain boundaries of split runs (`EvalOptions::balance`).
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum BalanceArg {
+    /// A regular grid in fractional coordinates.
+    Geometric,
+    /// Staggered cuts: the same number of atoms on every rank.
+    Atoms,
+}
+
+impl BalanceArg {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Geometric => "geometric",
+            Self::Atoms => "atoms",
+        }
+    }
+}
+
+impl From<BalanceArg> for BalancePolicy {
+    fn from(b: BalanceArg) -> Self {
+        match b {
+            BalanceArg::Geometric => Self::Geometric,
+            BalanceArg::Atoms => Self::Atoms,
+        }
+    }
+}
+
 #[derive(Args)]
 pub struct EvalArgs {
     /// Built-in model name (see `ddmlip models`) or a model file.
@@ -85,6 +112,9 @@ pub struct EvalArgs {
     /// A distribution spec (JSON) for --ranks > 1 instead of the model's own.
     #[arg(long)]
     spec: Option<PathBuf>,
+    /// How split runs place domain boundaries.
+    #[arg(long, value_enum, default_value_t = BalanceArg::Geometric)]
+    balance: BalanceArg,
     /// Print one JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -120,6 +150,9 @@ pub struct PartitionArgs {
     /// Extra ghost width (Å).
     #[arg(long, default_value_t = 0.0)]
     skin: f64,
+    /// How domain boundaries are placed.
+    #[arg(long, value_enum, default_value_t = BalanceArg::Geometric)]
+    balance: BalanceArg,
     /// Print one JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -195,6 +228,7 @@ fn eval(a: EvalArgs) -> Result<u8, CliError> {
         dtype: a.dtype.into(),
         ranks,
         spec: load_spec(&a.spec)?,
+        balance: a.balance.into(),
         ..Default::default()
     };
     let started = std::time::Instant::now();
@@ -262,7 +296,7 @@ fn neighbors(a: NeighborsArgs) -> Result<u8, CliError> {
 }
 
 fn partition(a: PartitionArgs) -> Result<u8, CliError> {
-    use ddmlip_domain::{partition_health, partition_system};
+    use ddmlip_domain::{partition_health, partition_system_balanced, Balance};
     if !(a.cutoff.is_finite() && a.cutoff > 0.0) {
         return Err(CliError::input(anyhow!(
             "--cutoff must be a positive number of Å, got {}",
@@ -275,7 +309,13 @@ fn partition(a: PartitionArgs) -> Result<u8, CliError> {
     let frames = read_structure(&a.structure)?;
     let sys = &frames[0];
     sys.validate().map_err(CliError::input)?;
-    let p = partition_system(sys, a.ranks, a.cutoff + a.skin).map_err(CliError::input)?;
+    let even = vec![1.0; a.ranks];
+    let balance = match a.balance {
+        BalanceArg::Geometric => Balance::Geometric,
+        BalanceArg::Atoms => Balance::Weighted(&even),
+    };
+    let p = partition_system_balanced(sys, a.ranks, a.cutoff + a.skin, balance)
+        .map_err(CliError::input)?;
     let health = partition_health(&p, sys);
     if let Some(svg) = &a.svg {
         let axes = output::svg_axes(&p);

@@ -131,6 +131,7 @@ pub(crate) mod with_mpi {
             dtype: a.dtype.into(),
             ranks: size,
             spec: load_spec(&a.spec)?,
+            balance: a.balance.into(),
             timeout: DEFAULT_TIMEOUT,
             ..Default::default()
         };

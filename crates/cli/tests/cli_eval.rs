@@ -254,6 +254,16 @@ fn three_ranks_equal_one_process() {
         let single = eval(&model, &f.path("batch.xyz"), &[]);
         let split = eval(&model, &f.path("batch.xyz"), &["--ranks", "3"]);
         assert_same(&format!("{model} --ranks 3"), &split, &single);
+        let even = eval(
+            &model,
+            &f.path("batch.xyz"),
+            &["--ranks", "3", "--balance", "atoms"],
+        );
+        assert_same(
+            &format!("{model} --ranks 3 --balance atoms"),
+            &even,
+            &single,
+        );
     }
 }
 
@@ -418,4 +428,37 @@ fn partition_owns_every_atom_once_and_draws_svg() {
             std::fs::remove_file(&svg).unwrap();
         }
     }
+}
+
+/// The slab (vacuum along z) split 4 ways: even-count cuts own every atom
+/// once and spread them no less evenly than the regular grid.
+#[test]
+fn partition_balance_atoms_evens_out_the_slab() {
+    let f = Files::get();
+    let counts = |balance: &str| -> Vec<u64> {
+        let v: Value = serde_json::from_str(&run_ok(&[
+            "partition",
+            "--structure",
+            f.path("slab.xyz").to_str().unwrap(),
+            "--ranks",
+            "4",
+            "--cutoff",
+            "3.0",
+            "--balance",
+            balance,
+            "--json",
+        ]))
+        .unwrap();
+        v["ranks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["owned"].as_u64().unwrap())
+            .collect()
+    };
+    let spread = |c: &[u64]| c.iter().max().unwrap() - c.iter().min().unwrap();
+    let (regular, even) = (counts("geometric"), counts("atoms"));
+    assert_eq!(even.iter().sum::<u64>(), 27, "{even:?}");
+    assert!(spread(&even) <= 1, "27 atoms over 4 ranks: {even:?}");
+    assert!(spread(&even) <= spread(&regular), "{even:?} vs {regular:?}");
 }

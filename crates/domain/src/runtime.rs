@@ -2,7 +2,7 @@
 //! halo exchange, and consolidating the outputs per global atom id.
 
 use crate::halo::{HaloRuntime, LocalHaloPlan};
-use crate::partition::{partition_system, Partition};
+use crate::partition::{partition_system_balanced, Balance, Partition};
 use ddmlip_atoms::{Cell, System};
 use ddmlip_comm::{thread_world, Communicator, ThreadsConfig};
 use ddmlip_engine::ops::PeriodicShifts;
@@ -54,6 +54,20 @@ pub struct EvalOptions {
     /// keep a rank's parallel work on its own cores, as separate processes
     /// would. Single-process runs use the caller's rayon pool.
     pub threads_per_rank: usize,
+    /// How domain boundaries are placed in a decomposed run.
+    pub balance: BalancePolicy,
+}
+
+/// How a decomposed run places its domain boundaries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BalancePolicy {
+    /// A regular grid in fractional coordinates.
+    #[default]
+    Geometric,
+    /// Staggered cuts giving every rank the same number of atoms: slabs
+    /// along the first split axis, columns within each slab, boxes within
+    /// each column. Evens out slabs, clusters and other uneven systems.
+    Atoms,
 }
 
 impl Default for EvalOptions {
@@ -68,6 +82,7 @@ impl Default for EvalOptions {
             timeout: Duration::from_secs(120),
             allow_close_atoms: false,
             threads_per_rank: 0,
+            balance: BalancePolicy::Geometric,
         }
     }
 }
@@ -136,18 +151,29 @@ pub struct RankTimings {
     pub backward: f64,
     /// Reverse-sum of ghost forces and all-reduces of per-system outputs.
     pub reduce: f64,
-    /// Gathering per-atom outputs and assembling them on rank 0.
+    /// Handing the outputs over: the gather to rank 0 and the assembly there
+    /// when ranks are processes; next to nothing for ranks of one process,
+    /// whose outputs the caller assembles after joining them (in `finish_s`).
     pub gather: f64,
     /// Part of forward + backward + reduce spent inside communication calls
     /// (waiting for peers included).
     pub comm: f64,
     /// Part of `comm` spent during the forward pass.
     pub forward_comm: f64,
+    /// Part of `comm` spent during the backward pass.
+    #[serde(default)]
+    pub backward_comm: f64,
     /// Handing the graph's memory back for the next call, after `gather`.
     pub release: f64,
 }
 
 impl RankTimings {
+    /// The rank's own work (s): setup, forward and backward without the
+    /// time spent in communication calls.
+    pub fn work(&self) -> f64 {
+        self.setup + self.forward - self.forward_comm + self.backward - self.backward_comm
+    }
+
     /// When the rank finished (s since the call started).
     pub fn end(&self) -> f64 {
         self.start + self.setup + self.forward + self.backward + self.reduce + self.gather
@@ -489,6 +515,8 @@ fn evaluate_single<T: Scalar>(
     timings.forward = lap(&mut clock);
     let grads = g.grad(out.energy, None, &[pos, eps])?;
     timings.backward = lap(&mut clock);
+    timings.backward_comm =
+        g.distributor().map_or(0.0, |d| d.comm_seconds()) - timings.forward_comm;
     let mut result = EvalResult {
         has_stress: batch.iter().map(has_stress).collect(),
         ..Default::default()
@@ -807,6 +835,8 @@ pub struct RankResult {
     pub sizes: (usize, usize, usize),
     /// Where this rank's time went.
     pub timings: RankTimings,
+    /// This rank's outputs, when the caller assembles them (threads backend).
+    share: Option<RankShare>,
 }
 
 /// The spec a decomposed run follows, the partition of every system over
@@ -817,15 +847,20 @@ fn plan_split(
     batch: &[System],
     opts: &EvalOptions,
     ranks: usize,
-    started: Instant,
+    (started, gather_to_root): (Instant, bool),
 ) -> Result<Split, EvalError> {
     let spec = effective_spec(model, opts);
     let width = ghost_width(model, &spec, opts.skin);
+    let even = vec![1.0; ranks];
+    let balance = match opts.balance {
+        BalancePolicy::Geometric => Balance::Geometric,
+        BalancePolicy::Atoms => Balance::Weighted(&even),
+    };
     let parts = batch
         .iter()
         .enumerate()
         .map(|(s, sys)| {
-            partition_system(sys, ranks, width)
+            partition_system_balanced(sys, ranks, width, balance)
                 .map_err(|e| EvalError::Input(format!("frame {s}: {e}")))
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -836,6 +871,7 @@ fn plan_split(
         layout,
         spec,
         started,
+        gather_to_root,
     })
 }
 
@@ -850,8 +886,8 @@ pub fn evaluate_on_communicator(
 ) -> Result<RankResult, EvalError> {
     let started = Instant::now();
     let ranks = comm.size();
-    let prepared =
-        check_batch(model, batch).and_then(|_| plan_split(model, batch, opts, ranks, started));
+    let prepared = check_batch(model, batch)
+        .and_then(|_| plan_split(model, batch, opts, ranks, (started, true)));
     let split = match prepared {
         Ok(p) => p,
         Err(e) => {
@@ -887,7 +923,7 @@ fn evaluate_threads(
     buffers: &mut [RankBuffers],
 ) -> Result<EvalResult, EvalError> {
     let ranks = opts.ranks;
-    let split = plan_split(model, batch, opts, ranks, Instant::now())?;
+    let split = plan_split(model, batch, opts, ranks, (Instant::now(), false))?;
     let comms = thread_world(
         ranks,
         ThreadsConfig {
@@ -936,7 +972,7 @@ fn evaluate_threads(
             })
             .collect()
     });
-    let mut result = combine_rank_results(outcomes, split.parts)?;
+    let mut result = combine_rank_results(outcomes, batch, split.parts)?;
     result.partition_s = split.partition_s;
     result.finish_s = split.started.elapsed().as_secs_f64();
     Ok(result)
@@ -945,6 +981,7 @@ fn evaluate_threads(
 /// Picks rank 0's consolidated result, or the root-cause failure.
 fn combine_rank_results(
     outcomes: Vec<Result<RankResult, EvalError>>,
+    batch: &[System],
     parts: Vec<Partition>,
 ) -> Result<EvalResult, EvalError> {
     // A rank's own error comes first; a peer's `PeerFailed` only echoes it.
@@ -957,16 +994,14 @@ fn combine_rank_results(
     if let Some(e) = first_err {
         return Err(e);
     }
-    let mut result = None;
+    let mut shares = Vec::with_capacity(outcomes.len());
     let mut traces = Vec::new();
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     let mut bytes = 0;
     let mut sizes = Vec::new();
     let mut timings = Vec::new();
     for r in outcomes.into_iter().flatten() {
-        if r.result.is_some() {
-            result = r.result;
-        }
+        shares.extend(r.share);
         traces.extend(r.trace);
         for (k, v) in r.handler_counts {
             *counts.entry(k).or_insert(0) += v;
@@ -975,7 +1010,10 @@ fn combine_rank_results(
         sizes.push(r.sizes);
         timings.push(r.timings);
     }
-    let mut result = result.ok_or_else(|| EvalError::Input("no rank produced a result".into()))?;
+    if shares.len() != sizes.len() {
+        return Err(EvalError::Input("a rank produced no outputs".into()));
+    }
+    let mut result = assemble_shares(batch, shares)?;
     result.traces = traces;
     result.handler_counts = counts;
     result.bytes_sent = bytes;
@@ -1078,6 +1116,9 @@ struct Split {
     started: Instant,
     /// Seconds spent computing `parts` and `layout`.
     partition_s: f64,
+    /// Ranks are separate processes: rank 0 gathers every rank's outputs.
+    /// Otherwise each rank returns its share to the caller.
+    gather_to_root: bool,
 }
 
 /// Seconds since `clock`, restarting it.
@@ -1253,6 +1294,8 @@ fn rank_body<T: Scalar>(
         g.grad(out.energy, Some(seed), &[pos, eps])?
     };
     timings.backward = lap(&mut clock);
+    timings.backward_comm =
+        g.distributor().map_or(0.0, |d| d.comm_seconds()) - timings.forward_comm;
     let mut gpos = grads[0].clone();
     let mut geps = grads[1].clone();
     // Ghost positions are images of owned ones: their force share goes home.
@@ -1314,48 +1357,138 @@ fn rank_body<T: Scalar>(
         .ok_or_else(|| EvalError::Input("distributor missing".into()))?;
     timings.comm = runtime.comm_s;
     let comm = runtime.comm;
+    let share = RankShare {
+        globals,
+        per_atom,
+        per_system,
+        strain_grad: to64(&geps),
+    };
+    let sizes = (n_owned, n_local - n_owned, n_edges);
+    // The halo traffic of the step, without the result gather.
+    let bytes_sent = comm.stats().bytes_sent;
+    let (result, share) = if split.gather_to_root {
+        (gather_shares(comm.as_ref(), batch, share)?, None)
+    } else {
+        // Ranks of one process hand their share to the caller, which
+        // assembles after joining them: no exchange, no copy per rank.
+        (None, Some(share))
+    };
+    timings.gather = lap(&mut clock);
+    Ok(RankResult {
+        result,
+        trace,
+        handler_counts,
+        bytes_sent,
+        sizes,
+        timings,
+        share,
+    })
+}
+
+/// One rank's part of the outputs before consolidation: its owned rows of
+/// every per-atom output, tagged with batch-level atom ids, and the
+/// per-system outputs (already summed over ranks, the same on every rank).
+#[derive(Debug)]
+struct RankShare {
+    /// Batch-level atom id of each owned row.
+    globals: Vec<u64>,
+    /// (name, width, owned rows × width).
+    per_atom: Vec<(String, usize, Vec<f64>)>,
+    /// (name, width, systems × width).
+    per_system: Vec<(String, usize, Vec<f64>)>,
+    /// ∂E/∂ε per system (9 each), summed over ranks.
+    strain_grad: Vec<f64>,
+}
+
+/// Collects every rank's owned rows on rank 0 over `comm` and assembles the
+/// result there (`None` on the other ranks).
+fn gather_shares(
+    comm: &dyn Communicator,
+    batch: &[System],
+    share: RankShare,
+) -> Result<Option<EvalResult>, EvalError> {
     let comm_err = |e: ddmlip_comm::CommError| {
         EvalError::Engine(EngineError::Comm {
             op: "gather outputs".into(),
             message: e.to_string(),
         })
     };
-    let ids = comm.all_gather_u64(&globals).map_err(comm_err)?;
-    let mut gathered = Vec::new();
-    for (_, _, v) in &per_atom {
-        gathered.push(comm.all_gather_f64(v).map_err(comm_err)?);
+    let ids = comm.all_gather_u64(&share.globals).map_err(comm_err)?;
+    let mut rows = Vec::with_capacity(share.per_atom.len());
+    for (_, _, v) in &share.per_atom {
+        rows.push(comm.all_gather_f64(v).map_err(comm_err)?);
     }
-    let bytes_sent = comm.stats().bytes_sent;
-    let sizes = (n_owned, n_local - n_owned, n_edges);
-    if rank != 0 {
-        timings.gather = lap(&mut clock);
-        return Ok(RankResult {
-            result: None,
-            trace,
-            handler_counts,
-            bytes_sent,
-            sizes,
-            timings,
-        });
+    if comm.rank() != 0 {
+        return Ok(None);
     }
+    let mut shares: Vec<RankShare> = ids
+        .into_iter()
+        .map(|globals| RankShare {
+            globals,
+            per_atom: Vec::new(),
+            per_system: Vec::new(),
+            strain_grad: Vec::new(),
+        })
+        .collect();
+    for ((name, width, _), per_rank) in share.per_atom.iter().zip(rows) {
+        for (s, v) in shares.iter_mut().zip(per_rank) {
+            s.per_atom.push((name.clone(), *width, v));
+        }
+    }
+    if let Some(first) = shares.first_mut() {
+        first.per_system = share.per_system;
+        first.strain_grad = share.strain_grad;
+    }
+    assemble_shares(batch, shares).map(Some)
+}
+
+/// The consolidated result from every rank's share (index = rank): per-atom
+/// rows placed by atom id, per-system outputs and stress from rank 0's share.
+fn assemble_shares(batch: &[System], mut shares: Vec<RankShare>) -> Result<EvalResult, EvalError> {
     let n_atoms: usize = batch.iter().map(|s| s.len()).sum();
     let mut result = EvalResult {
         has_stress: batch.iter().map(has_stress).collect(),
         ..Default::default()
     };
-    for ((name, width, _), per_rank) in per_atom.iter().zip(gathered) {
+    let Some(first) = shares.first_mut() else {
+        return Ok(result);
+    };
+    let per_system = std::mem::take(&mut first.per_system);
+    let strain_grad = std::mem::take(&mut first.strain_grad);
+    let layout: Vec<(String, usize)> = first
+        .per_atom
+        .iter()
+        .map(|(name, width, _)| (name.clone(), *width))
+        .collect();
+    for (k, (name, width)) in layout.into_iter().enumerate() {
         let mut values = vec![f64::NAN; n_atoms * width];
-        for (ids_r, vals_r) in ids.iter().zip(per_rank) {
-            for (k, &id) in ids_r.iter().enumerate() {
-                values[id as usize * width..(id as usize + 1) * width]
-                    .copy_from_slice(&vals_r[k * width..(k + 1) * width]);
+        for (rank, share) in shares.iter().enumerate() {
+            // Every rank records the same outputs; a mismatch is a bug, not
+            // something to paper over with NaN rows.
+            let rows = match share.per_atom.get(k) {
+                Some((n, w, rows))
+                    if *n == name && *w == width && rows.len() == share.globals.len() * width =>
+                {
+                    rows
+                }
+                _ => {
+                    return Err(EvalError::RankFailed {
+                        rank,
+                        message: format!("its per-atom output `{name}` does not match rank 0's"),
+                    })
+                }
+            };
+            for (row, &id) in share.globals.iter().enumerate() {
+                let id = id as usize;
+                values[id * width..(id + 1) * width]
+                    .copy_from_slice(&rows[row * width..(row + 1) * width]);
             }
         }
         result.outputs.insert(
-            name.clone(),
+            name,
             OutputData {
                 kind: OutputKind::PerAtom,
-                width: *width,
+                width,
                 values,
             },
         );
@@ -1375,16 +1508,8 @@ fn rank_body<T: Scalar>(
         OutputData {
             kind: OutputKind::PerSystem,
             width: 6,
-            values: stress_from_strain_grad(&to64(&geps), batch),
+            values: stress_from_strain_grad(&strain_grad, batch),
         },
     );
-    timings.gather = lap(&mut clock);
-    Ok(RankResult {
-        result: Some(result),
-        trace,
-        handler_counts,
-        bytes_sent,
-        sizes,
-        timings,
-    })
+    Ok(result)
 }

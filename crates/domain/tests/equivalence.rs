@@ -2,7 +2,7 @@
 //! every demo model, rank counts 1–8 and every kind of cell.
 
 use ddmlip_atoms::{Cell, System};
-use ddmlip_domain::runtime::{evaluate, EvalOptions, EvalResult};
+use ddmlip_domain::runtime::{evaluate, BalancePolicy, EvalOptions, EvalResult};
 use ddmlip_engine::Model;
 use ddmlip_models::load_model;
 
@@ -123,20 +123,29 @@ fn compare(a: &EvalResult, b: &EvalResult) -> f64 {
     worst
 }
 
+/// The split run equals the single-process run, with the regular grid and
+/// with even-count (staggered) cuts.
 fn check_model(model: &dyn Model, batch: &[System], ranks: &[usize]) {
     let single = evaluate(model, batch, &EvalOptions::default()).unwrap();
     for &r in ranks {
-        let split = evaluate(
-            model,
-            batch,
-            &EvalOptions {
-                ranks: r,
-                ..Default::default()
-            },
-        )
-        .unwrap_or_else(|e| panic!("{} on {r} ranks: {e}", model.name()));
-        let d = compare(&single, &split);
-        assert!(d < 1e-10, "{} on {r} ranks differs by {d:e}", model.name());
+        for balance in [BalancePolicy::Geometric, BalancePolicy::Atoms] {
+            let split = evaluate(
+                model,
+                batch,
+                &EvalOptions {
+                    ranks: r,
+                    balance,
+                    ..Default::default()
+                },
+            )
+            .unwrap_or_else(|e| panic!("{} on {r} ranks ({balance:?}): {e}", model.name()));
+            let d = compare(&single, &split);
+            assert!(
+                d < 1e-10,
+                "{} on {r} ranks ({balance:?}) differs by {d:e}",
+                model.name()
+            );
+        }
     }
 }
 
@@ -216,6 +225,7 @@ mod random_systems {
             n in 8usize..48,
             ranks in 1usize..=8,
             model_pick in 0usize..6,
+            even_counts in any::<bool>(),
         ) {
             let cell = Cell::new([
                 [lengths[0], 0.0, 0.0],
@@ -225,9 +235,10 @@ mod random_systems {
             let sys = random_system(cell, pbc, n, seed);
             let m = load_model(MODELS[model_pick]).unwrap();
             let single = evaluate(m.as_ref(), std::slice::from_ref(&sys), &EvalOptions::default()).unwrap();
-            let split = evaluate(m.as_ref(), std::slice::from_ref(&sys), &EvalOptions { ranks, ..Default::default() }).unwrap();
+            let balance = if even_counts { BalancePolicy::Atoms } else { BalancePolicy::Geometric };
+            let split = evaluate(m.as_ref(), std::slice::from_ref(&sys), &EvalOptions { ranks, balance, ..Default::default() }).unwrap();
             let d = compare(&single, &split);
-            prop_assert!(d < 1e-10, "{} on {ranks} ranks: {d:e}", MODELS[model_pick]);
+            prop_assert!(d < 1e-10, "{} on {ranks} ranks ({balance:?}): {d:e}", MODELS[model_pick]);
         }
     }
 }

@@ -65,6 +65,9 @@ pub enum PartitionError {
     /// A periodic axis without any cell.
     #[error("axis {axis} is periodic but the system has no cell")]
     PeriodicWithoutCell { axis: usize },
+    /// The per-rank weights of [`Balance::Weighted`] cannot be used.
+    #[error("invalid rank weights: {0}")]
+    BadRankWeights(String),
     /// An atom position is NaN or infinite.
     #[error("atom {atom} has a non-finite position {position:?}")]
     NonFinitePosition { atom: usize, position: [f64; 3] },
@@ -235,12 +238,11 @@ impl Frame {
     }
 }
 
-/// Per-axis layout of the domains.
-#[derive(Clone, Copy)]
+/// Per-axis layout of the domains: `n` intervals between `cuts`
+/// (`cuts[0] = lo`, `cuts[n] = hi`, non-decreasing).
+#[derive(Clone)]
 struct AxisLayout {
-    lo: f64,
-    hi: f64,
-    n: usize,
+    cuts: Vec<f64>,
     /// Fractional ghost margin, slightly enlarged so that rounding can only
     /// add ghosts, never drop one.
     margin: f64,
@@ -248,58 +250,52 @@ struct AxisLayout {
 }
 
 impl AxisLayout {
-    fn step(&self) -> f64 {
-        (self.hi - self.lo) / self.n as f64
+    /// `n` equal intervals of `[lo, hi]`; the last one ends exactly at `hi`.
+    fn even(lo: f64, hi: f64, n: usize, margin: f64, periodic: bool) -> Self {
+        let step = (hi - lo) / n as f64;
+        let mut cuts: Vec<f64> = (0..n).map(|d| lo + step * d as f64).collect();
+        cuts.push(hi);
+        Self {
+            cuts,
+            margin,
+            periodic,
+        }
     }
 
-    /// `[lo, hi]` of domain `d`; the last domain ends exactly at `hi`.
+    fn n(&self) -> usize {
+        self.cuts.len() - 1
+    }
+
+    fn lo(&self) -> f64 {
+        self.cuts[0]
+    }
+
+    fn hi(&self) -> f64 {
+        self.cuts[self.n()]
+    }
+
+    /// `[lo, hi]` of domain `d`.
     fn bounds(&self, d: usize) -> [f64; 2] {
-        let lo = self.lo + self.step() * d as f64;
-        let hi = if d + 1 == self.n {
-            self.hi
-        } else {
-            self.lo + self.step() * (d + 1) as f64
-        };
-        [lo, hi]
+        [self.cuts[d], self.cuts[d + 1]]
     }
 
     /// Domain containing `f`: half-open `[lo_d, hi_d)`, the last one closed;
     /// values outside the region are clamped to the end domains.
     fn owner(&self, f: f64) -> usize {
-        let step = self.step();
-        let mut d = if step > 0.0 {
-            let x = ((f - self.lo) / step).floor();
-            x.clamp(0.0, (self.n - 1) as f64) as usize
-        } else {
-            self.n - 1
-        };
-        // Rounding in the division can land one off; settle on the stored bounds.
-        while d > 0 && f < self.bounds(d)[0] {
-            d -= 1;
-        }
-        while d + 1 < self.n && f >= self.bounds(d)[1] {
-            d += 1;
-        }
-        d
+        self.cuts[1..self.n()].partition_point(|&c| c <= f)
     }
 
     /// Pushes every domain whose expanded interval contains `g` as `(m, d)`.
     fn push_domains(&self, g: f64, m: i32, out: &mut Vec<(i32, usize)>) {
-        let step = self.step();
-        let (first, last) = if step > 0.0 {
-            let a = ((g - self.margin - self.lo) / step).floor() - 1.0;
-            let b = ((g + self.margin - self.lo) / step).floor() + 1.0;
-            let top = (self.n - 1) as f64;
-            if b < 0.0 || a > top {
-                return;
-            }
-            (a.max(0.0) as usize, b.min(top) as usize)
-        } else {
-            (0, self.n - 1)
-        };
-        for d in first..=last {
+        let n = self.n();
+        // First domain whose upper end reaches g; the cuts only grow after it.
+        let first = self.cuts[1..=n].partition_point(|&c| c + self.margin < g);
+        for d in first..n {
             let [lo, hi] = self.bounds(d);
-            if lo - self.margin <= g && g <= hi + self.margin {
+            if lo - self.margin > g {
+                break;
+            }
+            if g <= hi + self.margin {
                 out.push((m, d));
             }
         }
@@ -310,8 +306,8 @@ impl AxisLayout {
     fn images(&self, f: f64, out: &mut Vec<(i32, usize)>) {
         out.clear();
         if self.periodic {
-            let m_lo = (self.lo - self.margin - f).ceil() as i32;
-            let m_hi = (self.hi + self.margin - f).floor() as i32;
+            let m_lo = (self.lo() - self.margin - f).ceil() as i32;
+            let m_hi = (self.hi() + self.margin - f).floor() as i32;
             for m in m_lo..=m_hi {
                 self.push_domains(f + m as f64, m, out);
             }
@@ -322,17 +318,117 @@ impl AxisLayout {
 
     /// Rough mean number of `(m, d)` pairs per atom, for the memory guard.
     fn mean_images(&self) -> f64 {
-        let span = self.hi - self.lo;
+        let n = self.n();
+        let span = self.hi() - self.lo();
         let per_domain_fraction = if span > 0.0 {
-            2.0 * self.margin * self.n as f64 / span
+            2.0 * self.margin * n as f64 / span
         } else {
             f64::INFINITY
         };
         if self.periodic {
             1.0 + per_domain_fraction + 2.0 * self.margin
         } else {
-            (1.0 + per_domain_fraction).min(self.n as f64)
+            (1.0 + per_domain_fraction).min(n as f64)
         }
+    }
+}
+
+/// How the domains' boundaries are placed.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub enum Balance<'a> {
+    /// Equal widths in fractional coordinates along each axis: a regular grid.
+    #[default]
+    Geometric,
+    /// Staggered cuts: slabs along the first axis, columns within each slab,
+    /// boxes within each column, placed so that rank `r` owns a share of the
+    /// atoms proportional to `weights[r]` (one positive, finite weight per
+    /// rank, e.g. its measured speed). Equal weights give equal atom counts,
+    /// which regular grids miss in slabs, clusters and other uneven systems.
+    Weighted(&'a [f64]),
+}
+
+/// Fine bins per domain interval used to place weighted cuts.
+const CUT_BINS: usize = 4096;
+
+/// Cuts of `[lo, hi]` into `targets.len()` intervals holding the given
+/// fractions (summing to 1) of the atoms whose coordinates `coords` yields.
+/// Placed by linear interpolation inside a histogram of [`CUT_BINS`] bins;
+/// without atoms the cuts are proportional to the targets.
+fn quantile_cuts(lo: f64, hi: f64, targets: &[f64], coords: impl Iterator<Item = f64>) -> Vec<f64> {
+    let span = hi - lo;
+    let mut hist = vec![0usize; CUT_BINS];
+    let mut total = 0usize;
+    if span > 0.0 {
+        for f in coords {
+            let b = (((f - lo) / span) * CUT_BINS as f64).floor();
+            hist[b.clamp(0.0, (CUT_BINS - 1) as f64) as usize] += 1;
+            total += 1;
+        }
+    }
+    let mut cuts = Vec::with_capacity(targets.len() + 1);
+    cuts.push(lo);
+    let mut want = 0.0;
+    let (mut bin, mut below) = (0usize, 0usize);
+    for &t in &targets[..targets.len().saturating_sub(1)] {
+        want += t;
+        let cut = if total == 0 {
+            lo + span * want
+        } else {
+            let need = want * total as f64;
+            while bin < CUT_BINS && (below + hist[bin]) as f64 <= need {
+                below += hist[bin];
+                bin += 1;
+            }
+            let inside = if bin < CUT_BINS && hist[bin] > 0 {
+                ((need - below as f64) / hist[bin] as f64).clamp(0.0, 1.0)
+            } else {
+                0.0
+            };
+            lo + span * (bin as f64 + inside) / CUT_BINS as f64
+        };
+        let prev = *cuts.last().unwrap_or(&lo);
+        cuts.push(cut.clamp(prev, hi));
+    }
+    cuts.push(hi);
+    cuts
+}
+
+/// The three levels of domain layouts: one for the first axis, one per slab
+/// for the second, one per (slab, column) for the third.
+struct Layouts {
+    a: AxisLayout,
+    b: Vec<AxisLayout>,
+    c: Vec<AxisLayout>,
+    /// Every slab and column uses the same layout (a regular grid).
+    regular: bool,
+}
+
+impl Layouts {
+    fn b(&self, d0: usize) -> &AxisLayout {
+        &self.b[if self.regular { 0 } else { d0 }]
+    }
+
+    fn c(&self, d0: usize, d1: usize) -> &AxisLayout {
+        &self.c[if self.regular {
+            0
+        } else {
+            d0 * self.b[0].n() + d1
+        }]
+    }
+
+    fn owner(&self, f: [f64; 3]) -> [usize; 3] {
+        let clamp = |l: &AxisLayout, x: f64| l.owner(x.max(l.lo()));
+        let d0 = clamp(&self.a, f[0]);
+        let d1 = clamp(self.b(d0), f[1]);
+        [d0, d1, clamp(self.c(d0, d1), f[2])]
+    }
+
+    fn bounds(&self, d: [usize; 3]) -> [[f64; 2]; 3] {
+        [
+            self.a.bounds(d[0]),
+            self.b(d[0]).bounds(d[1]),
+            self.c(d[0], d[1]).bounds(d[2]),
+        ]
     }
 }
 
@@ -351,6 +447,34 @@ pub fn partition_system(
     n_ranks: usize,
     ghost_width: f64,
 ) -> Result<Partition, PartitionError> {
+    partition_system_balanced(system, n_ranks, ghost_width, Balance::Geometric)
+}
+
+/// [`partition_system`] with the domain boundaries placed by `balance`.
+/// Ownership and ghost rules are the same; only the cuts move.
+pub fn partition_system_balanced(
+    system: &System,
+    n_ranks: usize,
+    ghost_width: f64,
+    balance: Balance<'_>,
+) -> Result<Partition, PartitionError> {
+    if let Balance::Weighted(w) = balance {
+        if w.len() != n_ranks {
+            return Err(PartitionError::BadRankWeights(format!(
+                "{} weights for {n_ranks} ranks",
+                w.len()
+            )));
+        }
+        if let Some((rank, x)) = w
+            .iter()
+            .enumerate()
+            .find(|(_, x)| !(x.is_finite() && **x > 0.0))
+        {
+            return Err(PartitionError::BadRankWeights(format!(
+                "rank {rank} has weight {x}; weights must be positive and finite"
+            )));
+        }
+    }
     if n_ranks == 0 {
         return Err(PartitionError::NoRanks);
     }
@@ -434,19 +558,34 @@ pub fn partition_system(
     let axis_widths: [f64; 3] =
         std::array::from_fn(|k| (region[k][1] - region[k][0]) * frame.heights[k]);
     let grid = choose_grid(axis_widths, periodic, n_ranks);
-    let layouts: [AxisLayout; 3] = std::array::from_fn(|k| {
+    let margins: [f64; 3] = std::array::from_fn(|k| {
         let [lo, hi] = region[k];
         let exact = ghost_width / frame.heights[k];
-        AxisLayout {
-            lo,
-            hi,
-            n: grid[k],
-            margin: exact * (1.0 + 1e-9) + 1e-9 * (1.0 + lo.abs().max(hi.abs())),
-            periodic: periodic[k],
-        }
+        exact * (1.0 + 1e-9) + 1e-9 * (1.0 + lo.abs().max(hi.abs()))
     });
+    let even =
+        |k: usize| AxisLayout::even(region[k][0], region[k][1], grid[k], margins[k], periodic[k]);
+    let layouts = match balance {
+        Balance::Geometric => Layouts {
+            a: even(0),
+            b: vec![even(1)],
+            c: vec![even(2)],
+            regular: true,
+        },
+        Balance::Weighted(weights) => {
+            weighted_layouts(&wrapped, grid, region, weights, |k, cuts| AxisLayout {
+                cuts,
+                margin: margins[k],
+                periodic: periodic[k],
+            })
+        }
+    };
 
-    let estimated = n_atoms as f64 * layouts.iter().map(AxisLayout::mean_images).product::<f64>();
+    let estimated = n_atoms as f64
+        * [&layouts.a, &layouts.b[0], &layouts.c[0]]
+            .iter()
+            .map(|l| l.mean_images())
+            .product::<f64>();
     if estimated.is_nan() || estimated > MAX_GHOST_ENTRIES {
         return Err(PartitionError::TooManyGhosts {
             estimated,
@@ -459,11 +598,7 @@ pub fn partition_system(
     let rank_of = |d: [usize; 3]| (d[0] * grid[1] + d[1]) * grid[2] + d[2];
     let owner: Vec<usize> = wrapped
         .par_iter()
-        .map(|f| {
-            rank_of(std::array::from_fn(|k| {
-                layouts[k].owner(f[k].max(layouts[k].lo))
-            }))
-        })
+        .map(|&f| rank_of(layouts.owner(f)))
         .collect();
 
     // Owned lists (ascending global id) and each atom's row in its owner.
@@ -482,13 +617,23 @@ pub fn partition_system(
             let mut out = Vec::new();
             let mut axis_images: [Vec<(i32, usize)>; 3] = Default::default();
             for j in c * CHUNK..((c + 1) * CHUNK).min(n_atoms) {
-                for k in 0..3 {
-                    layouts[k].images(wrapped[j][k], &mut axis_images[k]);
+                let f = wrapped[j];
+                layouts.a.images(f[0], &mut axis_images[0]);
+                if layouts.regular {
+                    layouts.b(0).images(f[1], &mut axis_images[1]);
+                    layouts.c(0, 0).images(f[2], &mut axis_images[2]);
                 }
                 let w = wrap_shift[j];
-                for &(m0, d0) in &axis_images[0] {
-                    for &(m1, d1) in &axis_images[1] {
-                        for &(m2, d2) in &axis_images[2] {
+                let [img0, img1, img2] = &mut axis_images;
+                for &(m0, d0) in img0.iter() {
+                    if !layouts.regular {
+                        layouts.b(d0).images(f[1], img1);
+                    }
+                    for &(m1, d1) in img1.iter() {
+                        if !layouts.regular {
+                            layouts.c(d0, d1).images(f[2], img2);
+                        }
+                        for &(m2, d2) in img2.iter() {
                             let rank = rank_of([d0, d1, d2]);
                             if rank == owner[j] && m0 == 0 && m1 == 0 && m2 == 0 {
                                 continue; // the owned row itself
@@ -532,7 +677,7 @@ pub fn partition_system(
                 (rank / grid[2]) % grid[1],
                 rank % grid[2],
             ];
-            let bounds_frac = std::array::from_fn(|k| layouts[k].bounds(grid_index[k]));
+            let bounds_frac = layouts.bounds(grid_index);
             let owned_shifts = owned.iter().map(|&i| wrap_shift[i]).collect();
             RankDomain {
                 rank,
@@ -554,6 +699,83 @@ pub fn partition_system(
         axis_widths,
         ranks,
     })
+}
+
+/// Staggered layouts for [`Balance::Weighted`]: slab cuts from all atoms,
+/// column cuts from each slab's atoms, box cuts from each column's atoms,
+/// each level aiming at the summed weights of the ranks it holds.
+fn weighted_layouts(
+    wrapped: &[[f64; 3]],
+    grid: [usize; 3],
+    region: [[f64; 2]; 3],
+    weights: &[f64],
+    layout: impl Fn(usize, Vec<f64>) -> AxisLayout + Sync,
+) -> Layouts {
+    let [na, nb, nc] = grid;
+    let layout = &layout;
+    let rank_of = |d0: usize, d1: usize, d2: usize| (d0 * nb + d1) * nc + d2;
+    let shares = |w: Vec<f64>| {
+        let total: f64 = w.iter().sum();
+        w.into_iter().map(|x| x / total).collect::<Vec<f64>>()
+    };
+    let slab_w = shares(
+        (0..na)
+            .map(|d0| (0..nb * nc).map(|r| weights[d0 * nb * nc + r]).sum())
+            .collect(),
+    );
+    let a = layout(
+        0,
+        quantile_cuts(
+            region[0][0],
+            region[0][1],
+            &slab_w,
+            wrapped.iter().map(|f| f[0]),
+        ),
+    );
+    // Atom ids per slab, then per (slab, column): each level's cuts only
+    // look at the atoms the level above gave them.
+    let mut per_slab: Vec<Vec<usize>> = vec![Vec::new(); na];
+    for (j, f) in wrapped.iter().enumerate() {
+        per_slab[a.owner(f[0].max(a.lo()))].push(j);
+    }
+    let b: Vec<AxisLayout> = per_slab
+        .par_iter()
+        .enumerate()
+        .map(|(d0, atoms)| {
+            let col_w = shares(
+                (0..nb)
+                    .map(|d1| (0..nc).map(|d2| weights[rank_of(d0, d1, d2)]).sum())
+                    .collect(),
+            );
+            let coords = atoms.iter().map(|&j| wrapped[j][1]);
+            layout(1, quantile_cuts(region[1][0], region[1][1], &col_w, coords))
+        })
+        .collect();
+    let c: Vec<AxisLayout> = per_slab
+        .par_iter()
+        .zip(&b)
+        .enumerate()
+        .flat_map_iter(|(d0, (atoms, lb))| {
+            let mut per_col: Vec<Vec<f64>> = vec![Vec::new(); nb];
+            for &j in atoms {
+                let f = wrapped[j];
+                per_col[lb.owner(f[1].max(lb.lo()))].push(f[2]);
+            }
+            per_col.into_iter().enumerate().map(move |(d1, coords)| {
+                let box_w = shares((0..nc).map(|d2| weights[rank_of(d0, d1, d2)]).collect());
+                layout(
+                    2,
+                    quantile_cuts(region[2][0], region[2][1], &box_w, coords.into_iter()),
+                )
+            })
+        })
+        .collect();
+    Layouts {
+        a,
+        b,
+        c,
+        regular: false,
+    }
 }
 
 fn add(a: [f64; 3], b: [f64; 3]) -> [f64; 3] {
