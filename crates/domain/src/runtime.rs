@@ -490,8 +490,9 @@ fn evaluate_single<T: Scalar>(
     }
     let n_atoms = numbers.len();
     let mut neighbor_counts = vec![0.0f64; n_atoms];
-    for &c in &centers {
-        neighbor_counts[c as usize] += 1.0;
+    // One addition per run of equal centres (see `rank_body`).
+    for run in centers.chunk_by(|a, b| a == b) {
+        neighbor_counts[run[0] as usize] += run.len() as f64;
     }
     let built = build_inputs(
         &mut g,
@@ -1253,8 +1254,10 @@ fn rank_body<T: Scalar>(
     }
     let n_edges = centers.len();
     let mut owned_counts = vec![0.0f64; n_owned];
-    for &c in &centers {
-        owned_counts[c as usize] += 1.0;
+    // Edges come grouped by centre: one addition per run of equal centres,
+    // not a dependent read-modify-write per edge.
+    for run in centers.chunk_by(|a, b| a == b) {
+        owned_counts[run[0] as usize] += run.len() as f64;
     }
     let built = build_inputs(
         g,

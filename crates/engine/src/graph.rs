@@ -729,7 +729,14 @@ impl<T: Scalar> Graph<T> {
         target_rows: usize,
         role: &str,
     ) -> Result<Index, EngineError> {
-        if let Some(&bad) = values.iter().find(|&&v| v as usize >= target_rows) {
+        // A branch-free maximum vectorises; the offending value is looked
+        // up only when there is one.
+        let largest = values.iter().fold(0u32, |m, &v| m.max(v));
+        if !values.is_empty() && largest as usize >= target_rows {
+            let bad = values
+                .iter()
+                .find(|&&v| v as usize >= target_rows)
+                .map_or(largest, |&v| v);
             return Err(EngineError::shape(
                 "index",
                 format!("index `{role}` holds {bad} but its target has {target_rows} rows"),

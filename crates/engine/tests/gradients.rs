@@ -586,3 +586,31 @@ fn pointwise_rejects_bad_expressions() {
     let none = Pointwise::new("none", 0);
     assert!(g.pointwise(&[], &none).is_err());
 }
+
+/// Row norms of widths other than the edge vectors' three, alone (the
+/// gradient is written) and next to another use of the same rows (it is
+/// added); a zero row has a zero gradient by convention, not NaN.
+#[test]
+fn row_norm_of_any_width() {
+    for cols in [1usize, 2, 4, 7] {
+        let rows = 5;
+        let x = (
+            rand_vec(rows * cols, cols as u64),
+            rows,
+            cols,
+            RowDomain::Edge,
+        );
+        check(vec![x.clone()], &|g, t| g.row_norm(t[0]));
+        check(vec![x], &|g, t| {
+            let n = g.row_norm(t[0])?;
+            g.concat_cols(&[t[0], n])
+        });
+    }
+    let mut g = Graph::<f64>::new();
+    let x = g.leaf(vec![0.0, 0.0, 3.0, 4.0], 2, 2, RowDomain::Edge);
+    let n = g.row_norm(x).unwrap();
+    assert_eq!(g.value(n), &[0.0, 5.0]);
+    let gx = g.grad(n, Some(vec![1.0, 1.0]), &[x]).unwrap();
+    assert_eq!(&gx[0][..2], &[0.0, 0.0]);
+    assert!((gx[0][2] - 0.6).abs() < 1e-15 && (gx[0][3] - 0.8).abs() < 1e-15);
+}

@@ -7,6 +7,9 @@ use ddmlip_spec::GatherMode;
 use rayon::prelude::*;
 use std::sync::Arc;
 
+/// Rows per task of `row_norm` and its gradient.
+const NORM_ROWS: usize = 4096;
+
 /// The periodic part of edge vectors: integer shifts S per edge, the cell as
 /// a (3·n_systems)×3 tensor, and each edge's system.
 #[derive(Debug, Clone)]
@@ -151,7 +154,8 @@ impl<T: Scalar> Graph<T> {
         }
         let n_edges = ci.len();
         let pv = &self.nodes[positions.id].value;
-        let mut out = self.pool.zeroed(n_edges * 3);
+        // `fill` writes every element: no zeroing pass first.
+        let mut out = self.pool.for_overwrite(n_edges * 3);
         let fill = |(e, o): (usize, &mut [T])| {
             let (i, j) = (ci[e] as usize, ni[e] as usize);
             for k in 0..3 {
@@ -279,18 +283,30 @@ impl<T: Scalar> Graph<T> {
     pub fn row_norm(&mut self, x: Tensor) -> Result<Tensor, EngineError> {
         let (rows, cols) = self.shape(x);
         let xv = &self.nodes[x.id].value;
-        let mut out = self.pool.zeroed(rows);
-        let norm = |(r, o): (usize, &mut T)| {
-            *o = xv[r * cols..(r + 1) * cols]
-                .iter()
-                .map(|&v| v * v)
-                .sum::<T>()
-                .sqrt();
-        };
-        if rows * cols >= PAR_THRESHOLD {
-            out.par_iter_mut().enumerate().for_each(norm);
+        // Every element is written below: no zeroing pass first.
+        let mut out = self.pool.for_overwrite(rows);
+        if cols > 0 {
+            // Blocks of rows, each a straight loop the compiler unrolls for
+            // the common three columns (edge vectors).
+            let norms = |(b, o): (usize, &mut [T])| {
+                let src = &xv[b * NORM_ROWS * cols..];
+                if cols == 3 {
+                    for (o, v) in o.iter_mut().zip(src.chunks_exact(3)) {
+                        *o = (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt();
+                    }
+                } else {
+                    for (o, v) in o.iter_mut().zip(src.chunks_exact(cols)) {
+                        *o = v.iter().map(|&v| v * v).sum::<T>().sqrt();
+                    }
+                }
+            };
+            if rows * cols >= PAR_THRESHOLD {
+                out.par_chunks_mut(NORM_ROWS).enumerate().for_each(norms);
+            } else {
+                out.chunks_mut(NORM_ROWS).enumerate().for_each(norms);
+            }
         } else {
-            out.iter_mut().enumerate().for_each(norm);
+            out.iter_mut().for_each(|o| *o = T::zero());
         }
         let nx = &self.nodes[x.id];
         let spec = NodeSpec {
@@ -316,15 +332,37 @@ impl<T: Scalar> Graph<T> {
                 }
                 let xv = ctx.value(x);
                 let nv = ctx.value(out_t);
+                if cols == 0 {
+                    return Ok(());
+                }
                 // d|x|/dx = x/|x|; zero-length rows (coincident atoms) get 0.
-                ctx.accumulate_map(x, |i| {
-                    let r = i / cols;
-                    if nv[r] > T::zero() {
-                        g[r] / nv[r] * xv[i]
-                    } else {
-                        T::zero()
-                    }
-                });
+                // One division per row, not per element.
+                ctx.accumulate_blocks(
+                    x,
+                    NORM_ROWS * cols,
+                    || (),
+                    |_, b, dst, overwrite| {
+                        let first = b * NORM_ROWS;
+                        let rows = dst
+                            .chunks_exact_mut(cols)
+                            .zip(xv[first * cols..].chunks_exact(cols));
+                        for (r, (o, v)) in rows.enumerate() {
+                            let n = nv[first + r];
+                            let scale = if n > T::zero() {
+                                g[first + r] / n
+                            } else {
+                                T::zero()
+                            };
+                            for (o, &v) in o.iter_mut().zip(v) {
+                                if overwrite {
+                                    *o = scale * v;
+                                } else {
+                                    *o += scale * v;
+                                }
+                            }
+                        }
+                    },
+                );
                 Ok(())
             }),
         )
