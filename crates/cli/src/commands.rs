@@ -65,7 +65,8 @@ impl From<Precision> for DType {
 pub enum BalanceArg {
     /// A regular grid in fractional coordinates.
     Geometric,
-    /// Staggered cuts: the same number of atoms on every rank.
+    /// Staggered cuts: about the same number of atoms on every rank (a
+    /// lattice plane is never split).
     Atoms,
 }
 

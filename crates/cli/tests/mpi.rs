@@ -306,6 +306,16 @@ mod with_mpi {
                 &f,
             );
             assert_same(&json_of(&o), &single, &format!("{model}, mpirun -n {n}"));
+            if n == 4 {
+                // Staggered even-count cuts, gathered over MPI.
+                let args = ["eval", "--backend", "mpi", "--model", model, "--json"];
+                let (o, _) = mpirun(n, &[&args[..], &["--balance", "atoms"]].concat(), &f);
+                assert_same(
+                    &json_of(&o),
+                    &single,
+                    &format!("{model}, mpirun -n {n} --balance atoms"),
+                );
+            }
             // The threads backend with the same rank count agrees too.
             let threads = ddmlip()
                 .args([

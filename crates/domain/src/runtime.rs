@@ -64,9 +64,11 @@ pub enum BalancePolicy {
     /// A regular grid in fractional coordinates.
     #[default]
     Geometric,
-    /// Staggered cuts giving every rank the same number of atoms: slabs
-    /// along the first split axis, columns within each slab, boxes within
-    /// each column. Evens out slabs, clusters and other uneven systems.
+    /// Staggered cuts giving every rank about the same number of atoms:
+    /// slabs along the first split axis, columns within each slab, boxes
+    /// within each column. Evens out slabs, clusters and other uneven
+    /// systems; atoms that share a coordinate (a lattice plane) stay on one
+    /// side of a cut, so counts are as even as the planes allow.
     Atoms,
 }
 

@@ -342,8 +342,10 @@ pub enum Balance<'a> {
     /// Staggered cuts: slabs along the first axis, columns within each slab,
     /// boxes within each column, placed so that rank `r` owns a share of the
     /// atoms proportional to `weights[r]` (one positive, finite weight per
-    /// rank, e.g. its measured speed). Equal weights give equal atom counts,
-    /// which regular grids miss in slabs, clusters and other uneven systems.
+    /// rank). Equal weights give equal atom counts, which regular grids miss
+    /// in slabs, clusters and other uneven systems. Atoms sharing a
+    /// coordinate stay on one side of a cut, so a lattice plane is never
+    /// split and shares are met to within a plane.
     Weighted(&'a [f64]),
 }
 
