@@ -403,3 +403,72 @@ fn deferred_energy_sum_matches_eager_and_skips_the_adjoint_exchange() {
         }
     }
 }
+
+/// Scatters sum in source order on one thread and through the inverse map
+/// on several (ARCHITECTURE.md, "Determinism"): the same sums in the same
+/// order, so a run gives the same bits on any number of threads, split or
+/// not. The crystal is large enough for the parallel paths to engage.
+#[test]
+fn results_do_not_depend_on_the_thread_count() {
+    // Diamond Si, 2×2×1 conventional cells: 32 atoms, c = 5.43 Å below the
+    // lj cutoff, so atoms meet their own images (edges whose centre and
+    // neighbour are the same atom) among some 7,000 edges.
+    let a = 5.43;
+    let basis = [
+        [0.0, 0.0, 0.0],
+        [0.0, 0.5, 0.5],
+        [0.5, 0.0, 0.5],
+        [0.5, 0.5, 0.0],
+        [0.25, 0.25, 0.25],
+        [0.25, 0.75, 0.75],
+        [0.75, 0.25, 0.75],
+        [0.75, 0.75, 0.25],
+    ];
+    let mut positions = Vec::new();
+    for (i, j) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+        for b in basis {
+            positions.push([
+                (b[0] + i as f64) * a,
+                (b[1] + j as f64) * a,
+                b[2] * a + 0.01 * i as f64,
+            ]);
+        }
+    }
+    let n = positions.len();
+    let small_cell = System::new(
+        positions,
+        vec![14; n],
+        Some(Cell::orthorhombic(2.0 * a, 2.0 * a, a)),
+        [true; 3],
+    );
+    for (name, batch) in [
+        ("lj", vec![fcc(6)]),
+        ("schnet-demo", vec![fcc(6)]),
+        ("eam-demo", vec![fcc(6)]),
+        ("lj", vec![small_cell]),
+    ] {
+        let m = load_model(name).unwrap();
+        for ranks in [1usize, 2] {
+            let run = |threads: usize| {
+                let opts = EvalOptions {
+                    ranks,
+                    threads_per_rank: threads,
+                    ..Default::default()
+                };
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap()
+                    .install(|| evaluate(m.as_ref(), &batch, &opts).unwrap())
+            };
+            let one = run(1);
+            for threads in [2, 3] {
+                assert_eq!(
+                    bits(&run(threads)),
+                    bits(&one),
+                    "{name}, {ranks} rank(s): {threads} threads differ from one"
+                );
+            }
+        }
+    }
+}

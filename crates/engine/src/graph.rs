@@ -65,6 +65,20 @@ impl Csr {
             None => span.for_each(f),
         }
     }
+
+    /// The source rows of target row `t`, in ascending order.
+    #[inline]
+    pub fn sources(&self, t: usize) -> impl Iterator<Item = usize> + '_ {
+        let span = self.offsets[t]..self.offsets[t + 1];
+        let (listed, counted) = match &self.sources {
+            Some(s) => (Some(s[span].iter().map(|&e| e as usize)), None),
+            None => (None, Some(span)),
+        };
+        listed
+            .into_iter()
+            .flatten()
+            .chain(counted.into_iter().flatten())
+    }
 }
 
 impl IndexNode {

@@ -219,22 +219,25 @@ impl<T: Scalar> Graph<T> {
             handler,
             Box::new(move |ctx, g| {
                 if ctx.wants(positions) {
-                    // Per atom: + the edges it is the neighbour of, then − the
-                    // edges it centres, each in ascending edge order, on any
-                    // number of threads.
+                    // Per atom, in ascending edge order: + the edge when the
+                    // atom is its neighbour, then − when it is its centre.
+                    // One pass over the edges on one thread; per atom, the
+                    // merged inverse maps otherwise: the same sums in the
+                    // same order on any number of threads.
                     let (node_c, node_n) = (ctx.index_node(center), ctx.index_node(neighbor));
                     if scatter_in_source_order(g.len()) {
                         ctx.accumulate_with(positions, |gp| {
-                            for (row, &a) in g.chunks_exact(3).zip(node_n.values.iter()) {
-                                let o = &mut gp[a as usize * 3..a as usize * 3 + 3];
+                            let edges = g
+                                .chunks_exact(3)
+                                .zip(node_n.values.iter().zip(node_c.values.iter()));
+                            for (row, (&j, &i)) in edges {
+                                let j = j as usize * 3;
                                 for k in 0..3 {
-                                    o[k] += row[k];
+                                    gp[j + k] += row[k];
                                 }
-                            }
-                            for (row, &a) in g.chunks_exact(3).zip(node_c.values.iter()) {
-                                let o = &mut gp[a as usize * 3..a as usize * 3 + 3];
+                                let i = i as usize * 3;
                                 for k in 0..3 {
-                                    o[k] -= row[k];
+                                    gp[i + k] -= row[k];
                                 }
                             }
                         });
@@ -243,16 +246,29 @@ impl<T: Scalar> Graph<T> {
                         let csr_n = node_n.csr(|| ctx.pool.take_indices());
                         ctx.accumulate_with(positions, |gp| {
                             gp.par_chunks_mut(3).enumerate().for_each(|(a, o)| {
-                                csr_n.for_each_source(a, |e| {
-                                    for k in 0..3 {
-                                        o[k] += g[e * 3 + k];
+                                let mut as_neighbor = csr_n.sources(a).peekable();
+                                let mut as_center = csr_c.sources(a).peekable();
+                                loop {
+                                    // Ties (an edge from an atom to its own
+                                    // image) take the neighbour's + first.
+                                    let plus = match (as_neighbor.peek(), as_center.peek()) {
+                                        (Some(&n), Some(&c)) => n <= c,
+                                        (Some(_), None) => true,
+                                        (None, Some(_)) => false,
+                                        (None, None) => break,
+                                    };
+                                    if plus {
+                                        if let Some(e) = as_neighbor.next() {
+                                            for k in 0..3 {
+                                                o[k] += g[e * 3 + k];
+                                            }
+                                        }
+                                    } else if let Some(e) = as_center.next() {
+                                        for k in 0..3 {
+                                            o[k] -= g[e * 3 + k];
+                                        }
                                     }
-                                });
-                                csr_c.for_each_source(a, |e| {
-                                    for k in 0..3 {
-                                        o[k] -= g[e * 3 + k];
-                                    }
-                                });
+                                }
                             });
                         });
                     }
