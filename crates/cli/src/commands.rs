@@ -310,10 +310,9 @@ fn partition(a: PartitionArgs) -> Result<u8, CliError> {
     let frames = read_structure(&a.structure)?;
     let sys = &frames[0];
     sys.validate().map_err(CliError::input)?;
-    let even = vec![1.0; a.ranks];
     let balance = match a.balance {
         BalanceArg::Geometric => Balance::Geometric,
-        BalanceArg::Atoms => Balance::Weighted(&even),
+        BalanceArg::Atoms => Balance::EvenCounts,
     };
     let p = partition_system_balanced(sys, a.ranks, a.cutoff + a.skin, balance)
         .map_err(CliError::input)?;

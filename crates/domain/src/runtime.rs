@@ -854,10 +854,9 @@ fn plan_split(
 ) -> Result<Split, EvalError> {
     let spec = effective_spec(model, opts);
     let width = ghost_width(model, &spec, opts.skin);
-    let even = vec![1.0; ranks];
     let balance = match opts.balance {
         BalancePolicy::Geometric => Balance::Geometric,
-        BalancePolicy::Atoms => Balance::Weighted(&even),
+        BalancePolicy::Atoms => Balance::EvenCounts,
     };
     let parts = batch
         .iter()

@@ -347,6 +347,8 @@ pub enum Balance<'a> {
     /// coordinate stay on one side of a cut, so a lattice plane is never
     /// split and shares are met to within a plane.
     Weighted(&'a [f64]),
+    /// `Weighted` with the same weight for every rank: even atom counts.
+    EvenCounts,
 }
 
 /// Fine bins per domain interval used to place weighted cuts.
@@ -574,8 +576,12 @@ pub fn partition_system_balanced(
             c: vec![even(2)],
             regular: true,
         },
-        Balance::Weighted(weights) => {
-            weighted_layouts(&wrapped, grid, region, weights, |k, cuts| AxisLayout {
+        Balance::Weighted(_) | Balance::EvenCounts => {
+            let weight = |r: usize| match balance {
+                Balance::Weighted(w) => w[r],
+                _ => 1.0,
+            };
+            weighted_layouts(&wrapped, grid, region, weight, |k, cuts| AxisLayout {
                 cuts,
                 margin: margins[k],
                 periodic: periodic[k],
@@ -710,11 +716,11 @@ fn weighted_layouts(
     wrapped: &[[f64; 3]],
     grid: [usize; 3],
     region: [[f64; 2]; 3],
-    weights: &[f64],
+    weight: impl Fn(usize) -> f64 + Sync,
     layout: impl Fn(usize, Vec<f64>) -> AxisLayout + Sync,
 ) -> Layouts {
     let [na, nb, nc] = grid;
-    let layout = &layout;
+    let (layout, weight) = (&layout, &weight);
     let rank_of = |d0: usize, d1: usize, d2: usize| (d0 * nb + d1) * nc + d2;
     let shares = |w: Vec<f64>| {
         let total: f64 = w.iter().sum();
@@ -722,7 +728,7 @@ fn weighted_layouts(
     };
     let slab_w = shares(
         (0..na)
-            .map(|d0| (0..nb * nc).map(|r| weights[d0 * nb * nc + r]).sum())
+            .map(|d0| (0..nb * nc).map(|r| weight(d0 * nb * nc + r)).sum())
             .collect(),
     );
     let a = layout(
@@ -746,7 +752,7 @@ fn weighted_layouts(
         .map(|(d0, atoms)| {
             let col_w = shares(
                 (0..nb)
-                    .map(|d1| (0..nc).map(|d2| weights[rank_of(d0, d1, d2)]).sum())
+                    .map(|d1| (0..nc).map(|d2| weight(rank_of(d0, d1, d2))).sum())
                     .collect(),
             );
             let coords = atoms.iter().map(|&j| wrapped[j][1]);
@@ -764,7 +770,7 @@ fn weighted_layouts(
                 per_col[lb.owner(f[1].max(lb.lo()))].push(f[2]);
             }
             per_col.into_iter().enumerate().map(move |(d1, coords)| {
-                let box_w = shares((0..nc).map(|d2| weights[rank_of(d0, d1, d2)]).collect());
+                let box_w = shares((0..nc).map(|d2| weight(rank_of(d0, d1, d2))).collect());
                 layout(
                     2,
                     quantile_cuts(region[2][0], region[2][1], &box_w, coords.into_iter()),

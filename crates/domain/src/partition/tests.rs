@@ -554,7 +554,7 @@ fn atom_balance_evens_out_a_slab() {
     );
     // Ghost completeness of staggered cuts is the proptest's job; here only
     // the counts and the structure are checked.
-    let even = partition_system_balanced(&system, 8, 3.0, Balance::Weighted(&[1.0; 8])).unwrap();
+    let even = partition_system_balanced(&system, 8, 3.0, Balance::EvenCounts).unwrap();
     check_structure(&system, &even);
     check_halo(&even);
     let (lo, hi) = counts(&even);
