@@ -1404,8 +1404,9 @@ struct RankShare {
     strain_grad: Vec<f64>,
 }
 
-/// Collects every rank's owned rows on rank 0 over `comm` and assembles the
-/// result there (`None` on the other ranks).
+/// Collects every rank's owned rows over `comm` (an all-gather: the
+/// communicator has no rooted gather) and assembles the result on rank 0
+/// (`None` on the other ranks).
 fn gather_shares(
     comm: &dyn Communicator,
     batch: &[System],
