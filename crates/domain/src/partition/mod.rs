@@ -397,6 +397,32 @@ fn quantile_cuts(lo: f64, hi: f64, targets: &[f64], coords: impl Iterator<Item =
     cuts
 }
 
+/// The widest empty stretch, as a fraction of the period, between wrapped
+/// fractional coordinates in `[0, 1)` (circularly), resolved to 1/[`CUT_BINS`].
+/// No coordinates give 1.
+fn largest_empty_gap(coords: impl Iterator<Item = f64>) -> f64 {
+    let mut filled = vec![false; CUT_BINS];
+    for f in coords {
+        let b = (f * CUT_BINS as f64).floor();
+        filled[b.clamp(0.0, (CUT_BINS - 1) as f64) as usize] = true;
+    }
+    let Some(first) = filled.iter().position(|&x| x) else {
+        return 1.0;
+    };
+    // Runs of empty bins, starting after a filled one so that the run that
+    // wraps around the period is counted whole.
+    let (mut longest, mut run) = (0usize, 0usize);
+    for k in 1..=CUT_BINS {
+        if filled[(first + k) % CUT_BINS] {
+            longest = longest.max(run);
+            run = 0;
+        } else {
+            run += 1;
+        }
+    }
+    longest as f64 / CUT_BINS as f64
+}
+
 /// The three levels of domain layouts: one for the first axis, one per slab
 /// for the second, one per (slab, column) for the third.
 struct Layouts {
@@ -438,7 +464,9 @@ impl Layouts {
 
 /// Splits `system` over `n_ranks` ranks with halos of `ghost_width` Å.
 ///
-/// The grid comes from [`choose_grid`]. Periodic axes are split evenly over
+/// The grid comes from [`choose_grid`], given the width the atoms fill along
+/// each axis (a periodic axis counts without a vacuum gap wider than
+/// `ghost_width`, so slabs are not cut into sheets). Periodic axes are split evenly over
 /// the wrapped fractional range `[0, 1)`; non-periodic axes (and all axes of a
 /// system without cell) over the atoms' bounding box, atoms on the upper face
 /// going to the last domain. Ghosts of a rank are every `(j, S)` whose image
@@ -561,7 +589,21 @@ pub fn partition_system_balanced(
     }
     let axis_widths: [f64; 3] =
         std::array::from_fn(|k| (region[k][1] - region[k][0]) * frame.heights[k]);
-    let grid = choose_grid(axis_widths, periodic, n_ranks);
+    // The grid is chosen for the extent the atoms fill: a periodic axis with
+    // a vacuum gap wider than the halo (a slab) is split as if it were only
+    // as wide as its atoms, so slabs are not cut into thin sheets.
+    let filled_widths: [f64; 3] = std::array::from_fn(|k| {
+        if !periodic[k] {
+            return axis_widths[k];
+        }
+        let gap = largest_empty_gap(wrapped.iter().map(|f| f[k]));
+        if gap * frame.heights[k] > ghost_width {
+            axis_widths[k] * (1.0 - gap)
+        } else {
+            axis_widths[k]
+        }
+    });
+    let grid = choose_grid(filled_widths, periodic, n_ranks);
     let margins: [f64; 3] = std::array::from_fn(|k| {
         let [lo, hi] = region[k];
         let exact = ghost_width / frame.heights[k];

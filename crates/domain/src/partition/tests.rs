@@ -527,15 +527,22 @@ fn weighted_cuts_give_the_requested_shares() {
     }
 }
 
-/// A slab filling a third of its cell: the regular grid leaves ranks with
-/// almost nothing while others hold most atoms; even-count cuts do not.
+/// A box whose first half is twice as dense as the second (a liquid next to
+/// a vapour, with no gap to find): the regular grid gives the dense half's
+/// ranks twice the atoms; even-count cuts do not.
 #[test]
-fn atom_balance_evens_out_a_slab() {
+fn atom_balance_evens_out_a_density_step() {
     let mut positions = Vec::new();
-    for i in 0..24 {
+    for i in 0..36 {
+        // Spacing 1 Å up to x = 24, then 2 Å.
+        let x = if i < 24 {
+            i as f64
+        } else {
+            24.0 + (i - 24) as f64 * 2.0
+        };
         for j in 0..24 {
-            for k in 0..8 {
-                positions.push([i as f64 * 2.0, j as f64 * 2.0, k as f64 * 2.0 + 0.5]);
+            for k in 0..24 {
+                positions.push([x + 0.5, j as f64 * 2.0 + 0.5, k as f64 * 2.0 + 0.5]);
             }
         }
     }
@@ -549,7 +556,7 @@ fn atom_balance_evens_out_a_slab() {
     let regular = partition_system(&system, 8, 3.0).unwrap();
     let (lo, hi) = counts(&regular);
     assert!(
-        hi > 2 * lo.max(1),
+        hi >= 2 * lo.max(1),
         "the regular grid was already even: {lo}..{hi}"
     );
     // Ghost completeness of staggered cuts is the proptest's job; here only
@@ -562,6 +569,52 @@ fn atom_balance_evens_out_a_slab() {
         (hi - lo) as f64 <= 0.05 * (n / 8) as f64,
         "even-count cuts left {lo}..{hi} atoms per rank"
     );
+}
+
+/// A periodic slab with 30 Å of vacuum: the grid does not split the vacuum
+/// axis, as it would for a box filled with atoms of the same cell.
+#[test]
+fn slab_grid_leaves_the_vacuum_axis_whole() {
+    let slab_positions: Vec<[f64; 3]> = (0..12)
+        .flat_map(|i| {
+            (0..12).flat_map(move |j| {
+                (0..4).map(move |k| [i as f64 * 2.0, j as f64 * 2.0, 1.0 + k as f64 * 2.0])
+            })
+        })
+        .collect();
+    let n = slab_positions.len();
+    let cell = Cell::orthorhombic(24.0, 24.0, 38.0);
+    let slab = System::new(slab_positions, vec![1; n], Some(cell), [true; 3]);
+    let part = partition_system(&slab, 8, 4.0).unwrap();
+    assert_eq!(
+        part.grid[2], 1,
+        "the vacuum axis was split: {:?}",
+        part.grid
+    );
+    check_structure(&slab, &part);
+    check_halo(&part);
+    // The same cell filled with atoms (gaps below the ghost width) keeps
+    // the choice made from the cell's own widths.
+    let bulk = lattice(9, 2.0);
+    let widths = bulk
+        .cell
+        .map(|c| [c.height(0), c.height(1), c.height(2)])
+        .unwrap();
+    assert_eq!(
+        partition_system(&bulk, 8, 4.0).unwrap().grid,
+        choose_grid(widths, [true; 3], 8)
+    );
+}
+
+#[test]
+fn largest_gap_wraps_around_the_period() {
+    assert_eq!(largest_empty_gap(std::iter::empty()), 1.0);
+    // Atoms in [0.4, 0.6]: the gap runs from 0.6 over 1 ≡ 0 to 0.4.
+    let gap = largest_empty_gap([0.4, 0.5, 0.6].into_iter());
+    assert!((gap - 0.8).abs() < 2.0 / CUT_BINS as f64, "{gap}");
+    // Atoms near both ends: the gap is the middle.
+    let gap = largest_empty_gap([0.05, 0.95, 0.1].into_iter());
+    assert!((gap - 0.85).abs() < 2.0 / CUT_BINS as f64, "{gap}");
 }
 
 #[test]
