@@ -118,8 +118,9 @@ pub struct ModelRecord {
     pub pool_threads: usize,
     /// `MATMUL_NUM_THREADS` as seen by the process (matrixmultiply's own threads).
     pub matmul_num_threads: Option<String>,
-    /// How domain boundaries were placed (`--balance`).
-    #[serde(default)]
+    /// How domain boundaries were placed (`--balance`; records from before
+    /// the option read as the regular grid it then always was).
+    #[serde(default = "geometric_name")]
     pub balance: String,
     pub warmup_s: f64,
     /// Wall time of every timed evaluation (s).
@@ -158,6 +159,10 @@ pub struct ModelRecord {
     /// Where the last timed evaluation's wall time went (decomposed runs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub phases: Option<PhaseBreakdown>,
+}
+
+fn geometric_name() -> String {
+    BalanceArg::Geometric.name().into()
 }
 
 /// One decomposed evaluation's time line, in seconds: the serial partition,
@@ -353,13 +358,14 @@ fn model_table(s: &ModelSummary) -> String {
     if let Some(r) = s.records.first() {
         let _ = writeln!(
             o,
-            "{} {} on {}: {} atoms, {} edges ({:.1} per atom)",
+            "{} {} on {}: {} atoms, {} edges ({:.1} per atom); {} domains",
             r.model,
             r.dtype,
             r.structure,
             r.atoms,
             r.edges,
-            r.edges as f64 / r.atoms.max(1) as f64
+            r.edges as f64 / r.atoms.max(1) as f64,
+            r.balance
         );
     }
     let _ = writeln!(
