@@ -490,12 +490,6 @@ fn evaluate_single<T: Scalar>(
     for spare in [pairs.centers, pairs.neighbors] {
         g.give_indices(spare);
     }
-    let n_atoms = numbers.len();
-    let mut neighbor_counts = vec![0.0f64; n_atoms];
-    // One addition per run of equal centres (see `rank_body`).
-    for run in centers.chunk_by(|a, b| a == b) {
-        neighbor_counts[run[0] as usize] += run.len() as f64;
-    }
     let built = build_inputs(
         &mut g,
         LocalProblem {
@@ -518,8 +512,6 @@ fn evaluate_single<T: Scalar>(
     timings.forward = lap(&mut clock);
     let grads = g.grad(out.energy, None, &[pos, eps])?;
     timings.backward = lap(&mut clock);
-    timings.backward_comm =
-        g.distributor().map_or(0.0, |d| d.comm_seconds()) - timings.forward_comm;
     let mut result = EvalResult {
         has_stress: batch.iter().map(has_stress).collect(),
         ..Default::default()
@@ -980,7 +972,8 @@ fn evaluate_threads(
     Ok(result)
 }
 
-/// Picks rank 0's consolidated result, or the root-cause failure.
+/// Assembles the threads ranks' shares into one result, or returns the
+/// root-cause failure.
 fn combine_rank_results(
     outcomes: Vec<Result<RankResult, EvalError>>,
     batch: &[System],

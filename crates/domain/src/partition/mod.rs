@@ -354,6 +354,14 @@ pub enum Balance<'a> {
 /// Fine bins per domain interval used to place weighted cuts.
 const CUT_BINS: usize = 4096;
 
+/// The bin of [`CUT_BINS`] over `[0, 1)` holding `fraction`; values outside
+/// land in the end bins.
+fn cut_bin(fraction: f64) -> usize {
+    (fraction * CUT_BINS as f64)
+        .floor()
+        .clamp(0.0, (CUT_BINS - 1) as f64) as usize
+}
+
 /// Cuts of `[lo, hi]` into `targets.len()` intervals holding the given
 /// fractions (summing to 1) of the atoms whose coordinates `coords` yields.
 /// Placed by linear interpolation inside a histogram of [`CUT_BINS`] bins;
@@ -364,8 +372,7 @@ fn quantile_cuts(lo: f64, hi: f64, targets: &[f64], coords: impl Iterator<Item =
     let mut total = 0usize;
     if span > 0.0 {
         for f in coords {
-            let b = (((f - lo) / span) * CUT_BINS as f64).floor();
-            hist[b.clamp(0.0, (CUT_BINS - 1) as f64) as usize] += 1;
+            hist[cut_bin((f - lo) / span)] += 1;
             total += 1;
         }
     }
@@ -403,8 +410,7 @@ fn quantile_cuts(lo: f64, hi: f64, targets: &[f64], coords: impl Iterator<Item =
 fn largest_empty_gap(coords: impl Iterator<Item = f64>) -> f64 {
     let mut filled = vec![false; CUT_BINS];
     for f in coords {
-        let b = (f * CUT_BINS as f64).floor();
-        filled[b.clamp(0.0, (CUT_BINS - 1) as f64) as usize] = true;
+        filled[cut_bin(f)] = true;
     }
     let Some(first) = filled.iter().position(|&x| x) else {
         return 1.0;
@@ -447,10 +453,9 @@ impl Layouts {
     }
 
     fn owner(&self, f: [f64; 3]) -> [usize; 3] {
-        let clamp = |l: &AxisLayout, x: f64| l.owner(x.max(l.lo()));
-        let d0 = clamp(&self.a, f[0]);
-        let d1 = clamp(self.b(d0), f[1]);
-        [d0, d1, clamp(self.c(d0, d1), f[2])]
+        let d0 = self.a.owner(f[0]);
+        let d1 = self.b(d0).owner(f[1]);
+        [d0, d1, self.c(d0, d1).owner(f[2])]
     }
 
     fn bounds(&self, d: [usize; 3]) -> [[f64; 2]; 3] {
@@ -786,7 +791,7 @@ fn weighted_layouts(
     // look at the atoms the level above gave them.
     let mut per_slab: Vec<Vec<usize>> = vec![Vec::new(); na];
     for (j, f) in wrapped.iter().enumerate() {
-        per_slab[a.owner(f[0].max(a.lo()))].push(j);
+        per_slab[a.owner(f[0])].push(j);
     }
     let b: Vec<AxisLayout> = per_slab
         .par_iter()
@@ -809,7 +814,7 @@ fn weighted_layouts(
             let mut per_col: Vec<Vec<f64>> = vec![Vec::new(); nb];
             for &j in atoms {
                 let f = wrapped[j];
-                per_col[lb.owner(f[1].max(lb.lo()))].push(f[2]);
+                per_col[lb.owner(f[1])].push(f[2]);
             }
             per_col.into_iter().enumerate().map(move |(d1, coords)| {
                 let box_w = shares((0..nc).map(|d2| weight(rank_of(d0, d1, d2))).collect());
