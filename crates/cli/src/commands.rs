@@ -297,7 +297,7 @@ fn neighbors(a: NeighborsArgs) -> Result<u8, CliError> {
 }
 
 fn partition(a: PartitionArgs) -> Result<u8, CliError> {
-    use ddmlip_domain::{partition_health, partition_system_balanced, Balance};
+    use ddmlip_domain::{partition_health, partition_system_balanced};
     if !(a.cutoff.is_finite() && a.cutoff > 0.0) {
         return Err(CliError::input(anyhow!(
             "--cutoff must be a positive number of Å, got {}",
@@ -310,10 +310,7 @@ fn partition(a: PartitionArgs) -> Result<u8, CliError> {
     let frames = read_structure(&a.structure)?;
     let sys = &frames[0];
     sys.validate().map_err(CliError::input)?;
-    let balance = match a.balance {
-        BalanceArg::Geometric => Balance::Geometric,
-        BalanceArg::Atoms => Balance::EvenCounts,
-    };
+    let balance = BalancePolicy::from(a.balance).partition_balance();
     let p = partition_system_balanced(sys, a.ranks, a.cutoff + a.skin, balance)
         .map_err(CliError::input)?;
     let health = partition_health(&p, sys);

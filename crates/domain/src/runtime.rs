@@ -72,6 +72,16 @@ pub enum BalancePolicy {
     Atoms,
 }
 
+impl BalancePolicy {
+    /// The partitioner's setting for this policy.
+    pub fn partition_balance(self) -> Balance<'static> {
+        match self {
+            Self::Geometric => Balance::Geometric,
+            Self::Atoms => Balance::EvenCounts,
+        }
+    }
+}
+
 impl Default for EvalOptions {
     fn default() -> Self {
         Self {
@@ -846,10 +856,7 @@ fn plan_split(
 ) -> Result<Split, EvalError> {
     let spec = effective_spec(model, opts);
     let width = ghost_width(model, &spec, opts.skin);
-    let balance = match opts.balance {
-        BalancePolicy::Geometric => Balance::Geometric,
-        BalancePolicy::Atoms => Balance::EvenCounts,
-    };
+    let balance = opts.balance.partition_balance();
     let parts = batch
         .iter()
         .enumerate()
