@@ -15,6 +15,7 @@
 //! of an owned atom within `ghost_width`.
 
 mod grid;
+mod group;
 mod halo;
 mod health;
 
@@ -23,6 +24,7 @@ pub use halo::{apply_refresh_serial, apply_reverse_sum_serial, halo_plans, HaloE
 pub use health::{partition_health, AxisHealth, PartitionHealth, RankHealth};
 
 use ddmlip_atoms::{to_fractional, Cell, CellError, System, SystemError};
+use group::{RankGroups, ATOM_CHUNK};
 use rayon::prelude::*;
 use serde::Serialize;
 use thiserror::Error;
@@ -369,13 +371,54 @@ fn cut_bin(fraction: f64) -> usize {
 fn quantile_cuts(lo: f64, hi: f64, targets: &[f64], coords: impl Iterator<Item = f64>) -> Vec<f64> {
     let span = hi - lo;
     let mut hist = vec![0usize; CUT_BINS];
-    let mut total = 0usize;
     if span > 0.0 {
         for f in coords {
             hist[cut_bin((f - lo) / span)] += 1;
-            total += 1;
         }
     }
+    cuts_from_histogram(lo, hi, targets, &hist)
+}
+
+/// [`quantile_cuts`] of coordinate `axis` of all `points`, the histogram
+/// filled in parallel (counts, so the cuts do not depend on the thread count).
+fn quantile_cuts_of_axis(
+    lo: f64,
+    hi: f64,
+    targets: &[f64],
+    points: &[[f64; 3]],
+    axis: usize,
+) -> Vec<f64> {
+    let span = hi - lo;
+    let hist = if span > 0.0 {
+        points
+            .par_chunks(ATOM_CHUNK)
+            .fold(
+                || vec![0usize; CUT_BINS],
+                |mut hist, part| {
+                    for f in part {
+                        hist[cut_bin((f[axis] - lo) / span)] += 1;
+                    }
+                    hist
+                },
+            )
+            .reduce(
+                || vec![0usize; CUT_BINS],
+                |mut a, b| {
+                    a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+                    a
+                },
+            )
+    } else {
+        vec![0usize; CUT_BINS]
+    };
+    cuts_from_histogram(lo, hi, targets, &hist)
+}
+
+/// The cuts of [`quantile_cuts`] from a histogram of [`CUT_BINS`] bins over
+/// `[lo, hi]`.
+fn cuts_from_histogram(lo: f64, hi: f64, targets: &[f64], hist: &[usize]) -> Vec<f64> {
+    let span = hi - lo;
+    let total: usize = hist.iter().sum();
     let mut cuts = Vec::with_capacity(targets.len() + 1);
     cuts.push(lo);
     let mut want = 0.0;
@@ -404,14 +447,34 @@ fn quantile_cuts(lo: f64, hi: f64, targets: &[f64], coords: impl Iterator<Item =
     cuts
 }
 
-/// The widest empty stretch, as a fraction of the period, between wrapped
-/// fractional coordinates in `[0, 1)` (circularly), resolved to 1/[`CUT_BINS`].
-/// No coordinates give 1.
-fn largest_empty_gap(coords: impl Iterator<Item = f64>) -> f64 {
-    let mut filled = vec![false; CUT_BINS];
-    for f in coords {
-        filled[cut_bin(f)] = true;
-    }
+/// Which of [`CUT_BINS`] bins over `[0, 1)` hold a wrapped fractional
+/// coordinate, per periodic axis (empty for the others): one parallel pass.
+fn filled_bins(wrapped: &[[f64; 3]], periodic: [bool; 3]) -> [Vec<bool>; 3] {
+    let none = || -> [Vec<bool>; 3] {
+        std::array::from_fn(|k| vec![false; if periodic[k] { CUT_BINS } else { 0 }])
+    };
+    wrapped
+        .par_chunks(ATOM_CHUNK)
+        .fold(none, |mut filled, part| {
+            for f in part {
+                for k in (0..3).filter(|&k| periodic[k]) {
+                    filled[k][cut_bin(f[k])] = true;
+                }
+            }
+            filled
+        })
+        .reduce(none, |mut a, b| {
+            for (x, y) in a.iter_mut().zip(&b) {
+                x.iter_mut().zip(y).for_each(|(x, y)| *x |= *y);
+            }
+            a
+        })
+}
+
+/// The widest empty stretch, as a fraction of the period, between the
+/// filled bins of [`filled_bins`] (circularly), resolved to 1/[`CUT_BINS`].
+/// No filled bin gives 1.
+fn largest_gap_in(filled: &[bool]) -> f64 {
     let Some(first) = filled.iter().position(|&x| x) else {
         return 1.0;
     };
@@ -565,12 +628,11 @@ pub fn partition_system_balanced(
                 }
             }
         });
-    for (atom, f) in wrapped.iter().enumerate() {
-        // Huge finite positions can overflow the fractional transform.
-        if let Some((axis, &fractional)) = f
-            .iter()
-            .enumerate()
-            .find(|(_, x)| !x.is_finite() || x.abs() >= MAX_FRACTIONAL)
+    // Huge finite positions can overflow the fractional transform.
+    let too_far = |x: &f64| !x.is_finite() || x.abs() >= MAX_FRACTIONAL;
+    if let Some(atom) = wrapped.par_iter().position_first(|f| f.iter().any(too_far)) {
+        if let Some((axis, &fractional)) =
+            wrapped[atom].iter().enumerate().find(|(_, x)| too_far(x))
         {
             return Err(PartitionError::PositionTooFar {
                 atom,
@@ -584,11 +646,10 @@ pub fn partition_system_balanced(
     let mut region = [[0.0, 1.0]; 3];
     for k in 0..3 {
         if !periodic[k] {
-            let (lo, hi) = wrapped
-                .iter()
-                .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), f| {
-                    (lo.min(f[k]), hi.max(f[k]))
-                });
+            let (lo, hi) = wrapped.par_iter().map(|f| (f[k], f[k])).reduce(
+                || (f64::INFINITY, f64::NEG_INFINITY),
+                |a, b| (a.0.min(b.0), a.1.max(b.1)),
+            );
             region[k] = [lo, hi];
         }
     }
@@ -597,11 +658,12 @@ pub fn partition_system_balanced(
     // The grid is chosen for the extent the atoms fill: a periodic axis with
     // a vacuum gap wider than the halo (a slab) is split as if it were only
     // as wide as its atoms, so slabs are not cut into thin sheets.
+    let filled = filled_bins(&wrapped, periodic);
     let filled_widths: [f64; 3] = std::array::from_fn(|k| {
         if !periodic[k] {
             return axis_widths[k];
         }
-        let gap = largest_empty_gap(wrapped.iter().map(|f| f[k]));
+        let gap = largest_gap_in(&filled[k]);
         if gap * frame.heights[k] > ghost_width {
             axis_widths[k] * (1.0 - gap)
         } else {
@@ -657,21 +719,36 @@ pub fn partition_system_balanced(
         .collect();
 
     // Owned lists (ascending global id) and each atom's row in its owner.
-    let mut owned: Vec<Vec<usize>> = vec![Vec::new(); n_ranks];
+    let owners = RankGroups::new(
+        owner
+            .par_chunks(ATOM_CHUNK)
+            .enumerate()
+            .map(|(c, part)| {
+                let first = c * ATOM_CHUNK;
+                part.iter()
+                    .enumerate()
+                    .map(|(k, &r)| (r, first + k))
+                    .collect()
+            })
+            .collect(),
+        n_ranks,
+    );
+    let owned = owners.per_rank();
     let mut owner_row = vec![0usize; n_atoms];
-    for (j, &r) in owner.iter().enumerate() {
-        owner_row[j] = owned[r].len();
-        owned[r].push(j);
-    }
+    owners.fill_positions(&mut owner_row, ATOM_CHUNK, |part, row, j| {
+        part[j % ATOM_CHUNK] = row;
+    });
+    drop(owners);
 
-    // Ghost candidates per atom chunk, in ascending atom order.
-    const CHUNK: usize = 2048;
-    let chunks: Vec<Vec<(usize, usize, [i32; 3])>> = (0..n_atoms.div_ceil(CHUNK))
+    // Ghost candidates per atom chunk, in ascending (atom, shift) order: the
+    // image offsets below are visited upwards on every axis.
+    let chunks: Vec<Vec<(usize, GhostImage)>> = (0..n_atoms.div_ceil(ATOM_CHUNK))
         .into_par_iter()
         .map(|c| {
-            let mut out = Vec::new();
+            let mut out =
+                Vec::with_capacity((ATOM_CHUNK as f64 * estimated / n_atoms as f64) as usize);
             let mut axis_images: [Vec<(i32, usize)>; 3] = Default::default();
-            for j in c * CHUNK..((c + 1) * CHUNK).min(n_atoms) {
+            for j in c * ATOM_CHUNK..((c + 1) * ATOM_CHUNK).min(n_atoms) {
                 let f = wrapped[j];
                 layouts.a.images(f[0], &mut axis_images[0]);
                 if layouts.regular {
@@ -693,7 +770,7 @@ pub fn partition_system_balanced(
                             if rank == owner[j] && m0 == 0 && m1 == 0 && m2 == 0 {
                                 continue; // the owned row itself
                             }
-                            out.push((rank, j, [w[0] + m0, w[1] + m1, w[2] + m2]));
+                            out.push((rank, (j, [w[0] + m0, w[1] + m1, w[2] + m2])));
                         }
                     }
                 }
@@ -702,31 +779,22 @@ pub fn partition_system_balanced(
         })
         .collect();
 
-    // Bucket by rank (counting sort keeps the ascending atom order).
-    let mut counts = vec![0usize; n_ranks];
-    for chunk in &chunks {
-        for &(r, _, _) in chunk {
-            counts[r] += 1;
-        }
-    }
-    let mut per_rank: Vec<Vec<Ghost>> = counts.iter().map(|&c| Vec::with_capacity(c)).collect();
-    for chunk in chunks {
-        for (r, j, shift) in chunk {
-            per_rank[r].push(Ghost {
-                global: j,
-                shift,
-                owner_rank: owner[j],
-                owner_row: owner_row[j],
-            });
-        }
-    }
-
-    let ranks: Vec<RankDomain> = per_rank
+    let candidates = RankGroups::new(chunks, n_ranks);
+    let ranks: Vec<RankDomain> = owned
         .into_par_iter()
-        .zip(owned.into_par_iter())
         .enumerate()
-        .map(|(rank, (mut ghosts, owned))| {
-            ghosts.sort_unstable_by_key(|g| (g.owner_rank, g.owner_row, g.shift));
+        .map(|(rank, owned)| {
+            let ghosts = ordered_ghosts(
+                || {
+                    candidates.items_of(rank).map(|(j, shift)| Ghost {
+                        global: j,
+                        shift,
+                        owner_rank: owner[j],
+                        owner_row: owner_row[j],
+                    })
+                },
+                n_ranks,
+            );
             let grid_index = [
                 rank / (grid[1] * grid[2]),
                 (rank / grid[2]) % grid[1],
@@ -756,6 +824,49 @@ pub fn partition_system_balanced(
     })
 }
 
+/// A ghost candidate before its owner is looked up: atom id and image shift.
+type GhostImage = (usize, [i32; 3]);
+
+/// Ghost rows in the order [`RankDomain::ghosts`] promises, `(owner_rank,
+/// owner_row, shift)`, from candidates in ascending `(atom, shift)` order
+/// (the image loops run upwards). Within one owner, ascending atom ids are
+/// ascending owner rows, so a stable bucketing by owner rank is enough.
+fn ordered_ghosts<I: Iterator<Item = Ghost>>(
+    candidates: impl Fn() -> I,
+    n_ranks: usize,
+) -> Vec<Ghost> {
+    let n = candidates().count();
+    if n_ranks <= n {
+        // Counting sort, linear when there are fewer ranks than ghosts; the
+        // candidates are walked twice rather than copied.
+        let mut start = vec![0usize; n_ranks + 1];
+        for g in candidates() {
+            start[g.owner_rank + 1] += 1;
+        }
+        for r in 0..n_ranks {
+            start[r + 1] += start[r];
+        }
+        let mut ghosts = vec![
+            Ghost {
+                global: 0,
+                shift: [0; 3],
+                owner_rank: 0,
+                owner_row: 0,
+            };
+            n
+        ];
+        for g in candidates() {
+            ghosts[start[g.owner_rank]] = g;
+            start[g.owner_rank] += 1;
+        }
+        ghosts
+    } else {
+        let mut ghosts: Vec<Ghost> = candidates().collect();
+        ghosts.sort_by_key(|g| g.owner_rank);
+        ghosts
+    }
+}
+
 /// Staggered layouts for [`Balance::Weighted`]: slab cuts from all atoms,
 /// column cuts from each slab's atoms, box cuts from each column's atoms,
 /// each level aiming at the summed weights of the ranks it holds.
@@ -780,49 +891,47 @@ fn weighted_layouts(
     );
     let a = layout(
         0,
-        quantile_cuts(
-            region[0][0],
-            region[0][1],
-            &slab_w,
-            wrapped.iter().map(|f| f[0]),
-        ),
+        quantile_cuts_of_axis(region[0][0], region[0][1], &slab_w, wrapped, 0),
     );
-    // Atom ids per slab, then per (slab, column): each level's cuts only
-    // look at the atoms the level above gave them.
-    let mut per_slab: Vec<Vec<usize>> = vec![Vec::new(); na];
-    for (j, f) in wrapped.iter().enumerate() {
-        per_slab[a.owner(f[0])].push(j);
-    }
+    // Each level's cuts only look at the coordinates of the atoms the level
+    // above gave them: second coordinates per slab, third per column.
+    let tagged = |tag: &(dyn Fn([f64; 3]) -> (usize, f64) + Sync)| -> Vec<Vec<(usize, f64)>> {
+        wrapped
+            .par_chunks(ATOM_CHUNK)
+            .map(|part| part.iter().map(|&f| tag(f)).collect())
+            .collect()
+    };
+    let per_slab = RankGroups::new(tagged(&|f| (a.owner(f[0]), f[1])), na).per_rank();
     let b: Vec<AxisLayout> = per_slab
-        .par_iter()
+        .into_par_iter()
         .enumerate()
-        .map(|(d0, atoms)| {
+        .map(|(d0, coords)| {
             let col_w = shares(
                 (0..nb)
                     .map(|d1| (0..nc).map(|d2| weight(rank_of(d0, d1, d2))).sum())
                     .collect(),
             );
-            let coords = atoms.iter().map(|&j| wrapped[j][1]);
-            layout(1, quantile_cuts(region[1][0], region[1][1], &col_w, coords))
+            layout(
+                1,
+                quantile_cuts(region[1][0], region[1][1], &col_w, coords.into_iter()),
+            )
         })
         .collect();
-    let c: Vec<AxisLayout> = per_slab
-        .par_iter()
-        .zip(&b)
+    let column_of = |f: [f64; 3]| {
+        let d0 = a.owner(f[0]);
+        d0 * nb + b[d0].owner(f[1])
+    };
+    let per_column = RankGroups::new(tagged(&|f| (column_of(f), f[2])), na * nb).per_rank();
+    let c: Vec<AxisLayout> = per_column
+        .into_par_iter()
         .enumerate()
-        .flat_map_iter(|(d0, (atoms, lb))| {
-            let mut per_col: Vec<Vec<f64>> = vec![Vec::new(); nb];
-            for &j in atoms {
-                let f = wrapped[j];
-                per_col[lb.owner(f[1])].push(f[2]);
-            }
-            per_col.into_iter().enumerate().map(move |(d1, coords)| {
-                let box_w = shares((0..nc).map(|d2| weight(rank_of(d0, d1, d2))).collect());
-                layout(
-                    2,
-                    quantile_cuts(region[2][0], region[2][1], &box_w, coords.into_iter()),
-                )
-            })
+        .map(|(col, coords)| {
+            let (d0, d1) = (col / nb, col % nb);
+            let box_w = shares((0..nc).map(|d2| weight(rank_of(d0, d1, d2))).collect());
+            layout(
+                2,
+                quantile_cuts(region[2][0], region[2][1], &box_w, coords.into_iter()),
+            )
         })
         .collect();
     Layouts {
