@@ -293,6 +293,27 @@ struct RankBuffers {
     /// The model reads a per-system sum during its forward pass, so its
     /// all-reduces cannot be deferred (learned on the first call).
     eager_sums: bool,
+    /// The rank's private worker pool and its size, kept between calls so
+    /// that its threads (and their allocator arenas and warm caches) are
+    /// not created and torn down on every step.
+    pool: Option<(usize, rayon::ThreadPool)>,
+}
+
+impl RankBuffers {
+    /// Takes this rank's private pool of `threads` workers out (to be put
+    /// back after the call), building it on first use or when the size
+    /// changed; `None` when the system refuses another thread.
+    fn take_pool(&mut self, rank: usize, threads: usize) -> Option<(usize, rayon::ThreadPool)> {
+        match self.pool.take() {
+            Some(kept) if kept.0 == threads => Some(kept),
+            _ => rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .thread_name(move |k| format!("rank{rank}-worker{k}"))
+                .build()
+                .ok()
+                .map(|pool| (threads, pool)),
+        }
+    }
 }
 
 impl RankBuffers {
@@ -688,15 +709,7 @@ fn build_inputs<T: Scalar>(
             shifts: Arc::new(shifts),
             edge_system: es,
         });
-        let vectors = g.edge_vectors(pos_s, c, n, periodic)?;
-        let lengths = g.row_norm(vectors)?;
-        Some(ddmlip_engine::Edges {
-            center: c,
-            neighbor: n,
-            system: es,
-            vectors,
-            lengths,
-        })
+        Some(g.edges(pos_s, c, n, es, periodic)?)
     } else {
         None
     };
@@ -946,17 +959,17 @@ fn evaluate_threads(
                 scope.spawn(move || {
                     let rank = comm.rank();
                     let comm: Box<dyn Communicator> = Box::new(comm);
+                    // Out of `held` for the call, which borrows the rest.
+                    let pool = held.take_pool(rank, threads);
                     let body = || held.run_rank(model, batch, split, comm, opts);
-                    match rayon::ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .thread_name(move |k| format!("rank{rank}-worker{k}"))
-                        .build()
-                    {
-                        Ok(pool) => pool.install(body),
+                    let out = match &pool {
+                        Some((_, pool)) => pool.install(body),
                         // Without a private pool the rank still runs, on the
                         // caller's pool.
-                        Err(_) => body(),
-                    }
+                        None => body(),
+                    };
+                    held.pool = pool;
+                    out
                 })
             })
             .collect();

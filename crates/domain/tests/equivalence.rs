@@ -303,8 +303,10 @@ fn evaluator_reuse_gives_fresh_results() {
 fn repeated_evaluations_reuse_all_tensor_memory() {
     use ddmlip_domain::runtime::Evaluator;
     use ddmlip_engine::DType;
-    let batch = vec![fcc(6)];
-    for name in ["lj", "schnet-demo", "eam-demo"] {
+    // Crystals large enough that every rank holds buffers the pool keeps
+    // (2^14 elements and more; eam-demo's short cutoff needs more atoms).
+    for (name, cells) in [("lj", 6), ("schnet-demo", 6), ("eam-demo", 8)] {
+        let batch = vec![fcc(cells)];
         let m = load_model(name).unwrap();
         for ranks in [1, 2, 4] {
             for dtype in [DType::F64, DType::F32] {
@@ -317,7 +319,12 @@ fn repeated_evaluations_reuse_all_tensor_memory() {
                 let mut ev = Evaluator::new(m.as_ref(), opts);
                 ev.evaluate(&batch).unwrap();
                 let after_first = ev.fresh_allocations();
-                assert!(after_first > 0, "{name}: the first call allocates");
+                // Without a single pooled (large) buffer the check below
+                // would pass vacuously.
+                assert!(
+                    after_first > 0,
+                    "{name}, {ranks} ranks, {dtype}: the first call allocates"
+                );
                 ev.evaluate(&batch).unwrap();
                 let after_second = ev.fresh_allocations();
                 ev.evaluate(&batch).unwrap();

@@ -1,12 +1,16 @@
 //! The model interface: what a model receives, what it returns, and how the
 //! runtime calls it in either precision.
 
+use crate::ops::PeriodicShifts;
 use crate::{EngineError, Graph, Index, Scalar, Tensor};
 use ddmlip_spec::MLIPSpec;
 use std::any::Any;
 use std::sync::Arc;
 
-/// The neighbour graph the runtime built within the model's cutoff.
+/// The neighbour graph the runtime built within the model's cutoff, made by
+/// [`Graph::edges`]. Lengths are there from the start; edge vectors are
+/// made when a model asks for them ([`Edges::vectors`]), so models that read
+/// only lengths never store an Edge×3 array.
 #[derive(Debug, Clone, Copy)]
 pub struct Edges {
     /// Edge → Atom: the centre / receiver i.
@@ -15,10 +19,30 @@ pub struct Edges {
     pub neighbor: Index,
     /// Edge → System.
     pub system: Index,
-    /// `r_j + S·cell − r_i` (Edge×3, Å), differentiable w.r.t. positions and strain.
-    pub vectors: Tensor,
-    /// |vectors| (Edge×1, Å).
+    /// `|r_j + S·cell − r_i|` (Edge×1, Å), differentiable w.r.t. positions
+    /// and strain.
     pub lengths: Tensor,
+    /// Positions (Atom×3) the edges were measured on.
+    pub(crate) positions: Tensor,
+    /// The cell tensor, each edge's system for it and the graph's slot of
+    /// the shifts, for periodic images.
+    pub(crate) periodic: Option<(Tensor, Index, usize)>,
+}
+
+impl Edges {
+    /// `r_j + S·cell − r_i` (Edge×3, Å), differentiable w.r.t. positions and
+    /// strain, with the same values the lengths were computed from. Each
+    /// call adds an op to `g`: call once and keep the tensor.
+    pub fn vectors<T: Scalar>(&self, g: &mut Graph<T>) -> Result<Tensor, EngineError> {
+        let periodic = self
+            .periodic
+            .map(|(cell, edge_system, slot)| PeriodicShifts {
+                cell,
+                shifts: g.shift_arrays[slot].clone(),
+                edge_system,
+            });
+        g.edge_vectors(self.positions, self.center, self.neighbor, periodic)
+    }
 }
 
 /// Everything a model's forward pass receives.

@@ -175,8 +175,71 @@ fn gather_scatter_segment() {
     });
 }
 
+/// Centre rows, neighbour rows and image shifts of a periodic edge set.
+type EdgeArrays = (Arc<Vec<u32>>, Arc<Vec<u32>>, Arc<Vec<[i32; 3]>>);
+
+/// The neighbour graph (lengths; vectors on request) of `arrays` over
+/// positions `t[0]` and cell `t[1]`, both strained by `t[2]`.
+fn strained_edges(
+    g: &mut Graph<f64>,
+    t: &[Tensor],
+    (ci, ni, shifts): &EdgeArrays,
+) -> Result<ddmlip_engine::Edges, EngineError> {
+    let n_atoms = g.shape(t[0]).0;
+    let n_edges = ci.len();
+    let a_sys = g.index(
+        Arc::new(vec![0; n_atoms]),
+        RowDomain::Atom,
+        RowDomain::System,
+        1,
+        "atom_system",
+    )?;
+    let c_sys = g.index(
+        Arc::new(vec![0; 3]),
+        RowDomain::System,
+        RowDomain::System,
+        1,
+        "cell_system",
+    )?;
+    let e_sys = g.index(
+        Arc::new(vec![0; n_edges]),
+        RowDomain::Edge,
+        RowDomain::System,
+        1,
+        "edge_system",
+    )?;
+    let i = g.index(
+        ci.clone(),
+        RowDomain::Edge,
+        RowDomain::Atom,
+        n_atoms,
+        "edge_center",
+    )?;
+    let j = g.index(
+        ni.clone(),
+        RowDomain::Edge,
+        RowDomain::Atom,
+        n_atoms,
+        "edge_neighbor",
+    )?;
+    let p = g.apply_strain(t[0], t[2], a_sys)?;
+    let c = g.apply_strain(t[1], t[2], c_sys)?;
+    g.edges(
+        p,
+        i,
+        j,
+        e_sys,
+        Some(PeriodicShifts {
+            cell: c,
+            shifts: shifts.clone(),
+            edge_system: e_sys,
+        }),
+    )
+}
+
 #[test]
 fn geometry_strain_and_edge_vectors() {
+    // The last edge joins atom 0 to its own image.
     let ci: Arc<Vec<u32>> = Arc::new(vec![0, 1, 2, 0]);
     let ni: Arc<Vec<u32>> = Arc::new(vec![1, 0, 0, 0]);
     let shifts: Arc<Vec<[i32; 3]>> = Arc::new(vec![[0, 0, 0], [1, 0, -1], [0, 2, 0], [1, 1, 0]]);
@@ -198,57 +261,87 @@ fn geometry_strain_and_edge_vectors() {
         9,
         RowDomain::System,
     );
-    check(vec![pos, cell, eps], &move |g, t| {
-        let a_sys = g.index(
-            Arc::new(vec![0; 3]),
-            RowDomain::Atom,
-            RowDomain::System,
-            1,
-            "atom_system",
-        )?;
-        let c_sys = g.index(
-            Arc::new(vec![0; 3]),
-            RowDomain::System,
-            RowDomain::System,
-            1,
-            "cell_system",
-        )?;
-        let e_sys = g.index(
-            Arc::new(vec![0; 4]),
-            RowDomain::Edge,
-            RowDomain::System,
-            1,
-            "edge_system",
-        )?;
-        let i = g.index(
-            ci.clone(),
-            RowDomain::Edge,
-            RowDomain::Atom,
-            3,
-            "edge_center",
-        )?;
-        let j = g.index(
-            ni.clone(),
-            RowDomain::Edge,
-            RowDomain::Atom,
-            3,
-            "edge_neighbor",
-        )?;
-        let p = g.apply_strain(t[0], t[2], a_sys)?;
-        let c = g.apply_strain(t[1], t[2], c_sys)?;
-        let v = g.edge_vectors(
-            p,
-            i,
-            j,
-            Some(PeriodicShifts {
-                cell: c,
-                shifts: shifts.clone(),
-                edge_system: e_sys,
-            }),
-        )?;
+    let inputs = vec![pos, cell, eps];
+    // Vectors and their norms.
+    let arrays: EdgeArrays = (ci, ni, shifts);
+    let same = arrays.clone();
+    check(inputs.clone(), &move |g, t| {
+        let edges = strained_edges(g, t, &same)?;
+        let v = edges.vectors(g)?;
         let d = g.row_norm(v)?;
         g.concat_cols(&[v, d])
     });
+    // Lengths straight from the positions, without vectors.
+    check(inputs, &move |g, t| {
+        Ok(strained_edges(g, t, &arrays)?.lengths)
+    });
+}
+
+/// `edge_lengths` gives `row_norm(edge_vectors)` bit for bit, forward and
+/// backward, on the one-thread path (source order) and the parallel one
+/// (merged inverse maps), with self-images and coincident atoms.
+#[test]
+fn edge_lengths_equal_norms_of_edge_vectors_bit_for_bit() {
+    let n_atoms = 400;
+    let n_edges = 9000; // 27,000 vector elements: past the parallel threshold
+    let picks = rand_vec(2 * n_edges, 5);
+    let atom = |x: f64| (((x + 1.0) * 0.5 * n_atoms as f64) as u32).min(n_atoms as u32 - 1);
+    // Grouped by centre, as pair lists are.
+    let mut pairs: Vec<(u32, u32)> = (0..n_edges)
+        .map(|e| (atom(picks[2 * e]), atom(picks[2 * e + 1])))
+        .collect();
+    pairs.sort_by_key(|p| p.0);
+    let ci = Arc::new(pairs.iter().map(|p| p.0).collect());
+    let ni = Arc::new(pairs.iter().map(|p| p.1).collect());
+    let shift_draws = rand_vec(3 * n_edges, 6);
+    let shifts = Arc::new(
+        shift_draws
+            .chunks(3)
+            .map(|s| [0, 1, 2].map(|k| (s[k] * 1.6).round() as i32))
+            .collect(),
+    );
+    let mut positions: Vec<f64> = rand_vec(3 * n_atoms, 7).iter().map(|x| x * 9.0).collect();
+    // Atom 1 sits on atom 0: their unshifted edges have length zero.
+    positions.copy_within(0..3, 3);
+    let cell = vec![9.0, 0.2, 0.0, 0.1, 8.5, 0.3, -0.2, 0.1, 9.5];
+    let eps: Vec<f64> = rand_vec(9, 8).iter().map(|x| x * 0.01).collect();
+    let weights = rand_vec(n_edges, 9);
+    let arrays: EdgeArrays = (ci, ni, shifts);
+    let run = |fused: bool| -> (Vec<f64>, Vec<Vec<f64>>) {
+        let mut g = Graph::<f64>::new();
+        let t = [
+            g.leaf(positions.clone(), n_atoms, 3, RowDomain::Atom),
+            g.leaf(cell.clone(), 3, 3, RowDomain::System),
+            g.leaf(eps.clone(), 1, 9, RowDomain::System),
+        ];
+        let edges = strained_edges(&mut g, &t, &arrays).unwrap();
+        let d = if fused {
+            edges.lengths
+        } else {
+            let v = edges.vectors(&mut g).unwrap();
+            g.row_norm(v).unwrap()
+        };
+        let value = g.value(d).to_vec();
+        let grads = g.grad(d, Some(weights.clone()), &t).unwrap();
+        (value, grads)
+    };
+    for threads in [1, 3] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let (fused, unfused) = pool.install(|| (run(true), run(false)));
+        assert!(fused.0.contains(&0.0), "no coincident pair drawn");
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&fused.0),
+            bits(&unfused.0),
+            "{threads} threads: lengths"
+        );
+        for (k, (a, b)) in fused.1.iter().zip(&unfused.1).enumerate() {
+            assert_eq!(bits(a), bits(b), "{threads} threads: gradient of input {k}");
+        }
+    }
 }
 
 #[test]

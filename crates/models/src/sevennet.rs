@@ -66,9 +66,10 @@ impl SevenNetModel {
             "species_type",
         )?;
         g.push_scope("edge_embedding");
+        let vectors = edges.vectors(g)?;
         let feats = g.rowwise(
             Arc::new(EdgeFeaturesKernel { net: net.clone() }),
-            &[edges.vectors],
+            &[vectors],
         )?;
         let emb = g.slice_cols(feats, 0, 8)?;
         let sh = g.slice_cols(feats, 8, 17)?;

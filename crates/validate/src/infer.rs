@@ -75,8 +75,9 @@ pub(crate) fn trace_facts(trace: &Trace) -> TraceFacts {
                 continue;
             }
             "leaf" | "constant" => 0,
-            // An edge vector spans one edge: one cutoff from its centre.
-            "edge_vectors" => in_reach + 1,
+            // An edge vector or length spans one edge: one cutoff from its
+            // centre.
+            "edge_vectors" | "edge_lengths" => in_reach + 1,
             "gather"
                 if e.inputs.first().map(|s| s.domain) == Some(RowDomain::Atom)
                     && e.output.domain == RowDomain::Edge =>

@@ -2,7 +2,7 @@
 
 use crate::graph::NodeSpec;
 use crate::ops::{scatter_in_source_order, PAR_THRESHOLD};
-use crate::{EngineError, Graph, Index, RowDomain, Scalar, Tensor};
+use crate::{Edges, EngineError, Graph, Index, RowDomain, Scalar, Tensor};
 use ddmlip_spec::GatherMode;
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -124,6 +124,166 @@ impl<T: Scalar> Graph<T> {
         neighbor: Index,
         periodic: Option<PeriodicShifts>,
     ) -> Result<Tensor, EngineError> {
+        let geo = self.edge_geometry("edge_vectors", positions, center, neighbor, periodic)?;
+        let n_edges = geo.ci.len();
+        // `fill` writes every element: no zeroing pass first.
+        let mut out = self.pool.for_overwrite(n_edges * 3);
+        {
+            let pv = &self.nodes[geo.positions.id].value;
+            let cv = geo
+                .periodic
+                .as_ref()
+                .map(|p| &self.nodes[p.cell.id].value[..]);
+            let fill = |(e, o): (usize, &mut [T])| {
+                let v = geo.vector(pv, cv, e);
+                o.copy_from_slice(&v);
+            };
+            if out.len() >= PAR_THRESHOLD {
+                out.par_chunks_mut(3).enumerate().for_each(fill);
+            } else {
+                out.chunks_mut(3).enumerate().for_each(fill);
+            }
+        }
+        let spec = NodeSpec {
+            op: "edge_vectors".into(),
+            rows: n_edges,
+            cols: 3,
+            domain: RowDomain::Edge,
+            fresh: true,
+            replicated: false,
+        };
+        let (inputs, idxs) = geo.inputs(center, neighbor);
+        let handler = geo.handler;
+        self.push_op(
+            spec,
+            out,
+            &inputs,
+            &idxs,
+            handler,
+            Box::new(move |ctx, g| {
+                geo.backward(ctx, center, neighbor, |_, _, e| {
+                    [g[e * 3], g[e * 3 + 1], g[e * 3 + 2]]
+                });
+                Ok(())
+            }),
+        )
+    }
+
+    /// Edge lengths `|r_j − r_i + S·cell_s|` (Edge×1): the same inputs as
+    /// [`Graph::edge_vectors`], and the same values as `row_norm` of its
+    /// output, bit for bit, without storing the vectors. The gradient
+    /// recomputes each vector from the positions, so neither pass moves the
+    /// Edge×3 array through memory (for models that read only lengths).
+    pub fn edge_lengths(
+        &mut self,
+        positions: Tensor,
+        center: Index,
+        neighbor: Index,
+        periodic: Option<PeriodicShifts>,
+    ) -> Result<Tensor, EngineError> {
+        Ok(self.lengths_on(positions, center, neighbor, periodic)?.0)
+    }
+
+    /// [`Graph::edge_lengths`], and the positions tensor it read (the halo
+    /// refresh of `positions` when the distribution asked for one).
+    fn lengths_on(
+        &mut self,
+        positions: Tensor,
+        center: Index,
+        neighbor: Index,
+        periodic: Option<PeriodicShifts>,
+    ) -> Result<(Tensor, Tensor), EngineError> {
+        let geo = self.edge_geometry("edge_lengths", positions, center, neighbor, periodic)?;
+        let read = geo.positions;
+        let n_edges = geo.ci.len();
+        let mut out = self.pool.for_overwrite(n_edges);
+        {
+            let pv = &self.nodes[geo.positions.id].value;
+            let cv = geo
+                .periodic
+                .as_ref()
+                .map(|p| &self.nodes[p.cell.id].value[..]);
+            let fill = |(b, o): (usize, &mut [T])| {
+                for (k, o) in o.iter_mut().enumerate() {
+                    let v = geo.vector(pv, cv, b * NORM_ROWS + k);
+                    *o = (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt();
+                }
+            };
+            if out.len() >= PAR_THRESHOLD {
+                out.par_chunks_mut(NORM_ROWS).enumerate().for_each(fill);
+            } else {
+                out.chunks_mut(NORM_ROWS).enumerate().for_each(fill);
+            }
+        }
+        let spec = NodeSpec {
+            op: "edge_lengths".into(),
+            rows: n_edges,
+            cols: 1,
+            domain: RowDomain::Edge,
+            fresh: true,
+            replicated: false,
+        };
+        let (inputs, idxs) = geo.inputs(center, neighbor);
+        let handler = geo.handler;
+        let out_t = Tensor {
+            id: self.nodes.len(),
+        };
+        let lengths = self.push_op(
+            spec,
+            out,
+            &inputs,
+            &idxs,
+            handler,
+            Box::new(move |ctx, g| {
+                let lengths = ctx.value(out_t);
+                // d|v|/dv = v/|v| as row_norm has it: one division per edge,
+                // zero for coincident atoms.
+                geo.backward(ctx, center, neighbor, |pv, cv, e| {
+                    let n = lengths[e];
+                    let scale = if n > T::zero() { g[e] / n } else { T::zero() };
+                    geo.vector(pv, cv, e).map(|v| scale * v)
+                });
+                Ok(())
+            }),
+        )?;
+        Ok((lengths, read))
+    }
+
+    /// The runtime's neighbour graph for a model: `center`/`neighbor` rows
+    /// (Edge → Atom), each edge's system, and their lengths measured on
+    /// `positions` (Atom×3) with the periodic shifts, if any.
+    pub fn edges(
+        &mut self,
+        positions: Tensor,
+        center: Index,
+        neighbor: Index,
+        system: Index,
+        periodic: Option<PeriodicShifts>,
+    ) -> Result<Edges, EngineError> {
+        let cell = periodic.as_ref().map(|p| (p.cell, p.edge_system));
+        let (lengths, positions) = self.lengths_on(positions, center, neighbor, periodic)?;
+        // The lengths op kept the shifts as the graph's last shift array.
+        let periodic = cell.map(|(c, s)| (c, s, self.shift_arrays.len() - 1));
+        Ok(Edges {
+            center,
+            neighbor,
+            system,
+            lengths,
+            positions,
+            periodic,
+        })
+    }
+
+    /// What [`Graph::edge_vectors`] and [`Graph::edge_lengths`] share: the
+    /// positions after the halo handling, checked indices and shifts.
+    fn edge_geometry(
+        &mut self,
+        op: &str,
+        positions: Tensor,
+        center: Index,
+        neighbor: Index,
+        periodic: Option<PeriodicShifts>,
+    ) -> Result<EdgeGeometry, EngineError> {
         let mut positions = positions;
         let mut handler = None;
         let mode = match &self.dist {
@@ -148,151 +308,40 @@ impl<T: Scalar> Graph<T> {
         let ni = self.indices[neighbor.id].values.clone();
         if ci.len() != ni.len() {
             return Err(EngineError::shape(
-                "edge_vectors",
+                op,
                 "center and neighbor indices differ in length",
             ));
         }
-        let n_edges = ci.len();
-        let pv = &self.nodes[positions.id].value;
-        // `fill` writes every element: no zeroing pass first.
-        let mut out = self.pool.for_overwrite(n_edges * 3);
-        let fill = |(e, o): (usize, &mut [T])| {
-            let (i, j) = (ci[e] as usize, ni[e] as usize);
-            for k in 0..3 {
-                o[k] = pv[j * 3 + k] - pv[i * 3 + k];
+        let periodic = match periodic {
+            None => None,
+            Some(PeriodicShifts {
+                cell,
+                shifts,
+                edge_system,
+            }) => {
+                if shifts.len() != ci.len() || self.indices[edge_system.id].values.len() != ci.len()
+                {
+                    return Err(EngineError::shape(
+                        op,
+                        "shifts / edge systems differ in length from the edges",
+                    ));
+                }
+                self.shift_arrays.push(shifts.clone());
+                Some(EdgeShifts {
+                    cell,
+                    shifts,
+                    edge_system,
+                    systems: self.indices[edge_system.id].values.clone(),
+                })
             }
         };
-        if out.len() >= PAR_THRESHOLD {
-            out.par_chunks_mut(3).enumerate().for_each(fill);
-        } else {
-            out.chunks_mut(3).enumerate().for_each(fill);
-        }
-        let mut inputs = vec![positions];
-        let mut idxs = vec![center, neighbor];
-        let mut shift_data = None;
-        if let Some(PeriodicShifts {
-            cell,
-            shifts,
-            edge_system: esys,
-        }) = periodic
-        {
-            self.shift_arrays.push(shifts.clone());
-            if shifts.len() != n_edges || self.indices[esys.id].values.len() != n_edges {
-                return Err(EngineError::shape(
-                    "edge_vectors",
-                    "shifts / edge systems differ in length from the edges",
-                ));
-            }
-            let cv = &self.nodes[cell.id].value;
-            let sys = self.indices[esys.id].values.clone();
-            for e in 0..n_edges {
-                let s = shifts[e];
-                if s == [0, 0, 0] {
-                    continue;
-                }
-                let base = sys[e] as usize * 9;
-                for (a, &sa) in s.iter().enumerate() {
-                    if sa != 0 {
-                        for k in 0..3 {
-                            out[e * 3 + k] += T::of(sa as f64) * cv[base + a * 3 + k];
-                        }
-                    }
-                }
-            }
-            inputs.push(cell);
-            idxs.push(esys);
-            shift_data = Some((cell, shifts, sys));
-        }
-        let spec = NodeSpec {
-            op: "edge_vectors".into(),
-            rows: n_edges,
-            cols: 3,
-            domain: RowDomain::Edge,
-            fresh: true,
-            replicated: false,
-        };
-        self.push_op(
-            spec,
-            out,
-            &inputs,
-            &idxs,
+        Ok(EdgeGeometry {
+            positions,
             handler,
-            Box::new(move |ctx, g| {
-                if ctx.wants(positions) {
-                    // Per atom, in ascending edge order: + the edge when the
-                    // atom is its neighbour, then − when it is its centre.
-                    // One pass over the edges on one thread; per atom, the
-                    // merged inverse maps otherwise: the same sums in the
-                    // same order on any number of threads.
-                    let (node_c, node_n) = (ctx.index_node(center), ctx.index_node(neighbor));
-                    if scatter_in_source_order(g.len()) {
-                        ctx.accumulate_with(positions, |gp| {
-                            let edges = g
-                                .chunks_exact(3)
-                                .zip(node_n.values.iter().zip(node_c.values.iter()));
-                            for (row, (&j, &i)) in edges {
-                                let j = j as usize * 3;
-                                for k in 0..3 {
-                                    gp[j + k] += row[k];
-                                }
-                                let i = i as usize * 3;
-                                for k in 0..3 {
-                                    gp[i + k] -= row[k];
-                                }
-                            }
-                        });
-                    } else {
-                        let csr_c = node_c.csr(|| ctx.pool.take_indices());
-                        let csr_n = node_n.csr(|| ctx.pool.take_indices());
-                        ctx.accumulate_with(positions, |gp| {
-                            gp.par_chunks_mut(3).enumerate().for_each(|(a, o)| {
-                                let mut as_neighbor = csr_n.sources(a).peekable();
-                                let mut as_center = csr_c.sources(a).peekable();
-                                loop {
-                                    // Ties (an edge from an atom to its own
-                                    // image) take the neighbour's + first.
-                                    let plus = match (as_neighbor.peek(), as_center.peek()) {
-                                        (Some(&n), Some(&c)) => n <= c,
-                                        (Some(_), None) => true,
-                                        (None, Some(_)) => false,
-                                        (None, None) => break,
-                                    };
-                                    if plus {
-                                        if let Some(e) = as_neighbor.next() {
-                                            for k in 0..3 {
-                                                o[k] += g[e * 3 + k];
-                                            }
-                                        }
-                                    } else if let Some(e) = as_center.next() {
-                                        for k in 0..3 {
-                                            o[k] -= g[e * 3 + k];
-                                        }
-                                    }
-                                }
-                            });
-                        });
-                    }
-                }
-                if let Some((cell, shifts, sys)) = &shift_data {
-                    if ctx.wants(*cell) {
-                        ctx.accumulate_with(*cell, |gc| {
-                            for e in 0..shifts.len() {
-                                let s = shifts[e];
-                                let base = sys[e] as usize * 9;
-                                for (a, &sa) in s.iter().enumerate() {
-                                    if sa != 0 {
-                                        for k in 0..3 {
-                                            gc[base + a * 3 + k] += T::of(sa as f64) * g[e * 3 + k];
-                                        }
-                                    }
-                                }
-                            }
-                        });
-                    }
-                }
-                Ok(())
-            }),
-        )
+            ci,
+            ni,
+            periodic,
+        })
     }
 
     /// Euclidean norm of each row (rows×cols → rows×1).
@@ -382,5 +431,149 @@ impl<T: Scalar> Graph<T> {
                 Ok(())
             }),
         )
+    }
+}
+
+/// Periodic shifts of [`EdgeGeometry`], checked against the edges.
+struct EdgeShifts {
+    cell: Tensor,
+    shifts: Arc<Vec<[i32; 3]>>,
+    edge_system: Index,
+    systems: Arc<Vec<u32>>,
+}
+
+/// The inputs of an edge-geometry op after the halo handling: positions
+/// (Atom×3), centre and neighbour rows, and the shifts of periodic images.
+struct EdgeGeometry {
+    positions: Tensor,
+    handler: Option<&'static str>,
+    ci: Arc<Vec<u32>>,
+    ni: Arc<Vec<u32>>,
+    periodic: Option<EdgeShifts>,
+}
+
+impl EdgeGeometry {
+    /// `r_j − r_i`, then `+ S_a·cell_a` axis by axis (this order in both ops,
+    /// so their values agree bit for bit). `cv` is the cell's value.
+    #[inline]
+    fn vector<T: Scalar>(&self, pv: &[T], cv: Option<&[T]>, e: usize) -> [T; 3] {
+        let (i, j) = (self.ci[e] as usize * 3, self.ni[e] as usize * 3);
+        let mut v = [pv[j] - pv[i], pv[j + 1] - pv[i + 1], pv[j + 2] - pv[i + 2]];
+        if let (Some(p), Some(cv)) = (&self.periodic, cv) {
+            let s = p.shifts[e];
+            if s != [0, 0, 0] {
+                let base = p.systems[e] as usize * 9;
+                for (a, &sa) in s.iter().enumerate() {
+                    if sa != 0 {
+                        for k in 0..3 {
+                            v[k] += T::of(sa as f64) * cv[base + a * 3 + k];
+                        }
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    /// The op's tensor and index inputs, in the order the trace records.
+    fn inputs(&self, center: Index, neighbor: Index) -> (Vec<Tensor>, Vec<Index>) {
+        let mut inputs = vec![self.positions];
+        let mut idxs = vec![center, neighbor];
+        if let Some(p) = &self.periodic {
+            inputs.push(p.cell);
+            idxs.push(p.edge_system);
+        }
+        (inputs, idxs)
+    }
+
+    /// Backward of an op whose gradient with respect to edge vector `e` is
+    /// `row(positions, cell, e)`: + at the neighbour, − at the centre, and
+    /// `S·row` into the cell.
+    fn backward<T: Scalar>(
+        &self,
+        ctx: &mut crate::graph::BackwardCtx<'_, T>,
+        center: Index,
+        neighbor: Index,
+        row: impl Fn(&[T], Option<&[T]>, usize) -> [T; 3] + Sync,
+    ) {
+        let pv = ctx.value(self.positions);
+        let cv = self.periodic.as_ref().map(|p| ctx.value(p.cell));
+        let row = |e: usize| row(pv, cv, e);
+        let n_edges = self.ci.len();
+        if ctx.wants(self.positions) {
+            // Per atom, in ascending edge order: + the edge when the atom is
+            // its neighbour, then − when it is its centre. One pass over the
+            // edges on one thread; per atom, the merged inverse maps
+            // otherwise: the same sums in the same order on any number of
+            // threads.
+            if scatter_in_source_order(n_edges * 3) {
+                ctx.accumulate_with(self.positions, |gp| {
+                    for (e, (&j, &i)) in self.ni.iter().zip(self.ci.iter()).enumerate() {
+                        let r = row(e);
+                        let j = j as usize * 3;
+                        for k in 0..3 {
+                            gp[j + k] += r[k];
+                        }
+                        let i = i as usize * 3;
+                        for k in 0..3 {
+                            gp[i + k] -= r[k];
+                        }
+                    }
+                });
+            } else {
+                let (node_c, node_n) = (ctx.index_node(center), ctx.index_node(neighbor));
+                let csr_c = node_c.csr(|| ctx.pool.take_indices());
+                let csr_n = node_n.csr(|| ctx.pool.take_indices());
+                ctx.accumulate_with(self.positions, |gp| {
+                    gp.par_chunks_mut(3).enumerate().for_each(|(a, o)| {
+                        let mut as_neighbor = csr_n.sources(a).peekable();
+                        let mut as_center = csr_c.sources(a).peekable();
+                        loop {
+                            // Ties (an edge from an atom to its own image)
+                            // take the neighbour's + first.
+                            let plus = match (as_neighbor.peek(), as_center.peek()) {
+                                (Some(&n), Some(&c)) => n <= c,
+                                (Some(_), None) => true,
+                                (None, Some(_)) => false,
+                                (None, None) => break,
+                            };
+                            if plus {
+                                if let Some(e) = as_neighbor.next() {
+                                    let r = row(e);
+                                    for k in 0..3 {
+                                        o[k] += r[k];
+                                    }
+                                }
+                            } else if let Some(e) = as_center.next() {
+                                let r = row(e);
+                                for k in 0..3 {
+                                    o[k] -= r[k];
+                                }
+                            }
+                        }
+                    });
+                });
+            }
+        }
+        if let Some(p) = &self.periodic {
+            if ctx.wants(p.cell) {
+                ctx.accumulate_with(p.cell, |gc| {
+                    for (e, s) in p.shifts.iter().enumerate() {
+                        if *s == [0, 0, 0] {
+                            continue;
+                        }
+                        let r = row(e);
+                        let base = p.systems[e] as usize * 9;
+                        for (a, &sa) in s.iter().enumerate() {
+                            if sa != 0 {
+                                for k in 0..3 {
+                                    gc[base + a * 3 + k] += T::of(sa as f64) * r[k];
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        }
     }
 }
