@@ -38,6 +38,8 @@ pub(crate) struct Node<T: Scalar> {
 
 pub(crate) struct IndexNode {
     pub values: Arc<Vec<u32>>,
+    /// The largest value (0 when empty).
+    pub largest: u32,
     pub domain: RowDomain,
     pub target: RowDomain,
     pub target_rows: usize,
@@ -758,6 +760,7 @@ impl<T: Scalar> Graph<T> {
         }
         self.indices.push(IndexNode {
             values,
+            largest,
             domain,
             target,
             target_rows,
@@ -766,6 +769,20 @@ impl<T: Scalar> Graph<T> {
         });
         Ok(Index {
             id: self.indices.len() - 1,
+        })
+    }
+
+    /// Whether every row `idx` points at is an owned row of this rank (edges
+    /// centred on owned atoms). A scatter through such an index leaves the
+    /// ghost rows zero, so the reverse-sum of its halo correction would add
+    /// nothing: skipping it saves an exchange (and its adjoint), each a point
+    /// where a rank waits for its neighbours.
+    pub(crate) fn targets_owned_rows_only(&self, idx: Index) -> bool {
+        let ix = &self.indices[idx.id];
+        self.dist.as_ref().is_some_and(|d| {
+            ix.target == RowDomain::Atom
+                && ix.target_rows == d.n_local()
+                && (ix.values.is_empty() || (ix.largest as usize) < d.n_owned())
         })
     }
 

@@ -168,8 +168,11 @@ impl<T: Scalar> Graph<T> {
             ScatterMode::Refresh => "scatter:refresh",
             ScatterMode::Local => "scatter:local",
         });
+        let owned_only = self.targets_owned_rows_only(idx);
         let y = self.scatter_local(src, idx, handler, mode.is_none())?;
         match mode {
+            // Ghost rows hold nothing to add to their owners.
+            Some(ScatterMode::HaloCorrection) if owned_only => self.halo_refresh(y, "halo:refresh"),
             Some(ScatterMode::HaloCorrection) => {
                 let y = self.halo_reverse_sum(y, "halo:reverse_sum")?;
                 self.halo_refresh(y, "halo:refresh")
