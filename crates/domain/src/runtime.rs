@@ -314,9 +314,7 @@ impl RankBuffers {
                 .map(|pool| (threads, pool)),
         }
     }
-}
 
-impl RankBuffers {
     /// [`run_rank`] in the precision `opts.dtype` asks for, with this rank's
     /// memory.
     fn run_rank(

@@ -7,7 +7,7 @@ use ddmlip_spec::GatherMode;
 use rayon::prelude::*;
 use std::sync::Arc;
 
-/// Rows per task of `row_norm` and its gradient.
+/// Rows per task of `row_norm` and of the edge ops, and of their gradients.
 const NORM_ROWS: usize = 4096;
 
 /// The periodic part of edge vectors: integer shifts S per edge, the cell as
@@ -125,33 +125,7 @@ impl<T: Scalar> Graph<T> {
         periodic: Option<PeriodicShifts>,
     ) -> Result<Tensor, EngineError> {
         let geo = self.edge_geometry("edge_vectors", positions, center, neighbor, periodic)?;
-        let n_edges = geo.ci.len();
-        // `fill` writes every element: no zeroing pass first.
-        let mut out = self.pool.for_overwrite(n_edges * 3);
-        {
-            let pv = &self.nodes[geo.positions.id].value;
-            let cv = geo
-                .periodic
-                .as_ref()
-                .map(|p| &self.nodes[p.cell.id].value[..]);
-            let fill = |(e, o): (usize, &mut [T])| {
-                let v = geo.vector(pv, cv, e);
-                o.copy_from_slice(&v);
-            };
-            if out.len() >= PAR_THRESHOLD {
-                out.par_chunks_mut(3).enumerate().for_each(fill);
-            } else {
-                out.chunks_mut(3).enumerate().for_each(fill);
-            }
-        }
-        let spec = NodeSpec {
-            op: "edge_vectors".into(),
-            rows: n_edges,
-            cols: 3,
-            domain: RowDomain::Edge,
-            fresh: true,
-            replicated: false,
-        };
+        let (out, spec) = self.edge_rows(&geo, "edge_vectors", 3, |v, o| o.copy_from_slice(&v));
         let (inputs, idxs) = geo.inputs(center, neighbor);
         let handler = geo.handler;
         self.push_op(
@@ -195,34 +169,10 @@ impl<T: Scalar> Graph<T> {
     ) -> Result<(Tensor, Tensor), EngineError> {
         let geo = self.edge_geometry("edge_lengths", positions, center, neighbor, periodic)?;
         let read = geo.positions;
-        let n_edges = geo.ci.len();
-        let mut out = self.pool.for_overwrite(n_edges);
-        {
-            let pv = &self.nodes[geo.positions.id].value;
-            let cv = geo
-                .periodic
-                .as_ref()
-                .map(|p| &self.nodes[p.cell.id].value[..]);
-            let fill = |(b, o): (usize, &mut [T])| {
-                for (k, o) in o.iter_mut().enumerate() {
-                    let v = geo.vector(pv, cv, b * NORM_ROWS + k);
-                    *o = (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt();
-                }
-            };
-            if out.len() >= PAR_THRESHOLD {
-                out.par_chunks_mut(NORM_ROWS).enumerate().for_each(fill);
-            } else {
-                out.chunks_mut(NORM_ROWS).enumerate().for_each(fill);
-            }
-        }
-        let spec = NodeSpec {
-            op: "edge_lengths".into(),
-            rows: n_edges,
-            cols: 1,
-            domain: RowDomain::Edge,
-            fresh: true,
-            replicated: false,
-        };
+        // The same expression as `row_norm`, so the same bits.
+        let (out, spec) = self.edge_rows(&geo, "edge_lengths", 1, |v, o| {
+            o[0] = (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt();
+        });
         let (inputs, idxs) = geo.inputs(center, neighbor);
         let handler = geo.handler;
         let out_t = Tensor {
@@ -272,6 +222,46 @@ impl<T: Scalar> Graph<T> {
             positions,
             periodic,
         })
+    }
+
+    /// An edge op's output (`cols` values per edge, written by `row` from
+    /// the edge vector; blocks of edges over rayon when large) and its node.
+    fn edge_rows(
+        &mut self,
+        geo: &EdgeGeometry,
+        op: &str,
+        cols: usize,
+        row: impl Fn([T; 3], &mut [T]) + Sync,
+    ) -> (Vec<T>, NodeSpec) {
+        let n_edges = geo.ci.len();
+        // Every element is written: no zeroing pass first.
+        let mut out = self.pool.for_overwrite(n_edges * cols);
+        let pv = &self.nodes[geo.positions.id].value;
+        let cv = geo
+            .periodic
+            .as_ref()
+            .map(|p| &self.nodes[p.cell.id].value[..]);
+        let fill = |(b, o): (usize, &mut [T])| {
+            for (k, o) in o.chunks_exact_mut(cols).enumerate() {
+                row(geo.vector(pv, cv, b * NORM_ROWS + k), o);
+            }
+        };
+        if out.len() >= PAR_THRESHOLD {
+            out.par_chunks_mut(NORM_ROWS * cols)
+                .enumerate()
+                .for_each(fill);
+        } else {
+            out.chunks_mut(NORM_ROWS * cols).enumerate().for_each(fill);
+        }
+        let spec = NodeSpec {
+            op: op.into(),
+            rows: n_edges,
+            cols,
+            domain: RowDomain::Edge,
+            fresh: true,
+            replicated: false,
+        };
+        (out, spec)
     }
 
     /// What [`Graph::edge_vectors`] and [`Graph::edge_lengths`] share: the
