@@ -2,7 +2,7 @@ use ddmlip_engine::ops::{Pointwise, Unary};
 use ddmlip_engine::{
     EngineError, Graph, ModelForward, ModelInfo, ModelInputs, ModelOutputs, Scalar, SpeciesSupport,
 };
-use ddmlip_spec::MLIPSpec;
+use ddmlip_spec::{MLIPSpec, ScatterMode};
 use serde::Deserialize;
 
 /// Lennard-Jones pair potential `4ε[(σ/r)¹² − (σ/r)⁶]`, truncated at `cutoff`,
@@ -79,7 +79,13 @@ impl ModelInfo for LennardJones {
         SpeciesSupport::UpTo(118)
     }
     fn declared_spec(&self) -> Option<MLIPSpec> {
-        Some(MLIPSpec::standard_energy_model())
+        // Pair energies land on owned centres and nothing reads the atomic
+        // energies' ghost rows (the energy sums owned rows, forces come from
+        // the gradient), so the scatter needs no exchange: the step keeps
+        // only the force exchange and the sums at its end.
+        let mut spec = MLIPSpec::standard_energy_model();
+        spec.policy.scatter = ScatterMode::Local;
+        Some(spec)
     }
 }
 
