@@ -24,10 +24,13 @@ pub struct Edges {
     pub lengths: Tensor,
     /// Positions (Atom×3) the edges were measured on.
     pub(crate) positions: Tensor,
-    /// The cell tensor, each edge's system for it and the graph's slot of
-    /// the shifts, for periodic images.
-    pub(crate) periodic: Option<(Tensor, Index, usize)>,
+    /// For periodic images, what rebuilds the shifts.
+    pub(crate) periodic: Option<EdgeShiftSource>,
 }
+
+/// The cell tensor, each edge's system for it and the graph's slot of the
+/// shifts (`Graph::shift_arrays`).
+pub(crate) type EdgeShiftSource = (Tensor, Index, usize);
 
 impl Edges {
     /// `r_j + S·cell − r_i` (Edge×3, Å), differentiable w.r.t. positions and

@@ -369,49 +369,41 @@ fn cut_bin(fraction: f64) -> usize {
 /// Placed by linear interpolation inside a histogram of [`CUT_BINS`] bins;
 /// without atoms the cuts are proportional to the targets.
 fn quantile_cuts(lo: f64, hi: f64, targets: &[f64], coords: impl Iterator<Item = f64>) -> Vec<f64> {
-    let span = hi - lo;
     let mut hist = vec![0usize; CUT_BINS];
+    count_into(&mut hist, coords, lo, hi - lo);
+    cuts_from_histogram(lo, hi, targets, &hist)
+}
+
+/// Adds each coordinate to its bin of [`CUT_BINS`] over `[lo, lo + span]`;
+/// adds nothing when `span` is not positive.
+fn count_into(hist: &mut [usize], coords: impl Iterator<Item = f64>, lo: f64, span: f64) {
     if span > 0.0 {
         for f in coords {
             hist[cut_bin((f - lo) / span)] += 1;
         }
     }
-    cuts_from_histogram(lo, hi, targets, &hist)
 }
 
-/// [`quantile_cuts`] of coordinate `axis` of all `points`, the histogram
-/// filled in parallel (counts, so the cuts do not depend on the thread count).
-fn quantile_cuts_of_axis(
-    lo: f64,
-    hi: f64,
-    targets: &[f64],
-    points: &[[f64; 3]],
-    axis: usize,
-) -> Vec<f64> {
-    let span = hi - lo;
-    let hist = if span > 0.0 {
-        points
-            .par_chunks(ATOM_CHUNK)
-            .fold(
-                || vec![0usize; CUT_BINS],
-                |mut hist, part| {
-                    for f in part {
-                        hist[cut_bin((f[axis] - lo) / span)] += 1;
-                    }
-                    hist
-                },
-            )
-            .reduce(
-                || vec![0usize; CUT_BINS],
-                |mut a, b| {
-                    a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-                    a
-                },
-            )
-    } else {
-        vec![0usize; CUT_BINS]
-    };
-    cuts_from_histogram(lo, hi, targets, &hist)
+/// Histogram of [`CUT_BINS`] bins over `[lo, lo + span]` of coordinate
+/// `axis` of all `points`, filled in parallel (counts: the result does not
+/// depend on the thread count).
+fn axis_histogram(points: &[[f64; 3]], axis: usize, lo: f64, span: f64) -> Vec<usize> {
+    points
+        .par_chunks(ATOM_CHUNK)
+        .fold(
+            || vec![0usize; CUT_BINS],
+            |mut hist, part| {
+                count_into(&mut hist, part.iter().map(|f| f[axis]), lo, span);
+                hist
+            },
+        )
+        .reduce(
+            || vec![0usize; CUT_BINS],
+            |mut a, b| {
+                a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+                a
+            },
+        )
 }
 
 /// The cuts of [`quantile_cuts`] from a histogram of [`CUT_BINS`] bins over
@@ -447,42 +439,18 @@ fn cuts_from_histogram(lo: f64, hi: f64, targets: &[f64], hist: &[usize]) -> Vec
     cuts
 }
 
-/// Which of [`CUT_BINS`] bins over `[0, 1)` hold a wrapped fractional
-/// coordinate, per periodic axis (empty for the others): one parallel pass.
-fn filled_bins(wrapped: &[[f64; 3]], periodic: [bool; 3]) -> [Vec<bool>; 3] {
-    let none = || -> [Vec<bool>; 3] {
-        std::array::from_fn(|k| vec![false; if periodic[k] { CUT_BINS } else { 0 }])
-    };
-    wrapped
-        .par_chunks(ATOM_CHUNK)
-        .fold(none, |mut filled, part| {
-            for f in part {
-                for k in (0..3).filter(|&k| periodic[k]) {
-                    filled[k][cut_bin(f[k])] = true;
-                }
-            }
-            filled
-        })
-        .reduce(none, |mut a, b| {
-            for (x, y) in a.iter_mut().zip(&b) {
-                x.iter_mut().zip(y).for_each(|(x, y)| *x |= *y);
-            }
-            a
-        })
-}
-
 /// The widest empty stretch, as a fraction of the period, between the
-/// filled bins of [`filled_bins`] (circularly), resolved to 1/[`CUT_BINS`].
-/// No filled bin gives 1.
-fn largest_gap_in(filled: &[bool]) -> f64 {
-    let Some(first) = filled.iter().position(|&x| x) else {
+/// non-empty bins of a histogram of [`CUT_BINS`] bins over `[0, 1)`
+/// (circularly), resolved to 1/[`CUT_BINS`]. No atoms give 1.
+fn largest_gap_in(hist: &[usize]) -> f64 {
+    let Some(first) = hist.iter().position(|&n| n > 0) else {
         return 1.0;
     };
     // Runs of empty bins, starting after a filled one so that the run that
     // wraps around the period is counted whole.
     let (mut longest, mut run) = (0usize, 0usize);
     for k in 1..=CUT_BINS {
-        if filled[(first + k) % CUT_BINS] {
+        if hist[(first + k) % CUT_BINS] > 0 {
             longest = longest.max(run);
             run = 0;
         } else {
@@ -658,12 +626,11 @@ pub fn partition_system_balanced(
     // The grid is chosen for the extent the atoms fill: a periodic axis with
     // a vacuum gap wider than the halo (a slab) is split as if it were only
     // as wide as its atoms, so slabs are not cut into thin sheets.
-    let filled = filled_bins(&wrapped, periodic);
     let filled_widths: [f64; 3] = std::array::from_fn(|k| {
         if !periodic[k] {
             return axis_widths[k];
         }
-        let gap = largest_gap_in(&filled[k]);
+        let gap = largest_gap_in(&axis_histogram(&wrapped, k, 0.0, 1.0));
         if gap * frame.heights[k] > ghost_width {
             axis_widths[k] * (1.0 - gap)
         } else {
@@ -889,10 +856,10 @@ fn weighted_layouts(
             .map(|d0| (0..nb * nc).map(|r| weight(d0 * nb * nc + r)).sum())
             .collect(),
     );
-    let a = layout(
-        0,
-        quantile_cuts_of_axis(region[0][0], region[0][1], &slab_w, wrapped, 0),
-    );
+    let a = layout(0, {
+        let [lo, hi] = region[0];
+        cuts_from_histogram(lo, hi, &slab_w, &axis_histogram(wrapped, 0, lo, hi - lo))
+    });
     // Each level's cuts only look at the coordinates of the atoms the level
     // above gave them: second coordinates per slab, third per column.
     let tagged = |tag: &(dyn Fn([f64; 3]) -> (usize, f64) + Sync)| -> Vec<Vec<(usize, f64)>> {

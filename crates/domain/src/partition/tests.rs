@@ -647,9 +647,9 @@ fn timing_200k_atoms_16_ranks() {
     assert_eq!(plans.len(), 16);
 }
 
-/// [`largest_gap_in`] of the bins that fractional coordinates fill along one
-/// periodic axis, through the partition's parallel bin filling.
+/// [`largest_gap_in`] of the histogram that fractional coordinates fill
+/// along one periodic axis, through the partition's parallel histogram.
 fn largest_gap_of(coords: &[f64]) -> f64 {
     let points: Vec<[f64; 3]> = coords.iter().map(|&x| [x, 0.0, 0.0]).collect();
-    largest_gap_in(&filled_bins(&points, [true, false, false])[0])
+    largest_gap_in(&axis_histogram(&points, 0, 0.0, 1.0))
 }

@@ -1,6 +1,7 @@
 //! Geometry: strain, edge vectors with cell shifts, row norms.
 
 use crate::graph::NodeSpec;
+use crate::model::EdgeShiftSource;
 use crate::ops::{scatter_in_source_order, PAR_THRESHOLD};
 use crate::{Edges, EngineError, Graph, Index, RowDomain, Scalar, Tensor};
 use ddmlip_spec::GatherMode;
@@ -158,17 +159,23 @@ impl<T: Scalar> Graph<T> {
         Ok(self.lengths_on(positions, center, neighbor, periodic)?.0)
     }
 
-    /// [`Graph::edge_lengths`], and the positions tensor it read (the halo
-    /// refresh of `positions` when the distribution asked for one).
+    /// [`Graph::edge_lengths`], the positions tensor it read (the halo
+    /// refresh of `positions` when the distribution asked for one) and, for
+    /// periodic images, the cell, edge systems and the graph's slot of the
+    /// shifts (what [`Edges::vectors`] needs to rebuild the vectors).
     fn lengths_on(
         &mut self,
         positions: Tensor,
         center: Index,
         neighbor: Index,
         periodic: Option<PeriodicShifts>,
-    ) -> Result<(Tensor, Tensor), EngineError> {
+    ) -> Result<(Tensor, Tensor, Option<EdgeShiftSource>), EngineError> {
         let geo = self.edge_geometry("edge_lengths", positions, center, neighbor, periodic)?;
         let read = geo.positions;
+        let shifts = geo
+            .periodic
+            .as_ref()
+            .map(|p| (p.cell, p.edge_system, p.slot));
         // The same expression as `row_norm`, so the same bits.
         let (out, spec) = self.edge_rows(&geo, "edge_lengths", 1, |v, o| {
             o[0] = (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt();
@@ -196,7 +203,7 @@ impl<T: Scalar> Graph<T> {
                 Ok(())
             }),
         )?;
-        Ok((lengths, read))
+        Ok((lengths, read, shifts))
     }
 
     /// The runtime's neighbour graph for a model: `center`/`neighbor` rows
@@ -210,10 +217,8 @@ impl<T: Scalar> Graph<T> {
         system: Index,
         periodic: Option<PeriodicShifts>,
     ) -> Result<Edges, EngineError> {
-        let cell = periodic.as_ref().map(|p| (p.cell, p.edge_system));
-        let (lengths, positions) = self.lengths_on(positions, center, neighbor, periodic)?;
-        // The lengths op kept the shifts as the graph's last shift array.
-        let periodic = cell.map(|(c, s)| (c, s, self.shift_arrays.len() - 1));
+        let (lengths, positions, periodic) =
+            self.lengths_on(positions, center, neighbor, periodic)?;
         Ok(Edges {
             center,
             neighbor,
@@ -320,6 +325,7 @@ impl<T: Scalar> Graph<T> {
                 Some(EdgeShifts {
                     cell,
                     shifts,
+                    slot: self.shift_arrays.len() - 1,
                     edge_system,
                     systems: self.indices[edge_system.id].values.clone(),
                 })
@@ -428,6 +434,8 @@ impl<T: Scalar> Graph<T> {
 struct EdgeShifts {
     cell: Tensor,
     shifts: Arc<Vec<[i32; 3]>>,
+    /// Where the graph keeps `shifts` (`Graph::shift_arrays`).
+    slot: usize,
     edge_system: Index,
     systems: Arc<Vec<u32>>,
 }
