@@ -304,8 +304,9 @@ fn repeated_evaluations_reuse_all_tensor_memory() {
     use ddmlip_domain::runtime::Evaluator;
     use ddmlip_engine::DType;
     // Crystals large enough that every rank holds buffers the pool keeps
-    // (2^14 elements and more; eam-demo's short cutoff needs more atoms).
-    for (name, cells) in [("lj", 6), ("schnet-demo", 6), ("eam-demo", 8)] {
+    // (2^14 elements and more): lj keeps nothing per edge, so its per-atom
+    // rows must reach that; eam-demo's short cutoff needs more atoms.
+    for (name, cells) in [("lj", 12), ("schnet-demo", 6), ("eam-demo", 8)] {
         let batch = vec![fcc(cells)];
         let m = load_model(name).unwrap();
         for ranks in [1, 2, 4] {

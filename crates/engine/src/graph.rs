@@ -138,6 +138,9 @@ pub struct Graph<T: Scalar> {
     /// The periodic shift arrays given to this graph's ops, kept so that
     /// their memory can be recycled when the graph ends.
     pub(crate) shift_arrays: Vec<Arc<Vec<[i32; 3]>>>,
+    /// Edge lengths made so far, by [`crate::Edges`] key: each neighbour
+    /// graph's lengths are one op however often a model asks.
+    pub(crate) lengths_memo: Vec<([usize; 3], Tensor)>,
     /// Values ops keep for their backward pass besides their outputs (e.g.
     /// a radial basis's derivative table), recycled when the graph ends.
     pub(crate) saved: Vec<Arc<Vec<T>>>,
@@ -353,6 +356,26 @@ impl<'a, T: Scalar> BackwardCtx<'a, T> {
         self.pool.for_overwrite(len)
     }
 
+    /// Takes `t`'s gradient out to add into directly (zeros when it has
+    /// none yet); hand it back with [`BackwardCtx::put_grad`].
+    pub(crate) fn take_grad(&mut self, t: Tensor) -> Vec<T> {
+        let len = self.nodes[t.id].value.len();
+        match self.grads[t.id].take() {
+            Some(g) => g,
+            None => self.pool.zeroed(len),
+        }
+    }
+
+    /// Puts back a gradient from [`BackwardCtx::take_grad`].
+    pub(crate) fn put_grad(&mut self, t: Tensor, g: Vec<T>) {
+        self.grads[t.id] = Some(g);
+    }
+
+    /// Hands a scratch buffer back to the recycled memory.
+    pub(crate) fn recycle(&mut self, v: Vec<T>) {
+        self.pool.give(v);
+    }
+
     /// A copy of `src` in recycled memory.
     pub(crate) fn copy_of(&mut self, src: &[T]) -> Vec<T> {
         let mut v = self.for_overwrite(src.len());
@@ -491,6 +514,7 @@ impl<T: Scalar> Graph<T> {
             check_finite: false,
             pool: Buffers::default(),
             shift_arrays: Vec::new(),
+            lengths_memo: Vec::new(),
             saved: Vec::new(),
             defer_all_reduces: false,
             pending: Vec::new(),

@@ -8,9 +8,10 @@ use std::any::Any;
 use std::sync::Arc;
 
 /// The neighbour graph the runtime built within the model's cutoff, made by
-/// [`Graph::edges`]. Lengths are there from the start; edge vectors are
-/// made when a model asks for them ([`Edges::vectors`]), so models that read
-/// only lengths never store an Edge×3 array.
+/// [`Graph::edges`]. Nothing per edge is computed until a model asks:
+/// lengths ([`Edges::lengths`]), vectors ([`Edges::vectors`]) or per-atom
+/// sums of a function of the lengths ([`Graph::pair_sum`]), so a model
+/// stores only the per-edge arrays it reads.
 #[derive(Debug, Clone, Copy)]
 pub struct Edges {
     /// Edge → Atom: the centre / receiver i.
@@ -19,10 +20,7 @@ pub struct Edges {
     pub neighbor: Index,
     /// Edge → System.
     pub system: Index,
-    /// `|r_j + S·cell − r_i|` (Edge×1, Å), differentiable w.r.t. positions
-    /// and strain.
-    pub lengths: Tensor,
-    /// Positions (Atom×3) the edges were measured on.
+    /// Positions (Atom×3) the edges are measured on.
     pub(crate) positions: Tensor,
     /// For periodic images, what rebuilds the shifts.
     pub(crate) periodic: Option<EdgeShiftSource>,
@@ -33,18 +31,39 @@ pub struct Edges {
 pub(crate) type EdgeShiftSource = (Tensor, Index, usize);
 
 impl Edges {
+    /// `|r_j + S·cell − r_i|` (Edge×1, Å), differentiable w.r.t. positions
+    /// and strain. Made on the first call and the same tensor afterwards.
+    pub fn lengths<T: Scalar>(&self, g: &mut Graph<T>) -> Result<Tensor, EngineError> {
+        let key = self.key();
+        if let Some(&(_, t)) = g.lengths_memo.iter().find(|(k, _)| *k == key) {
+            return Ok(t);
+        }
+        let periodic = self.periodic_shifts(g);
+        let t = g.edge_lengths(self.positions, self.center, self.neighbor, periodic)?;
+        g.lengths_memo.push((key, t));
+        Ok(t)
+    }
+
     /// `r_j + S·cell − r_i` (Edge×3, Å), differentiable w.r.t. positions and
-    /// strain, with the same values the lengths were computed from. Each
+    /// strain, with the same values the lengths are computed from. Each
     /// call adds an op to `g`: call once and keep the tensor.
     pub fn vectors<T: Scalar>(&self, g: &mut Graph<T>) -> Result<Tensor, EngineError> {
-        let periodic = self
-            .periodic
+        let periodic = self.periodic_shifts(g);
+        g.edge_vectors(self.positions, self.center, self.neighbor, periodic)
+    }
+
+    /// What tells these edges' lengths apart in the graph's memo.
+    pub(crate) fn key(&self) -> [usize; 3] {
+        [self.positions.id, self.center.id, self.neighbor.id]
+    }
+
+    pub(crate) fn periodic_shifts<T: Scalar>(&self, g: &Graph<T>) -> Option<PeriodicShifts> {
+        self.periodic
             .map(|(cell, edge_system, slot)| PeriodicShifts {
                 cell,
                 shifts: g.shift_arrays[slot].clone(),
                 edge_system,
-            });
-        g.edge_vectors(self.positions, self.center, self.neighbor, periodic)
+            })
     }
 }
 

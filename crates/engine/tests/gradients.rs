@@ -1,6 +1,6 @@
 //! Every op's backward against central finite differences of its forward, in f64.
 
-use ddmlip_engine::ops::{PeriodicShifts, Unary};
+use ddmlip_engine::ops::{PeriodicShifts, Pointwise, Unary};
 use ddmlip_engine::{EngineError, Graph, OpaqueKernel, RowDomain, Tensor};
 use std::sync::Arc;
 
@@ -273,8 +273,46 @@ fn geometry_strain_and_edge_vectors() {
     });
     // Lengths straight from the positions, without vectors.
     check(inputs, &move |g, t| {
-        Ok(strained_edges(g, t, &arrays)?.lengths)
+        strained_edges(g, t, &arrays)?.lengths(g)
     });
+}
+
+/// A random periodic neighbour graph of `n_atoms` atoms and `n_edges` edges
+/// grouped by centre, as pair lists are, with periodic shifts (self-images
+/// among them) and atom 1 sitting on atom 0 (zero-length edges): positions,
+/// cell, strain and the edge arrays.
+fn random_periodic_graph(
+    n_atoms: usize,
+    n_edges: usize,
+    seed: u64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>, EdgeArrays) {
+    let picks = rand_vec(2 * n_edges, seed);
+    let atom = |x: f64| (((x + 1.0) * 0.5 * n_atoms as f64) as u32).min(n_atoms as u32 - 1);
+    let mut pairs: Vec<(u32, u32)> = (0..n_edges)
+        .map(|e| (atom(picks[2 * e]), atom(picks[2 * e + 1])))
+        .collect();
+    pairs.sort_by_key(|p| p.0);
+    let ci = Arc::new(pairs.iter().map(|p| p.0).collect());
+    let ni = Arc::new(pairs.iter().map(|p| p.1).collect());
+    let shift_draws = rand_vec(3 * n_edges, seed + 1);
+    let shifts = Arc::new(
+        shift_draws
+            .chunks(3)
+            .map(|s| [0, 1, 2].map(|k| (s[k] * 1.6).round() as i32))
+            .collect(),
+    );
+    let mut positions: Vec<f64> = rand_vec(3 * n_atoms, seed + 2)
+        .iter()
+        .map(|x| x * 9.0)
+        .collect();
+    positions.copy_within(0..3, 3);
+    let cell = vec![9.0, 0.2, 0.0, 0.1, 8.5, 0.3, -0.2, 0.1, 9.5];
+    let eps: Vec<f64> = rand_vec(9, seed + 3).iter().map(|x| x * 0.01).collect();
+    (positions, cell, eps, (ci, ni, shifts))
+}
+
+fn bits(v: &[f64]) -> Vec<u64> {
+    v.iter().map(|x| x.to_bits()).collect()
 }
 
 /// `edge_lengths` gives `row_norm(edge_vectors)` bit for bit, forward and
@@ -282,31 +320,9 @@ fn geometry_strain_and_edge_vectors() {
 /// (merged inverse maps), with self-images and coincident atoms.
 #[test]
 fn edge_lengths_equal_norms_of_edge_vectors_bit_for_bit() {
-    let n_atoms = 400;
-    let n_edges = 9000; // 27,000 vector elements: past the parallel threshold
-    let picks = rand_vec(2 * n_edges, 5);
-    let atom = |x: f64| (((x + 1.0) * 0.5 * n_atoms as f64) as u32).min(n_atoms as u32 - 1);
-    // Grouped by centre, as pair lists are.
-    let mut pairs: Vec<(u32, u32)> = (0..n_edges)
-        .map(|e| (atom(picks[2 * e]), atom(picks[2 * e + 1])))
-        .collect();
-    pairs.sort_by_key(|p| p.0);
-    let ci = Arc::new(pairs.iter().map(|p| p.0).collect());
-    let ni = Arc::new(pairs.iter().map(|p| p.1).collect());
-    let shift_draws = rand_vec(3 * n_edges, 6);
-    let shifts = Arc::new(
-        shift_draws
-            .chunks(3)
-            .map(|s| [0, 1, 2].map(|k| (s[k] * 1.6).round() as i32))
-            .collect(),
-    );
-    let mut positions: Vec<f64> = rand_vec(3 * n_atoms, 7).iter().map(|x| x * 9.0).collect();
-    // Atom 1 sits on atom 0: their unshifted edges have length zero.
-    positions.copy_within(0..3, 3);
-    let cell = vec![9.0, 0.2, 0.0, 0.1, 8.5, 0.3, -0.2, 0.1, 9.5];
-    let eps: Vec<f64> = rand_vec(9, 8).iter().map(|x| x * 0.01).collect();
+    let (n_atoms, n_edges) = (400, 9000); // 27,000 vector elements: past the parallel threshold
+    let (positions, cell, eps, arrays) = random_periodic_graph(n_atoms, n_edges, 5);
     let weights = rand_vec(n_edges, 9);
-    let arrays: EdgeArrays = (ci, ni, shifts);
     let run = |fused: bool| -> (Vec<f64>, Vec<Vec<f64>>) {
         let mut g = Graph::<f64>::new();
         let t = [
@@ -316,7 +332,7 @@ fn edge_lengths_equal_norms_of_edge_vectors_bit_for_bit() {
         ];
         let edges = strained_edges(&mut g, &t, &arrays).unwrap();
         let d = if fused {
-            edges.lengths
+            edges.lengths(&mut g).unwrap()
         } else {
             let v = edges.vectors(&mut g).unwrap();
             g.row_norm(v).unwrap()
@@ -332,7 +348,6 @@ fn edge_lengths_equal_norms_of_edge_vectors_bit_for_bit() {
             .unwrap();
         let (fused, unfused) = pool.install(|| (run(true), run(false)));
         assert!(fused.0.contains(&0.0), "no coincident pair drawn");
-        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(
             bits(&fused.0),
             bits(&unfused.0),
@@ -342,6 +357,99 @@ fn edge_lengths_equal_norms_of_edge_vectors_bit_for_bit() {
             assert_eq!(bits(a), bits(b), "{threads} threads: gradient of input {k}");
         }
     }
+}
+
+/// A pair term finite at r = 0 (coincident atoms): `e^{−r/2}·(r² + 0.3) − 1/(r + 2)`.
+fn pair_term() -> Pointwise {
+    let mut e = Pointwise::new("test_pair", 1);
+    let r = e.input(0);
+    let decay = e.unary(r, Unary::Scale(-0.5));
+    let decay = e.unary(decay, Unary::Exp);
+    let r2 = e.unary(r, Unary::Square);
+    let r2 = e.unary(r2, Unary::AddScalar(0.3));
+    let bump = e.mul(decay, r2);
+    let tail = e.unary(r, Unary::AddScalar(2.0));
+    let tail = e.unary(tail, Unary::Recip);
+    e.sub(bump, tail);
+    e
+}
+
+/// `pair_sum` gives `scatter_add(pointwise([lengths], f), center)` bit for
+/// bit — values and the gradients of positions, cell and strain — on the
+/// one-thread path and through the inverse maps on three threads.
+#[test]
+fn pair_sum_equals_the_unfused_chain_bit_for_bit() {
+    let (n_atoms, n_edges) = (500, 20_000); // past the parallel threshold per edge
+    let (positions, cell, eps, arrays) = random_periodic_graph(n_atoms, n_edges, 11);
+    let weights = rand_vec(n_atoms, 15);
+    let expr = pair_term();
+    let run = |fused: bool| -> (Vec<f64>, Vec<Vec<f64>>) {
+        let mut g = Graph::<f64>::new();
+        let t = [
+            g.leaf(positions.clone(), n_atoms, 3, RowDomain::Atom),
+            g.leaf(cell.clone(), 3, 3, RowDomain::System),
+            g.leaf(eps.clone(), 1, 9, RowDomain::System),
+        ];
+        let edges = strained_edges(&mut g, &t, &arrays).unwrap();
+        let sums = if fused {
+            g.pair_sum(&edges, &expr).unwrap()
+        } else {
+            let lengths = edges.lengths(&mut g).unwrap();
+            let terms = g.pointwise(&[lengths], &expr).unwrap();
+            g.scatter_add(terms, edges.center).unwrap()
+        };
+        let value = g.value(sums).to_vec();
+        let grads = g.grad(sums, Some(weights.clone()), &t).unwrap();
+        (value, grads)
+    };
+    for threads in [1, 3] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let (fused, unfused) = pool.install(|| (run(true), run(false)));
+        assert_eq!(fused.0.len(), n_atoms);
+        assert!(fused.0.iter().any(|&x| x != 0.0));
+        assert_eq!(bits(&fused.0), bits(&unfused.0), "{threads} threads: sums");
+        for (k, (a, b)) in fused.1.iter().zip(&unfused.1).enumerate() {
+            assert!(a.iter().any(|&x| x != 0.0), "gradient of input {k} is zero");
+            assert_eq!(bits(a), bits(b), "{threads} threads: gradient of input {k}");
+        }
+    }
+}
+
+/// `pair_sum`'s gradients against finite differences, and its refusal of
+/// an expression that does not take exactly the length.
+#[test]
+fn pair_sum_gradients_and_errors() {
+    let (positions, cell, eps, arrays) = random_periodic_graph(7, 40, 21);
+    let inputs = vec![
+        (positions, 7, 3, RowDomain::Atom),
+        (cell, 3, 3, RowDomain::System),
+        (eps, 1, 9, RowDomain::System),
+    ];
+    let same = arrays.clone();
+    check(inputs, &move |g, t| {
+        let edges = strained_edges(g, t, &same)?;
+        g.pair_sum(&edges, &pair_term())
+    });
+    let mut g = Graph::<f64>::new();
+    let t = [
+        g.leaf(vec![0.0; 21], 7, 3, RowDomain::Atom),
+        g.leaf(
+            vec![9.0, 0.0, 0.0, 0.0, 9.0, 0.0, 0.0, 0.0, 9.0],
+            3,
+            3,
+            RowDomain::System,
+        ),
+        g.leaf(vec![0.0; 9], 1, 9, RowDomain::System),
+    ];
+    let edges = strained_edges(&mut g, &t, &arrays).unwrap();
+    let mut two = Pointwise::new("two_inputs", 2);
+    let (a, b) = (two.input(0), two.input(1));
+    two.add(a, b);
+    let err = g.pair_sum(&edges, &two).unwrap_err().to_string();
+    assert!(err.contains("takes 2 inputs"), "{err}");
 }
 
 #[test]

@@ -46,17 +46,18 @@ fn radial_descriptors<T: Scalar>(
     seed: u64,
 ) -> Result<Tensor, EngineError> {
     let edges = need_edges(inputs, "descriptor")?;
+    let lengths = edges.lengths(g)?;
     let centers: Vec<f64> = (0..k)
         .map(|i| 0.8 + (cutoff - 1.3) * i as f64 / (k - 1).max(1) as f64)
         .collect();
     let rbf = g.radial(
-        edges.lengths,
+        lengths,
         Radial::Gaussian {
             centers,
             gamma: 2.0,
         },
     )?;
-    let fc = g.radial(edges.lengths, Radial::CosineCutoff { cutoff })?;
+    let fc = g.radial(lengths, Radial::CosineCutoff { cutoff })?;
     let table = g.param(
         &species_table(seed, 1, 1.0, 0.3),
         DEMO_MAX_Z as usize + 1,
@@ -115,16 +116,17 @@ impl ModelForward for EamDemo {
         inputs: &ModelInputs,
     ) -> Result<ModelOutputs, EngineError> {
         let edges = need_edges(inputs, "eam-demo")?;
+        let lengths = edges.lengths(g)?;
         let species = species_index(g, inputs)?;
         let n_rows = DEMO_MAX_Z as usize + 1;
         let r0 = 2.5;
         let fc = g.radial(
-            edges.lengths,
+            lengths,
             Radial::CosineCutoff {
                 cutoff: self.cutoff,
             },
         )?;
-        let x = g.unary(edges.lengths, Unary::Scale(1.0 / r0))?;
+        let x = g.unary(lengths, Unary::Scale(1.0 / r0))?;
         let x = g.unary(x, Unary::AddScalar(-1.0))?;
         // Density contribution of neighbour j.
         g.push_scope("density");
@@ -286,6 +288,7 @@ impl ModelForward for SchNetDemo {
         inputs: &ModelInputs,
     ) -> Result<ModelOutputs, EngineError> {
         let edges = need_edges(inputs, "schnet-demo")?;
+        let lengths = edges.lengths(g)?;
         let species = species_index(g, inputs)?;
         let (f, k) = (self.features, self.n_rbf);
         let mut w = Weights::new(31);
@@ -298,14 +301,14 @@ impl ModelForward for SchNetDemo {
         let spacing = self.cutoff / (k - 1) as f64;
         let centers: Vec<f64> = (0..k).map(|i| i as f64 * spacing).collect();
         let rbf = g.radial(
-            edges.lengths,
+            lengths,
             Radial::Gaussian {
                 centers,
                 gamma: 0.5 / (spacing * spacing),
             },
         )?;
         let fc = g.radial(
-            edges.lengths,
+            lengths,
             Radial::CosineCutoff {
                 cutoff: self.cutoff,
             },
@@ -392,6 +395,7 @@ impl ModelForward for QeqDemo {
         inputs: &ModelInputs,
     ) -> Result<ModelOutputs, EngineError> {
         let edges = need_edges(inputs, "qeq-demo")?;
+        let lengths = edges.lengths(g)?;
         let species = species_index(g, inputs)?;
         let hardness = 2.0;
         g.push_scope("descriptor");
@@ -421,11 +425,11 @@ impl ModelForward for QeqDemo {
         let q_i = g.gather(q, edges.center)?;
         let q_j = g.gather(q, edges.neighbor)?;
         let qq = g.mul(q_i, q_j)?;
-        let r2 = g.unary(edges.lengths, Unary::Square)?;
+        let r2 = g.unary(lengths, Unary::Square)?;
         let r2 = g.unary(r2, Unary::AddScalar(1.0))?;
         let kern = g.unary(r2, Unary::Powf(-0.5))?;
         let fc = g.radial(
-            edges.lengths,
+            lengths,
             Radial::CosineCutoff {
                 cutoff: self.cutoff,
             },

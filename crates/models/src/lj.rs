@@ -98,8 +98,10 @@ impl ModelForward for LennardJones {
         let edges = inputs
             .edges
             .ok_or_else(|| EngineError::Input("lj needs the runtime neighbour graph".into()))?;
-        // r ↦ ½·(4ε[s¹² − s⁶] − shift), s = σ/r, as one fused per-edge op:
-        // the chain is memory-bound when every step is its own pass.
+        // r ↦ ½·(4ε[s¹² − s⁶] − shift), s = σ/r, summed onto each centre
+        // by one op that keeps nothing per edge: the chain is memory-bound
+        // when lengths, pair terms and their gradients each pass through
+        // memory.
         let mut e = Pointwise::new("lj_pair", 1);
         let r = e.input(0);
         let inv = e.unary(r, Unary::Recip);
@@ -112,8 +114,7 @@ impl ModelForward for LennardJones {
             pair = e.unary(pair, Unary::AddScalar(-self.pair_at_cutoff()));
         }
         e.unary(pair, Unary::Scale(0.5));
-        let half = g.pointwise(&[edges.lengths], &e)?;
-        let atomic = g.scatter_add(half, edges.center)?;
+        let atomic = g.pair_sum(&edges, &e)?;
         let energy = g.segment_sum(atomic, inputs.atom_system)?;
         Ok(ModelOutputs {
             energy,

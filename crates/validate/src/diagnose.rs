@@ -34,11 +34,13 @@ fn model_ops(trace: &Trace) -> Vec<ModelOp<'_>> {
     // Owned atoms of a rank sit wrapped into the cell while the reference
     // keeps the input positions, so values of absolute positions differ by
     // lattice vectors without being wrong. Such ops are marked and skipped;
-    // edge vectors and lengths (differences) are frame-free again.
+    // edge vectors, lengths and pair sums (of differences) are frame-free
+    // again.
     let mut absolute: std::collections::HashSet<usize> = std::collections::HashSet::new();
     for e in trace.events.iter().filter(|e| e.phase == Phase::Forward) {
         let from_positions = e.op == "leaf" && e.output.domain == RowDomain::Atom;
-        let frame_free = e.op == "edge_vectors" || e.op == "edge_lengths";
+        let frame_free =
+            e.op == "edge_vectors" || e.op == "edge_lengths" || e.op.starts_with("pair_sum:");
         let inherits = !frame_free && e.input_ids.iter().any(|i| absolute.contains(i));
         if from_positions || inherits {
             absolute.insert(e.output_id);

@@ -78,6 +78,12 @@ pub(crate) fn trace_facts(trace: &Trace) -> TraceFacts {
             // An edge vector or length spans one edge: one cutoff from its
             // centre.
             "edge_vectors" | "edge_lengths" => in_reach + 1,
+            // A pair sum reads each edge's length (one cutoff from its
+            // centre) and adds it onto that centre: an Edge → Atom scatter.
+            op if op.starts_with("pair_sum:") => {
+                f.edge_scatters += 1;
+                in_reach + 1
+            }
             "gather"
                 if e.inputs.first().map(|s| s.domain) == Some(RowDomain::Atom)
                     && e.output.domain == RowDomain::Edge =>

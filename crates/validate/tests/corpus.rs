@@ -220,6 +220,26 @@ fn rule_e_qeq_without_system_reductions() {
     assert!(r.spec.system_reductions);
 }
 
+/// A pair sum is an edge op and an Edge → Atom scatter at once: inference
+/// counts it as the scatter it is, and the inferred spec passes.
+#[test]
+fn inference_reads_a_pair_sum_as_an_edge_scatter() {
+    let report = run(&UndeclaredLj, 3, 2, None, false);
+    assert!(report.ok, "{}", report.render());
+    assert_eq!(report.prior_source, "inferred");
+    let scatter = report
+        .inferred
+        .iter()
+        .find(|i| i.field == "policy.scatter")
+        .expect("an inferred scatter mode");
+    assert_eq!(scatter.value, "halo_correction");
+    assert!(
+        scatter.evidence.starts_with("1 Edge → Atom scatter-add(s)"),
+        "{}",
+        scatter.evidence
+    );
+}
+
 #[test]
 fn rule_f_hidden_cutoff_raises_halo_depth() {
     let model = HiddenCutoffModel {

@@ -1,15 +1,34 @@
 //! Geometry: strain, edge vectors with cell shifts, row norms.
 
 use crate::graph::NodeSpec;
-use crate::model::EdgeShiftSource;
-use crate::ops::{scatter_in_source_order, PAR_THRESHOLD};
+use crate::ops::index::scatter_map;
+use crate::ops::pointwise::BLOCK;
+use crate::ops::{scatter_in_source_order, Pointwise, PAR_THRESHOLD};
 use crate::{Edges, EngineError, Graph, Index, RowDomain, Scalar, Tensor};
-use ddmlip_spec::GatherMode;
+use ddmlip_spec::{GatherMode, ScatterMode};
 use rayon::prelude::*;
 use std::sync::Arc;
 
 /// Rows per task of `row_norm` and of the edge ops, and of their gradients.
 const NORM_ROWS: usize = 4096;
+
+/// `|v|`, the one expression every length here uses (so that edge lengths,
+/// `row_norm` of edge vectors and pair sums agree bit for bit).
+#[inline(always)]
+fn length<T: Scalar>(v: [T; 3]) -> T {
+    (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt()
+}
+
+/// `g / |v|`, the factor of `v` in the gradient of a length; zero for a
+/// zero length (coincident atoms).
+#[inline(always)]
+fn length_scale<T: Scalar>(g: T, length: T) -> T {
+    if length > T::zero() {
+        g / length
+    } else {
+        T::zero()
+    }
+}
 
 /// The periodic part of edge vectors: integer shifts S per edge, the cell as
 /// a (3·n_systems)×3 tensor, and each edge's system.
@@ -156,36 +175,17 @@ impl<T: Scalar> Graph<T> {
         neighbor: Index,
         periodic: Option<PeriodicShifts>,
     ) -> Result<Tensor, EngineError> {
-        Ok(self.lengths_on(positions, center, neighbor, periodic)?.0)
-    }
-
-    /// [`Graph::edge_lengths`], the positions tensor it read (the halo
-    /// refresh of `positions` when the distribution asked for one) and, for
-    /// periodic images, the cell, edge systems and the graph's slot of the
-    /// shifts (what [`Edges::vectors`] needs to rebuild the vectors).
-    fn lengths_on(
-        &mut self,
-        positions: Tensor,
-        center: Index,
-        neighbor: Index,
-        periodic: Option<PeriodicShifts>,
-    ) -> Result<(Tensor, Tensor, Option<EdgeShiftSource>), EngineError> {
         let geo = self.edge_geometry("edge_lengths", positions, center, neighbor, periodic)?;
-        let read = geo.positions;
-        let shifts = geo
-            .periodic
-            .as_ref()
-            .map(|p| (p.cell, p.edge_system, p.slot));
         // The same expression as `row_norm`, so the same bits.
         let (out, spec) = self.edge_rows(&geo, "edge_lengths", 1, |v, o| {
-            o[0] = (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt();
+            o[0] = length(v);
         });
         let (inputs, idxs) = geo.inputs(center, neighbor);
         let handler = geo.handler;
         let out_t = Tensor {
             id: self.nodes.len(),
         };
-        let lengths = self.push_op(
+        self.push_op(
             spec,
             out,
             &inputs,
@@ -196,19 +196,20 @@ impl<T: Scalar> Graph<T> {
                 // d|v|/dv = v/|v| as row_norm has it: one division per edge,
                 // zero for coincident atoms.
                 geo.backward(ctx, center, neighbor, |pv, cv, e| {
-                    let n = lengths[e];
-                    let scale = if n > T::zero() { g[e] / n } else { T::zero() };
+                    let scale = length_scale(g[e], lengths[e]);
                     geo.vector(pv, cv, e).map(|v| scale * v)
                 });
                 Ok(())
             }),
-        )?;
-        Ok((lengths, read, shifts))
+        )
     }
 
     /// The runtime's neighbour graph for a model: `center`/`neighbor` rows
-    /// (Edge → Atom), each edge's system, and their lengths measured on
-    /// `positions` (Atom×3) with the periodic shifts, if any.
+    /// (Edge → Atom) on `positions` (Atom×3), each edge's system, and the
+    /// periodic shifts, if any. Nothing per edge is computed here; see
+    /// [`Edges`].
+    ///
+    /// Errors: index or shift arrays of different lengths.
     pub fn edges(
         &mut self,
         positions: Tensor,
@@ -217,16 +218,245 @@ impl<T: Scalar> Graph<T> {
         system: Index,
         periodic: Option<PeriodicShifts>,
     ) -> Result<Edges, EngineError> {
-        let (lengths, positions, periodic) =
-            self.lengths_on(positions, center, neighbor, periodic)?;
+        let n_edges = self.indices[center.id].values.len();
+        if self.indices[neighbor.id].values.len() != n_edges
+            || self.indices[system.id].values.len() != n_edges
+        {
+            return Err(EngineError::shape(
+                "edges",
+                "center, neighbor and system indices differ in length",
+            ));
+        }
+        let periodic = match periodic {
+            None => None,
+            Some(p) => {
+                if p.shifts.len() != n_edges
+                    || self.indices[p.edge_system.id].values.len() != n_edges
+                {
+                    return Err(EngineError::shape(
+                        "edges",
+                        "shifts / edge systems differ in length from the edges",
+                    ));
+                }
+                self.shift_arrays.push(p.shifts);
+                Some((p.cell, p.edge_system, self.shift_arrays.len() - 1))
+            }
+        };
         Ok(Edges {
             center,
             neighbor,
             system,
-            lengths,
             positions,
             periodic,
         })
+    }
+
+    /// Per-atom sums of a function of edge lengths: `out[i] = Σ f(|v_e|)`
+    /// over the edges e centred on i (Atom×1), `f` being `expr` of one
+    /// input. The values of `scatter_add(pointwise([lengths], expr),
+    /// center)` bit for bit, and the same gradients, with no per-edge array
+    /// in either pass: both recompute the vectors from the positions (a
+    /// pair potential reads each edge's centre and neighbour and nothing
+    /// else). Decomposed, the positions are read as by the edge ops and the
+    /// sums land as a scatter-add's do (the spec's scatter mode).
+    ///
+    /// Errors: an expression that does not take exactly one input, or one
+    /// [`Graph::pointwise`] refuses.
+    pub fn pair_sum(&mut self, edges: &Edges, expr: &Pointwise) -> Result<Tensor, EngineError> {
+        let op = format!("pair_sum:{}", expr.name);
+        expr.check().map_err(|m| EngineError::shape(&op, m))?;
+        if expr.n_inputs != 1 {
+            return Err(EngineError::shape(
+                &op,
+                format!(
+                    "expression takes {} inputs; a pair sum gives it one, the length",
+                    expr.n_inputs
+                ),
+            ));
+        }
+        let (center, neighbor) = (edges.center, edges.neighbor);
+        let periodic = edges.periodic_shifts(self);
+        let geo = self.edge_geometry(&op, edges.positions, center, neighbor, periodic)?;
+        let ix = &self.indices[center.id];
+        let n_rows = ix.target_rows;
+        let mode = match &self.dist {
+            Some(d) if ix.target == RowDomain::Atom && n_rows == d.n_local() => {
+                Some(d.spec().policy.scatter)
+            }
+            _ => None,
+        };
+        let n_edges = geo.ci.len();
+        let mut out = self.pool.zeroed(n_rows);
+        {
+            let pv = &self.nodes[geo.positions.id].value;
+            let cv = geo
+                .periodic
+                .as_ref()
+                .map(|p| &self.nodes[p.cell.id].value[..]);
+            let pool = &mut self.pool;
+            let csr = scatter_map(&self.indices[center.id], n_edges, || pool.take_indices());
+            let mut lengths = [T::zero(); BLOCK];
+            match csr {
+                // Straight through the edges: each centre receives its terms
+                // in edge order, as the scatter-add would add them.
+                None => {
+                    let mut regs = expr.registers();
+                    for start in (0..n_edges).step_by(BLOCK) {
+                        let len = BLOCK.min(n_edges - start);
+                        for (k, r) in lengths[..len].iter_mut().enumerate() {
+                            *r = length(geo.vector(pv, cv, start + k));
+                        }
+                        let terms = expr.eval_one(&lengths[..len], &mut regs);
+                        for (k, &y) in terms.iter().enumerate() {
+                            out[geo.ci[start + k] as usize] += y;
+                        }
+                    }
+                }
+                // Per centre through the inverse map, its edges ascending:
+                // the same sums in the same order on any number of threads.
+                Some(csr) => {
+                    let init = || (expr.registers(), [T::zero(); BLOCK]);
+                    out.par_iter_mut().enumerate().for_each_init(
+                        init,
+                        |(regs, lengths), (a, o)| {
+                            let mut len = 0;
+                            let mut flush = |len: usize, lengths: &[T; BLOCK]| {
+                                for &y in expr.eval_one(&lengths[..len], regs) {
+                                    *o += y;
+                                }
+                            };
+                            for e in csr.sources(a) {
+                                lengths[len] = length(geo.vector(pv, cv, e));
+                                len += 1;
+                                if len == BLOCK {
+                                    flush(len, lengths);
+                                    len = 0;
+                                }
+                            }
+                            if len > 0 {
+                                flush(len, lengths);
+                            }
+                        },
+                    );
+                }
+            }
+        }
+        let scatter_handler = mode.map(|m| match m {
+            ScatterMode::HaloCorrection => "scatter:halo_correction",
+            ScatterMode::Refresh => "scatter:refresh",
+            ScatterMode::Local => "scatter:local",
+        });
+        // The positions' read fires the gather handler as an edge op's does;
+        // the trace records the scatter's, as for a message-passing op.
+        if let Some(h) = geo.handler {
+            *self.handler_counts.entry(h.to_string()).or_insert(0) += 1;
+        }
+        let spec = NodeSpec {
+            op,
+            rows: n_rows,
+            cols: 1,
+            domain: RowDomain::Atom,
+            fresh: mode.is_none(),
+            replicated: false,
+        };
+        let (inputs, idxs) = geo.inputs(center, neighbor);
+        let expr = expr.clone();
+        let y = self.push_op(
+            spec,
+            out,
+            &inputs,
+            &idxs,
+            scatter_handler,
+            Box::new(move |ctx, g| {
+                let wants_cell = geo.periodic.as_ref().is_some_and(|p| ctx.wants(p.cell));
+                if !ctx.wants(geo.positions) && !wants_cell {
+                    return Ok(());
+                }
+                let pv = ctx.value(geo.positions);
+                let cv = geo.periodic.as_ref().map(|p| ctx.value(p.cell));
+                if ctx.wants(geo.positions) && scatter_in_source_order(n_edges * 3) {
+                    // One thread: one pass over the edges, block by block —
+                    // lengths, f', and each edge's term into the positions
+                    // (+ neighbour, − centre) and the cell in edge order, as
+                    // the unfused ops add them.
+                    let mut cell_grad = match &geo.periodic {
+                        Some(p) if ctx.wants(p.cell) => Some(ctx.take_grad(p.cell)),
+                        _ => None,
+                    };
+                    let (mut regs, mut adj) = (expr.registers(), expr.registers());
+                    let mut vectors = [[T::zero(); 3]; BLOCK];
+                    let mut lengths = [T::zero(); BLOCK];
+                    let mut seeds = [T::zero(); BLOCK];
+                    let mut grads = [T::zero(); BLOCK];
+                    ctx.accumulate_with(geo.positions, |gp| {
+                        for start in (0..n_edges).step_by(BLOCK) {
+                            let len = BLOCK.min(n_edges - start);
+                            for k in 0..len {
+                                vectors[k] = geo.vector(pv, cv, start + k);
+                                lengths[k] = length(vectors[k]);
+                                seeds[k] = g[geo.ci[start + k] as usize];
+                            }
+                            expr.grad_one(
+                                &lengths[..len],
+                                &seeds[..len],
+                                (&mut regs, &mut adj),
+                                &mut grads[..len],
+                            );
+                            for k in 0..len {
+                                let scale = length_scale(grads[k], lengths[k]);
+                                let term = vectors[k].map(|x| scale * x);
+                                geo.add_to_positions(start + k, term, gp);
+                                if let Some(gc) = cell_grad.as_deref_mut() {
+                                    geo.add_to_cell(start + k, term, gc);
+                                }
+                            }
+                        }
+                    });
+                    if let (Some(p), Some(gc)) = (&geo.periodic, cell_grad) {
+                        ctx.put_grad(p.cell, gc);
+                    }
+                    return Ok(());
+                }
+                // ∂out/∂|v_e| = f'(|v_e|)·g[center[e]] block by block, then
+                // the edge ops' backward through the inverse maps.
+                let mut length_grads = ctx.for_overwrite(n_edges);
+                let fill = |(regs, adj): &mut (_, _), (b, dst): (usize, &mut [T])| {
+                    let start = b * BLOCK;
+                    let mut lengths = [T::zero(); BLOCK];
+                    let mut seeds = [T::zero(); BLOCK];
+                    for k in 0..dst.len() {
+                        lengths[k] = length(geo.vector(pv, cv, start + k));
+                        seeds[k] = g[geo.ci[start + k] as usize];
+                    }
+                    let len = dst.len();
+                    expr.grad_one(&lengths[..len], &seeds[..len], (regs, adj), dst);
+                };
+                let init = || (expr.registers(), expr.registers());
+                if n_edges >= PAR_THRESHOLD {
+                    length_grads
+                        .par_chunks_mut(BLOCK)
+                        .enumerate()
+                        .for_each_init(init, fill);
+                } else {
+                    let mut state = init();
+                    length_grads
+                        .chunks_mut(BLOCK)
+                        .enumerate()
+                        .for_each(|c| fill(&mut state, c));
+                }
+                geo.backward(ctx, center, neighbor, |pv, cv, e| {
+                    let v = geo.vector(pv, cv, e);
+                    let scale = length_scale(length_grads[e], length(v));
+                    v.map(|x| scale * x)
+                });
+                ctx.recycle(length_grads);
+                Ok(())
+            }),
+        )?;
+        match mode {
+            Some(mode) => self.land_scatter(y, center, mode),
+            None => Ok(y),
+        }
     }
 
     /// An edge op's output (`cols` values per edge, written by `row` from
@@ -325,7 +555,6 @@ impl<T: Scalar> Graph<T> {
                 Some(EdgeShifts {
                     cell,
                     shifts,
-                    slot: self.shift_arrays.len() - 1,
                     edge_system,
                     systems: self.indices[edge_system.id].values.clone(),
                 })
@@ -434,8 +663,6 @@ impl<T: Scalar> Graph<T> {
 struct EdgeShifts {
     cell: Tensor,
     shifts: Arc<Vec<[i32; 3]>>,
-    /// Where the graph keeps `shifts` (`Graph::shift_arrays`).
-    slot: usize,
     edge_system: Index,
     systems: Arc<Vec<u32>>,
 }
@@ -453,7 +680,7 @@ struct EdgeGeometry {
 impl EdgeGeometry {
     /// `r_j − r_i`, then `+ S_a·cell_a` axis by axis (this order in both ops,
     /// so their values agree bit for bit). `cv` is the cell's value.
-    #[inline]
+    #[inline(always)]
     fn vector<T: Scalar>(&self, pv: &[T], cv: Option<&[T]>, e: usize) -> [T; 3] {
         let (i, j) = (self.ci[e] as usize * 3, self.ni[e] as usize * 3);
         let mut v = [pv[j] - pv[i], pv[j + 1] - pv[i + 1], pv[j + 2] - pv[i + 2]];
@@ -506,16 +733,8 @@ impl EdgeGeometry {
             // threads.
             if scatter_in_source_order(n_edges * 3) {
                 ctx.accumulate_with(self.positions, |gp| {
-                    for (e, (&j, &i)) in self.ni.iter().zip(self.ci.iter()).enumerate() {
-                        let r = row(e);
-                        let j = j as usize * 3;
-                        for k in 0..3 {
-                            gp[j + k] += r[k];
-                        }
-                        let i = i as usize * 3;
-                        for k in 0..3 {
-                            gp[i + k] -= r[k];
-                        }
+                    for e in 0..n_edges {
+                        self.add_to_positions(e, row(e), gp);
                     }
                 });
             } else {
@@ -557,20 +776,43 @@ impl EdgeGeometry {
             if ctx.wants(p.cell) {
                 ctx.accumulate_with(p.cell, |gc| {
                     for (e, s) in p.shifts.iter().enumerate() {
-                        if *s == [0, 0, 0] {
-                            continue;
-                        }
-                        let r = row(e);
-                        let base = p.systems[e] as usize * 9;
-                        for (a, &sa) in s.iter().enumerate() {
-                            if sa != 0 {
-                                for k in 0..3 {
-                                    gc[base + a * 3 + k] += T::of(sa as f64) * r[k];
-                                }
-                            }
+                        if *s != [0, 0, 0] {
+                            self.add_to_cell(e, row(e), gc);
                         }
                     }
                 });
+            }
+        }
+    }
+
+    /// Adds edge `e`'s vector gradient `r` to the positions' gradient `gp`:
+    /// + at the neighbour, then − at the centre.
+    #[inline(always)]
+    fn add_to_positions<T: Scalar>(&self, e: usize, r: [T; 3], gp: &mut [T]) {
+        let j = self.ni[e] as usize * 3;
+        for k in 0..3 {
+            gp[j + k] += r[k];
+        }
+        let i = self.ci[e] as usize * 3;
+        for k in 0..3 {
+            gp[i + k] -= r[k];
+        }
+    }
+
+    /// Adds `S_e ⊗ r` (edge `e`'s shift times its vector gradient) to the
+    /// cell's gradient `gc`; nothing for unshifted edges.
+    #[inline(always)]
+    fn add_to_cell<T: Scalar>(&self, e: usize, r: [T; 3], gc: &mut [T]) {
+        let Some(p) = &self.periodic else {
+            return;
+        };
+        let s = p.shifts[e];
+        let base = p.systems[e] as usize * 9;
+        for (a, &sa) in s.iter().enumerate() {
+            if sa != 0 {
+                for k in 0..3 {
+                    gc[base + a * 3 + k] += T::of(sa as f64) * r[k];
+                }
             }
         }
     }

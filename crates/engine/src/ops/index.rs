@@ -168,17 +168,34 @@ impl<T: Scalar> Graph<T> {
             ScatterMode::Refresh => "scatter:refresh",
             ScatterMode::Local => "scatter:local",
         });
-        let owned_only = self.targets_owned_rows_only(idx);
         let y = self.scatter_local(src, idx, handler, mode.is_none())?;
         match mode {
-            // Ghost rows hold nothing to add to their owners.
-            Some(ScatterMode::HaloCorrection) if owned_only => self.halo_refresh(y, "halo:refresh"),
-            Some(ScatterMode::HaloCorrection) => {
+            Some(mode) => self.land_scatter(y, idx, mode),
+            None => Ok(y),
+        }
+    }
+
+    /// Lands `y`, this rank's local sums onto the Atom rows `idx` points
+    /// at, as the scatter mode asks: `halo_correction` reverse-sums ghost
+    /// partials to their owners (skipped when `idx` targets owned rows only:
+    /// the ghost rows then hold nothing to add) and refreshes, `refresh`
+    /// refreshes, `local` leaves the rows as they are.
+    pub(crate) fn land_scatter(
+        &mut self,
+        y: Tensor,
+        idx: Index,
+        mode: ScatterMode,
+    ) -> Result<Tensor, EngineError> {
+        match mode {
+            ScatterMode::HaloCorrection if self.targets_owned_rows_only(idx) => {
+                self.halo_refresh(y, "halo:refresh")
+            }
+            ScatterMode::HaloCorrection => {
                 let y = self.halo_reverse_sum(y, "halo:reverse_sum")?;
                 self.halo_refresh(y, "halo:refresh")
             }
-            Some(ScatterMode::Refresh) => self.halo_refresh(y, "halo:refresh"),
-            Some(ScatterMode::Local) | None => Ok(y),
+            ScatterMode::Refresh => self.halo_refresh(y, "halo:refresh"),
+            ScatterMode::Local => Ok(y),
         }
     }
 

@@ -170,18 +170,11 @@ impl<T: Scalar> Graph<T> {
                 Ok(())
             }),
         )?;
+        // Every output row is a centre's (the kernel contract), so the
+        // centre index says which rows the sums land on.
         match scatter_mode {
-            // Every output row is a centre's (the kernel contract): with
-            // owned centres the ghost rows hold nothing to add to owners.
-            Some(ScatterMode::HaloCorrection) if self.targets_owned_rows_only(center) => {
-                self.halo_refresh(y, "halo:refresh")
-            }
-            Some(ScatterMode::HaloCorrection) => {
-                let y = self.halo_reverse_sum(y, "halo:reverse_sum")?;
-                self.halo_refresh(y, "halo:refresh")
-            }
-            Some(ScatterMode::Refresh) => self.halo_refresh(y, "halo:refresh"),
-            _ => Ok(y),
+            Some(mode) => self.land_scatter(y, center, mode),
+            None => Ok(y),
         }
     }
 

@@ -17,7 +17,7 @@ use rayon::prelude::*;
 
 /// Elements evaluated together: the registers of one block (at most
 /// [`Pointwise::MAX_STEPS`] × `BLOCK` values) stay in L1.
-const BLOCK: usize = 64;
+pub(crate) const BLOCK: usize = 64;
 
 /// A value of a [`Pointwise`] expression under construction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,8 +37,8 @@ enum Step {
 /// separate ops; gradients agree to rounding.
 #[derive(Clone, Debug)]
 pub struct Pointwise {
-    name: String,
-    n_inputs: usize,
+    pub(crate) name: String,
+    pub(crate) n_inputs: usize,
     steps: Vec<Step>,
 }
 
@@ -103,7 +103,7 @@ impl Pointwise {
 
     /// Checks the expression before it is applied: at least one input, at
     /// most [`Self::MAX_STEPS`] steps, every operand an earlier step.
-    fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         if self.n_inputs == 0 {
             return Err("an expression needs at least one input".into());
         }
@@ -194,6 +194,54 @@ impl Pointwise {
     }
 }
 
+/// Registers of one block: one row of [`BLOCK`] values per step.
+pub(crate) type Registers<T> = Vec<[T; BLOCK]>;
+
+impl Pointwise {
+    /// Fresh registers for this expression.
+    pub(crate) fn registers<T: Scalar>(&self) -> Registers<T> {
+        vec![[T::zero(); BLOCK]; self.steps.len()]
+    }
+
+    /// The result at the `x.len() ≤ BLOCK` elements of a one-input
+    /// expression, as [`Graph::pointwise`] computes it.
+    pub(crate) fn eval_one<'r, T: Scalar>(&self, x: &[T], regs: &'r mut Registers<T>) -> &'r [T] {
+        let len = x.len();
+        self.forward_block(&[x], 0, len, regs);
+        &regs[self.steps.len() - 1][..len]
+    }
+
+    /// `dst[e] = g[e] · f'(x[e])` for a one-input expression, the values
+    /// [`Graph::pointwise`]'s gradient gives.
+    pub(crate) fn grad_one<T: Scalar>(
+        &self,
+        x: &[T],
+        g: &[T],
+        (regs, adj): (&mut Registers<T>, &mut Registers<T>),
+        dst: &mut [T],
+    ) {
+        let len = x.len();
+        self.forward_block(&[x], 0, len, regs);
+        self.backward_block(g, len, regs, adj);
+        let input_steps = self.input_steps(0);
+        for (e, d) in dst.iter_mut().enumerate() {
+            *d = input_adjoint(&input_steps, adj, e);
+        }
+    }
+
+    /// The steps that read input `j`.
+    fn input_steps(&self, j: usize) -> Vec<usize> {
+        (0..self.steps.len())
+            .filter(|&k| matches!(self.steps[k], Step::Input(i) if i as usize == j))
+            .collect()
+    }
+}
+
+/// An input's adjoint at element `e`: the sum over the steps that read it.
+fn input_adjoint<T: Scalar>(input_steps: &[usize], adj: &[[T; BLOCK]], e: usize) -> T {
+    input_steps.iter().map(|&k| adj[k][e]).sum()
+}
+
 impl<T: Scalar> Graph<T> {
     /// Applies `expr` element by element to `inputs` (all the same shape);
     /// one op in the tape, one pass over memory forward and one per input
@@ -276,10 +324,7 @@ impl<T: Scalar> Graph<T> {
                     if !ctx.wants(t) {
                         continue;
                     }
-                    // Input j's adjoint is the sum over the steps that read it.
-                    let input_steps: Vec<usize> = (0..n_steps)
-                        .filter(|&k| matches!(expr.steps[k], Step::Input(i) if i as usize == j))
-                        .collect();
+                    let input_steps = expr.input_steps(j);
                     let init = || {
                         let zero = [T::zero(); BLOCK];
                         (vec![zero; n_steps], vec![zero; n_steps])
@@ -289,7 +334,7 @@ impl<T: Scalar> Graph<T> {
                         expr.forward_block(&values, start, len, regs);
                         expr.backward_block(&g[start..start + len], len, regs, adj);
                         for (e, d) in dst.iter_mut().enumerate() {
-                            let v: T = input_steps.iter().map(|&k| adj[k][e]).sum();
+                            let v = input_adjoint(&input_steps, adj, e);
                             if overwrite {
                                 *d = v;
                             } else {

@@ -231,3 +231,32 @@ impl ModelForward for HiddenCutoffModel {
         .forward(g, inputs)
     }
 }
+
+/// [`short_lj`] without a declared spec: validation infers everything from
+/// its trace, where the pair potential is one `pair_sum` op.
+pub struct UndeclaredLj;
+
+impl ModelInfo for UndeclaredLj {
+    fn name(&self) -> String {
+        "undeclared-lj-test".into()
+    }
+    fn description(&self) -> String {
+        "Lennard-Jones with no declared spec".into()
+    }
+    fn cutoff(&self) -> f64 {
+        short_lj().cutoff
+    }
+    fn species(&self) -> SpeciesSupport {
+        SpeciesSupport::UpTo(118)
+    }
+}
+
+impl ModelForward for UndeclaredLj {
+    fn forward<T: Scalar>(
+        &self,
+        g: &mut Graph<T>,
+        inputs: &ModelInputs,
+    ) -> Result<ModelOutputs, EngineError> {
+        short_lj().forward(g, inputs)
+    }
+}
