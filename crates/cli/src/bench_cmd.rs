@@ -71,6 +71,11 @@ struct ModelBenchArgs {
     /// Timed evaluations after the warm-up; the median is reported.
     #[arg(long, default_value_t = 3)]
     repeats: usize,
+    /// Times through the whole rank list, alternating (1, 16, 1, 16, …):
+    /// each rank count's median is over the steps of all rounds, so a
+    /// machine whose speed drifts is sampled alike for every count.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// How split runs place domain boundaries.
     #[arg(long, value_enum, default_value_t = BalanceArg::Geometric)]
     balance: BalanceArg,
@@ -123,9 +128,13 @@ pub struct ModelRecord {
     #[serde(default = "geometric_name")]
     pub balance: String,
     pub warmup_s: f64,
-    /// Wall time of every timed evaluation (s).
+    /// Wall time of every timed evaluation (s), of all rounds.
     pub times_s: Vec<f64>,
+    /// Median of `times_s`.
     pub median_s: f64,
+    /// With `--rounds` above 1: the median of each round, in run order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub round_medians_s: Vec<f64>,
     /// Median CPU time of the process (all threads, user + system) per
     /// evaluation (s); far above `median_s` × pool threads means waiting or
     /// spinning, far below means the machine was busy with other work.
@@ -270,54 +279,34 @@ fn model_parent(a: &ModelBenchArgs) -> Result<u8, CliError> {
     if a.ranks.is_empty() || a.ranks.contains(&0) {
         return Err(CliError::input(anyhow!("--ranks must list counts ≥ 1")));
     }
-    if a.repeats == 0 || a.threads == Some(0) || a.repeat == 0 {
+    if a.repeats == 0 || a.threads == Some(0) || a.repeat == 0 || a.rounds == 0 {
         return Err(CliError::input(anyhow!(
-            "--repeats, --threads and --repeat must be at least 1"
+            "--repeats, --rounds, --threads and --repeat must be at least 1"
         )));
     }
     let exe = std::env::current_exe()
         .context("locating the ddmlip executable")
         .map_err(CliError::failed)?;
-    let mut records = Vec::with_capacity(a.ranks.len());
-    for &r in &a.ranks {
-        let mut cmd = Process::new(&exe);
-        cmd.args(["bench", "model", "--child", "--model", &a.model])
-            .args(["--dtype", precision_name(a.dtype)])
-            .args(["--ranks", &r.to_string()])
-            .args(["--threads", &threads_per_rank(a, r).to_string()])
-            .args(["--repeats", &a.repeats.to_string()])
-            .stderr(Stdio::inherit());
-        cmd.args(["--balance", a.balance.name()]);
-        match &a.structure {
-            Some(p) => cmd.arg("--structure").arg(p),
-            None => cmd.args([
-                "--crystal",
-                crystal_name(a.crystal),
-                "--repeat",
-                &a.repeat.to_string(),
-            ]),
-        };
-        let out = cmd
-            .output()
-            .with_context(|| format!("starting the {r}-rank benchmark process"))
-            .map_err(CliError::failed)?;
-        if !out.status.success() {
-            return Err(CliError {
-                status: out.status.code().map_or(crate::EXIT_FAILED, |c| c as u8),
-                error: anyhow!("the {r}-rank benchmark failed ({})", out.status),
-            });
+    // Per rank count, its record from every round.
+    let mut rounds: Vec<Vec<ModelRecord>> = vec![Vec::with_capacity(a.rounds); a.ranks.len()];
+    for round in 0..a.rounds {
+        for (k, &r) in a.ranks.iter().enumerate() {
+            let rec = run_child(a, &exe, r)?;
+            if !a.json {
+                let of = if a.rounds > 1 {
+                    format!(", round {}/{}", round + 1, a.rounds)
+                } else {
+                    String::new()
+                };
+                eprintln!(
+                    "ranks {r}: {:.2} µs/atom/step (median of {}{of})",
+                    rec.us_per_atom_step, a.repeats
+                );
+            }
+            rounds[k].push(rec);
         }
-        let rec: ModelRecord = serde_json::from_slice(&out.stdout)
-            .context("reading the benchmark record")
-            .map_err(CliError::failed)?;
-        if !a.json {
-            eprintln!(
-                "ranks {r}: {:.2} µs/atom/step (median of {})",
-                rec.us_per_atom_step, a.repeats
-            );
-        }
-        records.push(rec);
     }
+    let records = rounds.into_iter().filter_map(merge_rounds).collect();
     let summary = summarize(records);
     if a.json {
         println!(
@@ -328,6 +317,64 @@ fn model_parent(a: &ModelBenchArgs) -> Result<u8, CliError> {
         print!("{}", model_table(&summary));
     }
     Ok(0)
+}
+
+/// Runs one `bench model --child` process for `r` ranks and reads its record.
+fn run_child(a: &ModelBenchArgs, exe: &std::path::Path, r: usize) -> Result<ModelRecord, CliError> {
+    let mut cmd = Process::new(exe);
+    cmd.args(["bench", "model", "--child", "--model", &a.model])
+        .args(["--dtype", precision_name(a.dtype)])
+        .args(["--ranks", &r.to_string()])
+        .args(["--threads", &threads_per_rank(a, r).to_string()])
+        .args(["--repeats", &a.repeats.to_string()])
+        .args(["--balance", a.balance.name()])
+        .stderr(Stdio::inherit());
+    match &a.structure {
+        Some(p) => cmd.arg("--structure").arg(p),
+        None => cmd.args([
+            "--crystal",
+            crystal_name(a.crystal),
+            "--repeat",
+            &a.repeat.to_string(),
+        ]),
+    };
+    let out = cmd
+        .output()
+        .with_context(|| format!("starting the {r}-rank benchmark process"))
+        .map_err(CliError::failed)?;
+    if !out.status.success() {
+        return Err(CliError {
+            status: out.status.code().map_or(crate::EXIT_FAILED, |c| c as u8),
+            error: anyhow!("the {r}-rank benchmark failed ({})", out.status),
+        });
+    }
+    serde_json::from_slice(&out.stdout)
+        .context("reading the benchmark record")
+        .map_err(CliError::failed)
+}
+
+/// One record for a rank count from its rounds: every round's steps, their
+/// median and the rates at it, each round's median, and the per-rank work
+/// of all rounds; the CPU time is the median of the rounds' medians, and
+/// memory, faults and the phase breakdown are the last round's. `None` for
+/// no rounds.
+fn merge_rounds(rounds: Vec<ModelRecord>) -> Option<ModelRecord> {
+    if rounds.len() < 2 {
+        return rounds.into_iter().next();
+    }
+    let round_medians: Vec<f64> = rounds.iter().map(|r| r.median_s).collect();
+    let cpu = median(&rounds.iter().map(|r| r.median_cpu_s).collect::<Vec<_>>());
+    let times: Vec<f64> = rounds.iter().flat_map(|r| r.times_s.clone()).collect();
+    let work: Vec<Vec<f64>> = rounds.iter().flat_map(|r| r.rank_work_s.clone()).collect();
+    let mut rec = rounds.into_iter().last()?;
+    rec.median_s = median(&times);
+    rec.median_cpu_s = cpu;
+    rec.us_per_atom_step = rec.median_s * 1e6 / rec.atoms.max(1) as f64;
+    rec.atom_steps_per_s = rec.atoms as f64 / rec.median_s;
+    rec.times_s = times;
+    rec.round_medians_s = round_medians;
+    rec.rank_work_s = work;
+    Some(rec)
 }
 
 fn summarize(records: Vec<ModelRecord>) -> ModelSummary {
@@ -358,14 +405,18 @@ fn model_table(s: &ModelSummary) -> String {
     if let Some(r) = s.records.first() {
         let _ = writeln!(
             o,
-            "{} {} on {}: {} atoms, {} edges ({:.1} per atom); {} domains",
+            "{} {} on {}: {} atoms, {} edges ({:.1} per atom); {} domains{}",
             r.model,
             r.dtype,
             r.structure,
             r.atoms,
             r.edges,
             r.edges as f64 / r.atoms.max(1) as f64,
-            r.balance
+            r.balance,
+            match r.round_medians_s.len() {
+                0 | 1 => String::new(),
+                n => format!("; medians over {n} alternating rounds"),
+            }
         );
     }
     let _ = writeln!(
@@ -539,6 +590,7 @@ fn model_child(a: &ModelBenchArgs) -> Result<u8, CliError> {
         balance: a.balance.name().into(),
         warmup_s,
         median_s,
+        round_medians_s: Vec::new(),
         median_cpu_s: median(&cpu_times),
         us_per_atom_step: median_s * 1e6 / atoms as f64,
         atom_steps_per_s: atoms as f64 / median_s,
@@ -993,6 +1045,7 @@ mod tests {
             warmup_s: 0.0,
             times_s: vec![t],
             median_s: t,
+            round_medians_s: Vec::new(),
             median_cpu_s: t,
             us_per_atom_step: 0.0,
             atom_steps_per_s: 0.0,
@@ -1010,6 +1063,20 @@ mod tests {
         let s = summarize(vec![rec(1, 1, 8.0), rec(4, 4, 2.5)]);
         assert!((s.speedup[1] - 3.2).abs() < 1e-12);
         assert!((s.efficiency[1] - 0.8).abs() < 1e-12);
+
+        // Rounds merge into one record whose median is over all their steps.
+        let mut first = rec(4, 4, 0.0);
+        (first.times_s, first.median_s) = (vec![1.0, 3.0, 9.0], 3.0);
+        let mut second = rec(4, 4, 0.0);
+        (second.times_s, second.median_s) = (vec![2.0, 4.0, 5.0], 4.0);
+        second.rank_work_s = vec![vec![0.5; 4]];
+        let merged = merge_rounds(vec![first, second]).unwrap();
+        assert_eq!(merged.times_s, [1.0, 3.0, 9.0, 2.0, 4.0, 5.0]);
+        assert_eq!(merged.median_s, 3.5);
+        assert_eq!(merged.round_medians_s, [3.0, 4.0]);
+        assert!((merged.atom_steps_per_s - 10.0 / 3.5).abs() < 1e-12);
+        assert_eq!(merged.rank_work_s.len(), 1);
+        assert!(merge_rounds(vec![]).is_none());
 
         // The table shows faults per step and, for split runs, the phases.
         let mut split = rec(4, 4, 2.5);
