@@ -1,7 +1,7 @@
 //! Every op's backward against central finite differences of its forward, in f64.
 
 use ddmlip_engine::ops::{PeriodicShifts, Pointwise, Unary};
-use ddmlip_engine::{EngineError, Graph, OpaqueKernel, RowDomain, Tensor};
+use ddmlip_engine::{Edges, EngineError, Graph, OpaqueKernel, RowDomain, Tensor};
 use std::sync::Arc;
 
 /// Deterministic pseudo-random numbers in [-1, 1).
@@ -315,38 +315,61 @@ fn bits(v: &[f64]) -> Vec<u64> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
+/// Values and the gradients of positions, cell and strain for `weights`.
+type Outcome = (Vec<f64>, Vec<Vec<f64>>);
+
+/// `build(g, edges, fused)` on the graph of [`random_periodic_graph`], fused
+/// and unfused, on pools of one and of three threads: `(threads, fused,
+/// unfused)` for each.
+fn fused_and_unfused(
+    graph: &(Vec<f64>, Vec<f64>, Vec<f64>, EdgeArrays),
+    weights: &[f64],
+    build: impl Fn(&mut Graph<f64>, &Edges, bool) -> Tensor + Sync,
+) -> Vec<(usize, Outcome, Outcome)> {
+    let (positions, cell, eps, arrays) = graph;
+    let run = |fused: bool| -> Outcome {
+        let mut g = Graph::<f64>::new();
+        let t = [
+            g.leaf(positions.clone(), positions.len() / 3, 3, RowDomain::Atom),
+            g.leaf(cell.clone(), 3, 3, RowDomain::System),
+            g.leaf(eps.clone(), 1, 9, RowDomain::System),
+        ];
+        let edges = strained_edges(&mut g, &t, arrays).unwrap();
+        let out = build(&mut g, &edges, fused);
+        let value = g.value(out).to_vec();
+        let grads = g.grad(out, Some(weights.to_vec()), &t).unwrap();
+        (value, grads)
+    };
+    [1, 3]
+        .into_iter()
+        .map(|threads| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let (fused, unfused) = pool.install(|| (run(true), run(false)));
+            (threads, fused, unfused)
+        })
+        .collect()
+}
+
 /// `edge_lengths` gives `row_norm(edge_vectors)` bit for bit, forward and
 /// backward, on the one-thread path (source order) and the parallel one
 /// (merged inverse maps), with self-images and coincident atoms.
 #[test]
 fn edge_lengths_equal_norms_of_edge_vectors_bit_for_bit() {
     let (n_atoms, n_edges) = (400, 9000); // 27,000 vector elements: past the parallel threshold
-    let (positions, cell, eps, arrays) = random_periodic_graph(n_atoms, n_edges, 5);
+    let graph = random_periodic_graph(n_atoms, n_edges, 5);
     let weights = rand_vec(n_edges, 9);
-    let run = |fused: bool| -> (Vec<f64>, Vec<Vec<f64>>) {
-        let mut g = Graph::<f64>::new();
-        let t = [
-            g.leaf(positions.clone(), n_atoms, 3, RowDomain::Atom),
-            g.leaf(cell.clone(), 3, 3, RowDomain::System),
-            g.leaf(eps.clone(), 1, 9, RowDomain::System),
-        ];
-        let edges = strained_edges(&mut g, &t, &arrays).unwrap();
-        let d = if fused {
-            edges.lengths(&mut g).unwrap()
+    let runs = fused_and_unfused(&graph, &weights, |g, edges, fused| {
+        if fused {
+            edges.lengths(g).unwrap()
         } else {
-            let v = edges.vectors(&mut g).unwrap();
+            let v = edges.vectors(g).unwrap();
             g.row_norm(v).unwrap()
-        };
-        let value = g.value(d).to_vec();
-        let grads = g.grad(d, Some(weights.clone()), &t).unwrap();
-        (value, grads)
-    };
-    for threads in [1, 3] {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
-        let (fused, unfused) = pool.install(|| (run(true), run(false)));
+        }
+    });
+    for (threads, fused, unfused) in runs {
         assert!(fused.0.contains(&0.0), "no coincident pair drawn");
         assert_eq!(
             bits(&fused.0),
@@ -380,34 +403,19 @@ fn pair_term() -> Pointwise {
 #[test]
 fn pair_sum_equals_the_unfused_chain_bit_for_bit() {
     let (n_atoms, n_edges) = (500, 20_000); // past the parallel threshold per edge
-    let (positions, cell, eps, arrays) = random_periodic_graph(n_atoms, n_edges, 11);
+    let graph = random_periodic_graph(n_atoms, n_edges, 11);
     let weights = rand_vec(n_atoms, 15);
     let expr = pair_term();
-    let run = |fused: bool| -> (Vec<f64>, Vec<Vec<f64>>) {
-        let mut g = Graph::<f64>::new();
-        let t = [
-            g.leaf(positions.clone(), n_atoms, 3, RowDomain::Atom),
-            g.leaf(cell.clone(), 3, 3, RowDomain::System),
-            g.leaf(eps.clone(), 1, 9, RowDomain::System),
-        ];
-        let edges = strained_edges(&mut g, &t, &arrays).unwrap();
-        let sums = if fused {
-            g.pair_sum(&edges, &expr).unwrap()
+    let runs = fused_and_unfused(&graph, &weights, |g, edges, fused| {
+        if fused {
+            g.pair_sum(edges, &expr).unwrap()
         } else {
-            let lengths = edges.lengths(&mut g).unwrap();
+            let lengths = edges.lengths(g).unwrap();
             let terms = g.pointwise(&[lengths], &expr).unwrap();
             g.scatter_add(terms, edges.center).unwrap()
-        };
-        let value = g.value(sums).to_vec();
-        let grads = g.grad(sums, Some(weights.clone()), &t).unwrap();
-        (value, grads)
-    };
-    for threads in [1, 3] {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
-        let (fused, unfused) = pool.install(|| (run(true), run(false)));
+        }
+    });
+    for (threads, fused, unfused) in runs {
         assert_eq!(fused.0.len(), n_atoms);
         assert!(fused.0.iter().any(|&x| x != 0.0));
         assert_eq!(bits(&fused.0), bits(&unfused.0), "{threads} threads: sums");
