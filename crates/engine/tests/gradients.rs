@@ -458,6 +458,29 @@ fn pair_sum_gradients_and_errors() {
     two.add(a, b);
     let err = g.pair_sum(&edges, &two).unwrap_err().to_string();
     assert!(err.contains("takes 2 inputs"), "{err}");
+    // Positions with fewer rows than the edges point into: an error naming
+    // the index, not an out-of-bounds read.
+    let few = g.leaf(vec![0.0; 9], 3, 3, RowDomain::Atom);
+    let (ci, ni, _) = &arrays;
+    let i = g.index(
+        ci.clone(),
+        RowDomain::Edge,
+        RowDomain::Atom,
+        7,
+        "edge_center",
+    );
+    let j = g.index(
+        ni.clone(),
+        RowDomain::Edge,
+        RowDomain::Atom,
+        7,
+        "edge_neighbor",
+    );
+    let err = g
+        .edge_lengths(few, i.unwrap(), j.unwrap(), None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("`edge_center` points into 7 rows"), "{err}");
 }
 
 #[test]

@@ -537,6 +537,19 @@ impl<T: Scalar> Graph<T> {
                 "center and neighbor indices differ in length",
             ));
         }
+        let (rows, cols) = self.shape(positions);
+        for idx in [center, neighbor] {
+            let ix = &self.indices[idx.id];
+            if cols != 3 || ix.target_rows != rows {
+                return Err(EngineError::shape(
+                    op,
+                    format!(
+                        "index `{}` points into {} rows but the positions are {rows}×{cols}",
+                        ix.role, ix.target_rows
+                    ),
+                ));
+            }
+        }
         let periodic = match periodic {
             None => None,
             Some(PeriodicShifts {
