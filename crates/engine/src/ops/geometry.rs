@@ -1,11 +1,11 @@
 //! Geometry: strain, edge vectors with cell shifts, row norms.
 
 use crate::graph::NodeSpec;
-use crate::ops::index::scatter_map;
+use crate::ops::index::{scatter_handler, scatter_map};
 use crate::ops::pointwise::BLOCK;
 use crate::ops::{scatter_in_source_order, Pointwise, PAR_THRESHOLD};
 use crate::{Edges, EngineError, Graph, Index, RowDomain, Scalar, Tensor};
-use ddmlip_spec::{GatherMode, ScatterMode};
+use ddmlip_spec::GatherMode;
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -341,11 +341,7 @@ impl<T: Scalar> Graph<T> {
                 }
             }
         }
-        let scatter_handler = mode.map(|m| match m {
-            ScatterMode::HaloCorrection => "scatter:halo_correction",
-            ScatterMode::Refresh => "scatter:refresh",
-            ScatterMode::Local => "scatter:local",
-        });
+        let scatter_handler = mode.map(scatter_handler);
         // The positions' read fires the gather handler as an edge op's does;
         // the trace records the scatter's, as for a message-passing op.
         if let Some(h) = geo.handler {
@@ -383,7 +379,7 @@ impl<T: Scalar> Graph<T> {
                         Some(p) if ctx.wants(p.cell) => Some(ctx.take_grad(p.cell)),
                         _ => None,
                     };
-                    let (mut regs, mut adj) = (expr.registers(), expr.registers());
+                    let mut scratch = expr.grad_scratch(0);
                     let mut vectors = [[T::zero(); 3]; BLOCK];
                     let mut lengths = [T::zero(); BLOCK];
                     let mut seeds = [T::zero(); BLOCK];
@@ -399,7 +395,7 @@ impl<T: Scalar> Graph<T> {
                             expr.grad_one(
                                 &lengths[..len],
                                 &seeds[..len],
-                                (&mut regs, &mut adj),
+                                &mut scratch,
                                 &mut grads[..len],
                             );
                             for k in 0..len {
@@ -420,7 +416,7 @@ impl<T: Scalar> Graph<T> {
                 // ∂out/∂|v_e| = f'(|v_e|)·g[center[e]] block by block, then
                 // the edge ops' backward through the inverse maps.
                 let mut length_grads = ctx.for_overwrite(n_edges);
-                let fill = |(regs, adj): &mut (_, _), (b, dst): (usize, &mut [T])| {
+                let fill = |scratch: &mut _, (b, dst): (usize, &mut [T])| {
                     let start = b * BLOCK;
                     let mut lengths = [T::zero(); BLOCK];
                     let mut seeds = [T::zero(); BLOCK];
@@ -429,9 +425,9 @@ impl<T: Scalar> Graph<T> {
                         seeds[k] = g[geo.ci[start + k] as usize];
                     }
                     let len = dst.len();
-                    expr.grad_one(&lengths[..len], &seeds[..len], (regs, adj), dst);
+                    expr.grad_one(&lengths[..len], &seeds[..len], scratch, dst);
                 };
-                let init = || (expr.registers(), expr.registers());
+                let init = || expr.grad_scratch(0);
                 if n_edges >= PAR_THRESHOLD {
                     length_grads
                         .par_chunks_mut(BLOCK)
@@ -564,7 +560,11 @@ impl<T: Scalar> Graph<T> {
                         "shifts / edge systems differ in length from the edges",
                     ));
                 }
-                self.shift_arrays.push(shifts.clone());
+                // Kept once per graph however many ops read it (`Graph::edges`
+                // has usually kept it already).
+                if !self.shift_arrays.iter().any(|s| Arc::ptr_eq(s, &shifts)) {
+                    self.shift_arrays.push(shifts.clone());
+                }
                 Some(EdgeShifts {
                     cell,
                     shifts,

@@ -24,6 +24,15 @@ pub(crate) fn gather_rows<T: Scalar>(x: &[T], cols: usize, idx: &[u32], out: &mu
     }
 }
 
+/// The handler name a scatter onto Atom rows fires under `mode`.
+pub(crate) fn scatter_handler(mode: ScatterMode) -> &'static str {
+    match mode {
+        ScatterMode::HaloCorrection => "scatter:halo_correction",
+        ScatterMode::Refresh => "scatter:refresh",
+        ScatterMode::Local => "scatter:local",
+    }
+}
+
 /// The inverse map a scatter of `len` source elements through `node`
 /// needs: `None` when it runs in source order on the calling thread (see
 /// [`scatter_in_source_order`]); `spare` supplies recycled memory.
@@ -163,11 +172,7 @@ impl<T: Scalar> Graph<T> {
             }
             _ => None,
         };
-        let handler = mode.map(|m| match m {
-            ScatterMode::HaloCorrection => "scatter:halo_correction",
-            ScatterMode::Refresh => "scatter:refresh",
-            ScatterMode::Local => "scatter:local",
-        });
+        let handler = mode.map(scatter_handler);
         let y = self.scatter_local(src, idx, handler, mode.is_none())?;
         match mode {
             Some(mode) => self.land_scatter(y, idx, mode),

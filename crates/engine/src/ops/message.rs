@@ -6,8 +6,9 @@
 //! kernels that act on each row independently, which need no exchange.
 
 use crate::graph::NodeSpec;
+use crate::ops::index::scatter_handler;
 use crate::{EngineError, Graph, Index, OpaqueKernel, RowDomain, Scalar, Tensor};
-use ddmlip_spec::{GatherMode, ScatterMode};
+use ddmlip_spec::GatherMode;
 use std::sync::Arc;
 
 /// The slices a message kernel works on.
@@ -124,11 +125,7 @@ impl<T: Scalar> Graph<T> {
                     message,
                 })?;
         }
-        let handler = scatter_mode.map(|m| match m {
-            ScatterMode::HaloCorrection => "scatter:halo_correction",
-            ScatterMode::Refresh => "scatter:refresh",
-            ScatterMode::Local => "scatter:local",
-        });
+        let handler = scatter_mode.map(scatter_handler);
         let all: Vec<Tensor> = node_ins.iter().chain(edges).copied().collect();
         let n_nodes = node_ins.len();
         let spec = NodeSpec {

@@ -197,10 +197,30 @@ impl Pointwise {
 /// Registers of one block: one row of [`BLOCK`] values per step.
 pub(crate) type Registers<T> = Vec<[T; BLOCK]>;
 
+/// What one task needs for the gradient of an expression with respect to
+/// one input: forward registers, their adjoints, and the steps that read
+/// that input. Made once per task, not per block.
+pub(crate) struct GradScratch<T> {
+    regs: Registers<T>,
+    adj: Registers<T>,
+    input_steps: Vec<usize>,
+}
+
 impl Pointwise {
     /// Fresh registers for this expression.
     pub(crate) fn registers<T: Scalar>(&self) -> Registers<T> {
         vec![[T::zero(); BLOCK]; self.steps.len()]
+    }
+
+    /// Scratch for the gradient with respect to input `j`.
+    pub(crate) fn grad_scratch<T: Scalar>(&self, j: usize) -> GradScratch<T> {
+        GradScratch {
+            regs: self.registers(),
+            adj: self.registers(),
+            input_steps: (0..self.steps.len())
+                .filter(|&k| matches!(self.steps[k], Step::Input(i) if i as usize == j))
+                .collect(),
+        }
     }
 
     /// The result at the `x.len() ≤ BLOCK` elements of a one-input
@@ -211,35 +231,39 @@ impl Pointwise {
         &regs[self.steps.len() - 1][..len]
     }
 
-    /// `dst[e] = g[e] · f'(x[e])` for a one-input expression, the values
-    /// [`Graph::pointwise`]'s gradient gives.
+    /// `dst[e] = g[e] · f'(x[e])` for a one-input expression (scratch from
+    /// `grad_scratch(0)`), the values [`Graph::pointwise`]'s gradient gives.
     pub(crate) fn grad_one<T: Scalar>(
         &self,
         x: &[T],
         g: &[T],
-        (regs, adj): (&mut Registers<T>, &mut Registers<T>),
+        scratch: &mut GradScratch<T>,
         dst: &mut [T],
     ) {
-        let len = x.len();
-        self.forward_block(&[x], 0, len, regs);
+        self.input_grads(&[x], 0, g, scratch, |e, v| dst[e] = v);
+    }
+
+    /// The gradient with respect to one input at elements `start..start +
+    /// g.len()` of `inputs`, handed to `put(e, value)` element by element.
+    fn input_grads<T: Scalar>(
+        &self,
+        inputs: &[&[T]],
+        start: usize,
+        g: &[T],
+        scratch: &mut GradScratch<T>,
+        mut put: impl FnMut(usize, T),
+    ) {
+        let len = g.len();
+        let GradScratch {
+            regs,
+            adj,
+            input_steps,
+        } = scratch;
+        self.forward_block(inputs, start, len, regs);
         self.backward_block(g, len, regs, adj);
-        let input_steps = self.input_steps(0);
-        for (e, d) in dst.iter_mut().enumerate() {
-            *d = input_adjoint(&input_steps, adj, e);
-        }
+        // The input's adjoint: the sum over the steps that read it.
+        (0..len).for_each(|e| put(e, input_steps.iter().map(|&k| adj[k][e]).sum()));
     }
-
-    /// The steps that read input `j`.
-    fn input_steps(&self, j: usize) -> Vec<usize> {
-        (0..self.steps.len())
-            .filter(|&k| matches!(self.steps[k], Step::Input(i) if i as usize == j))
-            .collect()
-    }
-}
-
-/// An input's adjoint at element `e`: the sum over the steps that read it.
-fn input_adjoint<T: Scalar>(input_steps: &[usize], adj: &[[T; BLOCK]], e: usize) -> T {
-    input_steps.iter().map(|&k| adj[k][e]).sum()
 }
 
 impl<T: Scalar> Graph<T> {
@@ -285,11 +309,11 @@ impl<T: Scalar> Graph<T> {
                 .iter()
                 .map(|t| self.nodes[t.id].value.as_slice())
                 .collect();
-            let block = |regs: &mut Vec<[T; BLOCK]>, (b, dst): (usize, &mut [T])| {
+            let block = |regs: &mut Registers<T>, (b, dst): (usize, &mut [T])| {
                 expr.forward_block(&values, b * BLOCK, dst.len(), regs);
                 dst.copy_from_slice(&regs[n_steps - 1][..dst.len()]);
             };
-            let init = || vec![[T::zero(); BLOCK]; n_steps];
+            let init = || expr.registers();
             if out.len() >= PAR_THRESHOLD {
                 out.par_chunks_mut(BLOCK)
                     .enumerate()
@@ -324,23 +348,17 @@ impl<T: Scalar> Graph<T> {
                     if !ctx.wants(t) {
                         continue;
                     }
-                    let input_steps = expr.input_steps(j);
-                    let init = || {
-                        let zero = [T::zero(); BLOCK];
-                        (vec![zero; n_steps], vec![zero; n_steps])
-                    };
-                    ctx.accumulate_blocks(t, BLOCK, init, |(regs, adj), b, dst, overwrite| {
-                        let (start, len) = (b * BLOCK, dst.len());
-                        expr.forward_block(&values, start, len, regs);
-                        expr.backward_block(&g[start..start + len], len, regs, adj);
-                        for (e, d) in dst.iter_mut().enumerate() {
-                            let v = input_adjoint(&input_steps, adj, e);
+                    let init = || expr.grad_scratch(j);
+                    ctx.accumulate_blocks(t, BLOCK, init, |scratch, b, dst, overwrite| {
+                        let start = b * BLOCK;
+                        let g = &g[start..start + dst.len()];
+                        expr.input_grads(&values, start, g, scratch, |e, v| {
                             if overwrite {
-                                *d = v;
+                                dst[e] = v;
                             } else {
-                                *d += v;
+                                dst[e] += v;
                             }
-                        }
+                        });
                     });
                 }
                 Ok(())
