@@ -238,8 +238,9 @@ fn eval(a: EvalArgs) -> Result<u8, CliError> {
     if let Some(out) = &a.output {
         write_results(out, &frames, &result)?;
     }
+    let health = report_split_health(&a, &frames, &result);
     if a.json {
-        println!("{}", output::eval_json(&result));
+        println!("{}", output::eval_json(&result, &health));
     } else {
         print!(
             "{}",
@@ -250,6 +251,24 @@ fn eval(a: EvalArgs) -> Result<u8, CliError> {
         }
     }
     Ok(0)
+}
+
+/// The health of each frame's split, after warning on stderr about splits
+/// that leave ranks idle or holding the whole system.
+pub fn report_split_health(
+    a: &EvalArgs,
+    frames: &[System],
+    result: &EvalResult,
+) -> Vec<ddmlip_domain::PartitionHealth> {
+    let health = output::eval_health(frames, result);
+    let mut flags = format!("--structure {}", a.structure.display());
+    if let BalanceArg::Atoms = a.balance {
+        flags.push_str(" --balance atoms");
+    }
+    if let Some(warning) = output::degenerate_warning(&health, Some(&flags)) {
+        eprint!("{warning}");
+    }
+    health
 }
 
 fn write_results(path: &Path, frames: &[System], result: &EvalResult) -> Result<(), CliError> {
@@ -398,6 +417,10 @@ fn demo(a: DemoArgs) -> Result<u8, CliError> {
     let t0 = std::time::Instant::now();
     let split = evaluate(model.as_ref(), &frames, &opts).map_err(eval_error)?;
     let t_split = t0.elapsed().as_secs_f64();
+    let health = output::eval_health(&frames, &split);
+    if let Some(warning) = output::degenerate_warning(&health, None) {
+        eprint!("{warning}");
+    }
     print!(
         "{}",
         output::demo_text(&frames[0], &single, &split, a.ranks, t_single, t_split)

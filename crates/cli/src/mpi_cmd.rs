@@ -33,7 +33,9 @@ pub fn eval_mpi(args: EvalArgs) -> Result<u8, CliError> {
 
 #[cfg(feature = "mpi")]
 pub(crate) mod with_mpi {
-    use super::super::{eval_error, load_model, load_spec, read_structure, write_results};
+    use super::super::{
+        eval_error, load_model, load_spec, read_structure, report_split_health, write_results,
+    };
     use super::EvalArgs;
     use crate::{output, CliError, EXIT_BAD_INPUT};
     use anyhow::anyhow;
@@ -267,8 +269,9 @@ pub(crate) mod with_mpi {
         if let Some(out) = &a.output {
             write_results(out, &frames, &result)?;
         }
+        let health = report_split_health(&a, &frames, &result);
         if a.json {
-            println!("{}", output::eval_json(&result));
+            println!("{}", output::eval_json(&result, &health));
         } else {
             print!(
                 "{}",

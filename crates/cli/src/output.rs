@@ -21,8 +21,13 @@ fn nan_to_null(v: f64) -> Value {
 }
 
 /// The `eval --json` object (DESIGN.md §6).
-pub fn eval_json(r: &EvalResult) -> String {
+/// `health` is [`eval_health`]'s answer, reported as `partition_health`
+/// when the run was split.
+pub fn eval_json(r: &EvalResult, health: &[PartitionHealth]) -> String {
     let mut obj = serde_json::Map::new();
+    if !health.is_empty() {
+        obj.insert("partition_health".into(), json!(health));
+    }
     obj.insert("energy".into(), json!(r.energy()));
     obj.insert("forces".into(), json!(r.forces()));
     let stress: Vec<Value> = r
@@ -207,6 +212,86 @@ pub fn partition_text(h: &PartitionHealth) -> String {
         s.push_str(&format!("{}\n", h.explanation));
     }
     s
+}
+
+/// The health of each frame's split in a decomposed evaluation, in frame
+/// order; empty for a single-process run.
+pub fn eval_health(frames: &[System], r: &EvalResult) -> Vec<PartitionHealth> {
+    r.partitions
+        .iter()
+        .zip(frames)
+        .map(|(p, sys)| ddmlip_domain::partition_health(p, sys))
+        .collect()
+}
+
+/// Frames whose split is named one by one in [`degenerate_warning`]; the
+/// rest of a long batch is counted.
+const WARNED_FRAMES: usize = 3;
+
+/// A warning for a decomposed evaluation whose split leaves ranks without
+/// atoms or lets ranks hold the whole system (the answer is still exact, but
+/// the split does not share the work); `None` when every frame's split is
+/// healthy or nothing was split.
+/// `partition_flags` are the `ddmlip partition` options (besides `--ranks`
+/// and `--cutoff`) that reproduce the split, such as `--structure FILE`,
+/// when the structure is a file.
+pub fn degenerate_warning(
+    health: &[PartitionHealth],
+    partition_flags: Option<&str>,
+) -> Option<String> {
+    let degenerate: Vec<(usize, &PartitionHealth)> = health
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| !h.is_healthy())
+        .collect();
+    let (_, first) = degenerate.first()?;
+    let mut s = String::new();
+    for (frame, h) in degenerate.iter().take(WARNED_FRAMES) {
+        let idle = h.ranks.iter().filter(|r| r.owned == 0).count();
+        let whole = h.ranks.iter().filter(|r| r.remote == 0).count();
+        let alone = h.ranks.iter().filter(|r| r.ghost == 0).count();
+        let n = h.n_ranks;
+        let mut findings = Vec::new();
+        if idle > 0 {
+            findings.push(format!("{idle} of {n} ranks own no atoms and do no work"));
+        }
+        if whole > 0 {
+            findings.push(format!(
+                "{whole} of {n} ranks hold every atom, owned or as ghosts, so the split saves them no work"
+            ));
+        }
+        if alone > 0 {
+            findings.push(format!("{alone} of {n} ranks have no ghost atoms"));
+        }
+        s.push_str(&format!(
+            "warning: frame {frame}: degenerate split of {} atoms over {} ranks (grid {}x{}x{}, ghost width {:.3} Å): {}.\n",
+            h.n_atoms,
+            h.n_ranks,
+            h.grid[0],
+            h.grid[1],
+            h.grid[2],
+            h.ghost_width,
+            findings.join("; ")
+        ));
+        for line in h.explanation().lines().filter(|l| l.contains("too thin")) {
+            s.push_str(&format!("  {line}\n"));
+        }
+    }
+    if degenerate.len() > WARNED_FRAMES {
+        s.push_str(&format!(
+            "warning: {} more frame(s) split degenerately\n",
+            degenerate.len() - WARNED_FRAMES
+        ));
+    }
+    s.push_str("  The results are exact all the same. Use fewer ranks or a larger system");
+    match partition_flags {
+        Some(flags) => s.push_str(&format!(
+            "; `ddmlip partition {flags} --ranks {} --cutoff {:.3}` shows the split rank by rank.\n",
+            first.n_ranks, first.ghost_width
+        )),
+        None => s.push_str(".\n"),
+    }
+    Some(s)
 }
 
 /// Largest relative difference between two runs (energy, forces scaled by

@@ -541,3 +541,108 @@ fn good_input_succeeds() {
         assert_eq!(status, 0, "`ddmlip {}`: {stderr}", args.join(" "));
     }
 }
+
+/// FCC Cu (a = 3.615 Å), `nx × ny × nz` conventional cells, periodic.
+fn fcc_cu(nx: usize, ny: usize, nz: usize) -> String {
+    let a = 3.615;
+    let basis = [
+        [0.0, 0.0, 0.0],
+        [0.5, 0.5, 0.0],
+        [0.5, 0.0, 0.5],
+        [0.0, 0.5, 0.5],
+    ];
+    let mut lines = Vec::new();
+    for i in 0..nx {
+        for j in 0..ny {
+            for k in 0..nz {
+                for b in basis {
+                    lines.push(format!(
+                        "Cu {} {} {}",
+                        (i as f64 + b[0]) * a,
+                        (j as f64 + b[1]) * a,
+                        (k as f64 + b[2]) * a
+                    ));
+                }
+            }
+        }
+    }
+    format!(
+        "{}\nLattice=\"{} 0 0 0 {} 0 0 0 {}\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\n{}\n",
+        lines.len(),
+        nx as f64 * a,
+        ny as f64 * a,
+        nz as f64 * a,
+        lines.join("\n")
+    )
+}
+
+/// Ranks per finding in `eval --json`'s `partition_health` of frame 0:
+/// (ranks owning no atoms, ranks holding every atom).
+fn idle_and_whole(stdout: &str) -> (usize, usize) {
+    let v: serde_json::Value = serde_json::from_str(stdout).unwrap();
+    let ranks = v["partition_health"][0]["ranks"].as_array().unwrap();
+    let count = |key: &str| ranks.iter().filter(|r| r[key] == 0).count();
+    (count("owned"), count("remote"))
+}
+
+#[test]
+fn more_ranks_than_the_system_can_use_run_and_warn() {
+    let c = Case::new();
+    // Two atoms 2.5 Å apart, open boundaries, lj's 10.2 Å cutoff: four ranks
+    // cannot all own an atom, and every rank sees both atoms.
+    let pair = c.file(
+        "pair.xyz",
+        "2\nProperties=species:S:1:pos:R:3 pbc=\"F F F\"\nAr 0 0 0\nAr 2.5 0 0\n",
+    );
+    let args = ["eval", "--model", "lj", "--structure", s(&pair)];
+    let (status, single, stderr) = run(&[&args[..], &["--json"]].concat());
+    assert_eq!(status, 0, "{stderr}");
+    assert!(
+        !stderr.contains("warning"),
+        "one rank is no split:\n{stderr}"
+    );
+
+    let (status, text, stderr) = run(&[&args[..], &["--ranks", "4"]].concat());
+    assert_eq!(status, 0, "a degenerate split still runs:\n{stderr}");
+    assert!(text.contains("E = "), "{text}");
+    for needle in [
+        "warning: frame 0: degenerate split of 2 atoms over 4 ranks",
+        "2 of 4 ranks own no atoms",
+        "4 of 4 ranks hold every atom",
+        "too thin",
+        "ddmlip partition --structure",
+    ] {
+        assert!(stderr.contains(needle), "missing `{needle}` in:\n{stderr}");
+    }
+
+    let (status, json, stderr) = run(&[&args[..], &["--ranks", "4", "--json"]].concat());
+    assert_eq!(status, 0, "{stderr}");
+    assert_eq!(idle_and_whole(&json), (2, 4));
+    // The warning is advice: the answer is the single-process one.
+    let energy = |out: &str| {
+        let v: serde_json::Value = serde_json::from_str(out).unwrap();
+        v["energy"][0].as_f64().unwrap()
+    };
+    let (e1, e4) = (energy(&single), energy(&json));
+    assert!((e1 - e4).abs() <= 1e-12 * e1.abs(), "{e1} vs {e4}");
+
+    // Control: a box long enough along the split axis (21.7 Å against twice
+    // eam-demo's 5 Å ghost width) gives a healthy split and no warning.
+    let slab = c.file("slab.xyz", &fcc_cu(6, 2, 2));
+    let (status, json, stderr) = run(&[
+        "eval",
+        "--model",
+        "eam-demo",
+        "--structure",
+        s(&slab),
+        "--ranks",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(status, 0, "{stderr}");
+    assert!(
+        !stderr.contains("warning"),
+        "healthy split warned:\n{stderr}"
+    );
+    assert_eq!(idle_and_whole(&json), (0, 0));
+}
