@@ -30,6 +30,10 @@ enum BenchWhat {
     /// Time full evaluations (forward + forces + stress) of a model: median of
     /// --repeats after one warm-up, per rank count, each in its own process.
     Model(ModelBenchArgs),
+    /// The parallel efficiency this machine allows a decomposed run: threads
+    /// doing identical, independent work and meeting after every step, as
+    /// ranks do, against one thread alone.
+    Cores(crate::bench_cores::CoresBenchArgs),
     /// The f32 GEMM rate of this machine (matrixmultiply sgemm), single thread
     /// and split over row blocks on a rayon pool, as the engine splits it.
     Gemm(GemmBenchArgs),
@@ -262,10 +266,11 @@ pub fn run(a: BenchArgs) -> Result<u8, CliError> {
         BenchWhat::Model(m) if m.child => model_child(&m),
         BenchWhat::Model(m) => model_parent(&m),
         BenchWhat::Gemm(g) => gemm(&g),
+        BenchWhat::Cores(c) => crate::bench_cores::run(&c),
     }
 }
 
-fn cores() -> usize {
+pub(crate) fn cores() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)

@@ -1,6 +1,7 @@
 //! `ddmlip`: run machine-learned interatomic potentials split over ranks,
 //! and prove the split gives the single-process answer.
 
+mod bench_cores;
 mod commands;
 mod output;
 mod validate_cmd;
