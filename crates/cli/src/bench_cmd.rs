@@ -83,6 +83,11 @@ struct ModelBenchArgs {
     /// How split runs place domain boundaries.
     #[arg(long, value_enum, default_value_t = BalanceArg::Geometric)]
     balance: BalanceArg,
+    /// After the runs, time `bench cores` for the largest thread count
+    /// (ranks × threads) and report its ceilings next to the efficiencies:
+    /// what this machine allows a split whose ranks meet every step.
+    #[arg(long)]
+    ceiling: bool,
     /// Print one JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -258,6 +263,10 @@ struct ModelSummary {
     speedup: Vec<f64>,
     /// Per record: t(base)·cores(base) / (t·cores), cores = pool threads.
     efficiency: Vec<f64>,
+    /// With `--ceiling`: `bench cores` at the largest pool, one record per
+    /// kernel.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    ceiling: Vec<crate::bench_cores::CoresRecord>,
 }
 
 /// Runs `ddmlip bench …`; returns the exit status.
@@ -312,7 +321,21 @@ fn model_parent(a: &ModelBenchArgs) -> Result<u8, CliError> {
         }
     }
     let records = rounds.into_iter().filter_map(merge_rounds).collect();
-    let summary = summarize(records);
+    let mut summary = summarize(records);
+    let widest = summary.records.iter().map(|r| r.pool_threads).max();
+    if let Some(threads) = widest.filter(|&t| a.ceiling && t > 1) {
+        if !a.json {
+            eprintln!("timing this machine's ceiling for {threads} threads (bench cores)");
+        }
+        for kernel in crate::bench_cores::KERNELS {
+            summary.ceiling.push(crate::bench_cores::measure(
+                kernel,
+                threads,
+                crate::bench_cores::DEFAULT_STEPS,
+                crate::bench_cores::DEFAULT_WORK_MS,
+            )?);
+        }
+    }
     if a.json {
         println!(
             "{}",
@@ -401,6 +424,7 @@ fn summarize(records: Vec<ModelRecord>) -> ModelSummary {
         records,
         speedup,
         efficiency,
+        ceiling: Vec::new(),
     }
 }
 
@@ -477,6 +501,26 @@ fn model_table(s: &ModelSummary) -> String {
                 phases.join(", ")
             );
         }
+    }
+    if let Some(first) = s.ceiling.first() {
+        let kernels: Vec<String> = s
+            .ceiling
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} {:.0}% ({:.0}% balanced)",
+                    format!("{:?}", c.kernel).to_lowercase(),
+                    100.0 * c.ceiling,
+                    100.0 * c.balanced_ceiling
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            o,
+            "this machine's ceiling for {} threads meeting every step (bench cores): {}",
+            first.threads,
+            kernels.join(", ")
+        );
     }
     o
 }

@@ -25,10 +25,10 @@ pub struct CoresBenchArgs {
     #[arg(long)]
     threads: Option<usize>,
     /// Timed steps of each run (after one untimed step).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = DEFAULT_STEPS)]
     steps: usize,
     /// Work per thread and step, in milliseconds of one thread alone.
-    #[arg(long, default_value_t = 300.0)]
+    #[arg(long, default_value_t = DEFAULT_WORK_MS)]
     work_ms: f64,
     /// Kernels to time, comma-separated.
     #[arg(
@@ -53,6 +53,15 @@ pub enum Kernel {
     /// Sums over a private 1 MiB array, which stays in the core's own cache.
     Cache,
 }
+
+/// Timed steps per run unless asked otherwise.
+pub const DEFAULT_STEPS: usize = 8;
+
+/// Work per thread and step (ms of one thread alone) unless asked otherwise.
+pub const DEFAULT_WORK_MS: f64 = 300.0;
+
+/// Every kernel, in the order they are timed.
+pub const KERNELS: [Kernel; 2] = [Kernel::Compute, Kernel::Cache];
 
 /// The most threads `bench cores` starts (as many as the threads backend
 /// runs ranks).
