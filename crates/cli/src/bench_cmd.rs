@@ -83,6 +83,10 @@ struct ModelBenchArgs {
     /// How split runs place domain boundaries.
     #[arg(long, value_enum, default_value_t = BalanceArg::Geometric)]
     balance: BalanceArg,
+    /// Ranks do not run pieces of other ranks' work while they wait (the
+    /// threads backend shares work by default).
+    #[arg(long)]
+    no_work_sharing: bool,
     /// After the runs, time `bench cores` for the largest thread count
     /// (ranks × threads) and report its ceilings next to the efficiencies:
     /// what this machine allows a split whose ranks meet every step.
@@ -136,6 +140,10 @@ pub struct ModelRecord {
     /// the option read as the regular grid it then always was).
     #[serde(default = "geometric_name")]
     pub balance: String,
+    /// Whether waiting ranks ran pieces of other ranks' work (records from
+    /// before the option read as without, which they were).
+    #[serde(default)]
+    pub work_sharing: bool,
     pub warmup_s: f64,
     /// Wall time of every timed evaluation (s), of all rounds.
     pub times_s: Vec<f64>,
@@ -357,6 +365,9 @@ fn run_child(a: &ModelBenchArgs, exe: &std::path::Path, r: usize) -> Result<Mode
         .args(["--repeats", &a.repeats.to_string()])
         .args(["--balance", a.balance.name()])
         .stderr(Stdio::inherit());
+    if a.no_work_sharing {
+        cmd.arg("--no-work-sharing");
+    }
     match &a.structure {
         Some(p) => cmd.arg("--structure").arg(p),
         None => cmd.args([
@@ -583,6 +594,7 @@ fn model_child(a: &ModelBenchArgs) -> Result<u8, CliError> {
         ranks,
         threads_per_rank: threads,
         balance: a.balance.into(),
+        work_sharing: !a.no_work_sharing,
         ..Default::default()
     };
     let rss_before = read_status_kib("VmRSS:").unwrap_or(0) * 1024;
@@ -637,6 +649,7 @@ fn model_child(a: &ModelBenchArgs) -> Result<u8, CliError> {
         pool_threads,
         matmul_num_threads: std::env::var("MATMUL_NUM_THREADS").ok(),
         balance: a.balance.name().into(),
+        work_sharing: ranks > 1 && !a.no_work_sharing,
         warmup_s,
         median_s,
         round_medians_s: Vec::new(),
@@ -1106,6 +1119,7 @@ mod tests {
             ghost_owned_ratio: 0.0,
             bytes_per_step: 0,
             balance: "geometric".into(),
+            work_sharing: false,
             rank_work_s: Vec::new(),
             phases: None,
         };

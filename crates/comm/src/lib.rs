@@ -33,7 +33,7 @@ mod mpi_backend;
 
 pub use buffer::{Buffer, ElemKind, SendBuf};
 pub use threads::{
-    run_threads, thread_world, FailedRank, FailureKind, RankFailure, ThreadCommunicator,
+    run_threads, thread_world, FailedRank, FailureKind, IdleWork, RankFailure, ThreadCommunicator,
     ThreadsConfig,
 };
 

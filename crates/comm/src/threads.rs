@@ -19,20 +19,41 @@ use std::time::{Duration, Instant};
 
 use crate::{fold_sum, Buffer, CommError, CommStats, Communicator, ElemKind, SendBuf};
 
+/// Work a waiting rank may do for others: returns whether it did any.
+pub type IdleWork = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// How often a rank with [`ThreadsConfig::idle`] work looks for more while
+/// it waits.
+const IDLE_POLL: Duration = Duration::from_micros(100);
+
 /// Configuration of a threads world.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct ThreadsConfig {
     /// Deadline of every blocking call (receive, collective, barrier). It must
     /// exceed the longest time one rank may legitimately wait for another
     /// (load imbalance included).
     pub timeout: Duration,
+    /// Called by a rank that waits for a message, until it returns `false`
+    /// (then the rank waits, looking again every 100 µs): lets ranks that
+    /// are ahead take over pieces of the work of ranks that are behind.
+    pub idle: Option<IdleWork>,
 }
 
 impl Default for ThreadsConfig {
     fn default() -> Self {
         ThreadsConfig {
             timeout: crate::DEFAULT_TIMEOUT,
+            idle: None,
         }
+    }
+}
+
+impl fmt::Debug for ThreadsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ThreadsConfig")
+            .field("timeout", &self.timeout)
+            .field("idle", &self.idle.is_some())
+            .finish()
     }
 }
 
@@ -128,6 +149,7 @@ struct Mailbox {
 struct World {
     size: usize,
     timeout: Duration,
+    idle: Option<IdleWork>,
     /// Indexed by destination rank.
     mailboxes: Vec<Mailbox>,
     failed: AtomicBool,
@@ -235,9 +257,21 @@ impl World {
                     waited: now - start,
                 });
             }
+            let mut wait = deadline - now;
+            if let Some(idle) = &self.idle {
+                // Help while there is help to give, then look again soon:
+                // the work is posted without waking the mailboxes.
+                drop(queue);
+                let helped = idle();
+                queue = lock(&mailbox.queue);
+                if helped {
+                    continue;
+                }
+                wait = wait.min(IDLE_POLL);
+            }
             queue = mailbox
                 .arrived
-                .wait_timeout(queue, deadline - now)
+                .wait_timeout(queue, wait)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
@@ -307,6 +341,7 @@ pub fn thread_world(
     let world = Arc::new(World {
         size: n_ranks,
         timeout: config.timeout,
+        idle: config.idle,
         mailboxes: (0..n_ranks).map(|_| Mailbox::default()).collect(),
         failed: AtomicBool::new(false),
         failure: Mutex::new(None),

@@ -11,6 +11,7 @@ use proptest::prelude::*;
 fn config(timeout_s: f64) -> ThreadsConfig {
     ThreadsConfig {
         timeout: Duration::from_secs_f64(timeout_s),
+        ..Default::default()
     }
 }
 
@@ -165,6 +166,37 @@ fn barrier_orders_side_effects() {
         Ok(arrived.load(Ordering::SeqCst))
     });
     assert!(all_ok(results).iter().all(|&seen| seen == n));
+}
+
+/// A rank that waits does the world's idle work meanwhile, and still gets
+/// its message; with no idle work to do it waits as before.
+#[test]
+fn waiting_ranks_do_idle_work() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&calls);
+    let config = ThreadsConfig {
+        idle: Some(Arc::new(move || {
+            // Some work for the first 50 calls, then none.
+            counter.fetch_add(1, Ordering::SeqCst) < 50
+        })),
+        ..config(30.0)
+    };
+    let results = run_threads(2, config, |comm| -> Result<_, CommError> {
+        if comm.rank() == 1 {
+            std::thread::sleep(Duration::from_millis(100));
+            comm.send_f64(0, 7, &[42.0])?;
+            return Ok(0.0);
+        }
+        Ok(comm.recv_f64(1, 7)?[0])
+    });
+    assert_eq!(all_ok(results), vec![42.0, 0.0]);
+    // 50 calls that did work, then polls every 100 µs for about 100 ms.
+    assert!(
+        calls.load(Ordering::SeqCst) > 50,
+        "idle work was not called"
+    );
 }
 
 /// Left fold in rank order, the documented reduction order.
@@ -400,6 +432,7 @@ fn timeout_fires_when_peer_never_sends() {
         2,
         ThreadsConfig {
             timeout: Duration::from_millis(200),
+            ..Default::default()
         },
     )
     .unwrap();

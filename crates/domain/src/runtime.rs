@@ -4,7 +4,8 @@
 use crate::halo::{HaloRuntime, LocalHaloPlan};
 use crate::partition::{partition_system_balanced, Balance, Partition};
 use ddmlip_atoms::{Cell, System};
-use ddmlip_comm::{thread_world, Communicator, ThreadsConfig};
+use ddmlip_comm::{thread_world, Communicator, IdleWork, ThreadsConfig};
+use ddmlip_engine::helpers::{with_board, HelpBoard};
 use ddmlip_engine::ops::PeriodicShifts;
 use ddmlip_engine::{
     Buffers, DType, EngineError, Graph, Model, ModelInputs, RowDomain, Scalar, Trace,
@@ -56,6 +57,10 @@ pub struct EvalOptions {
     pub threads_per_rank: usize,
     /// How domain boundaries are placed in a decomposed run.
     pub balance: BalancePolicy,
+    /// Threads backend: ranks waiting for a message run pieces of the ops
+    /// of ranks still working (`ddmlip_engine::helpers`). Results are the
+    /// same bits whoever runs a piece.
+    pub work_sharing: bool,
 }
 
 /// How a decomposed run places its domain boundaries.
@@ -95,6 +100,7 @@ impl Default for EvalOptions {
             allow_close_atoms: false,
             threads_per_rank: 0,
             balance: BalancePolicy::Geometric,
+            work_sharing: true,
         }
     }
 }
@@ -936,10 +942,15 @@ fn evaluate_threads(
 ) -> Result<EvalResult, EvalError> {
     let ranks = opts.ranks;
     let split = plan_split(model, batch, opts, ranks, (Instant::now(), false))?;
+    let board = opts.work_sharing.then(HelpBoard::new);
+    let idle = board
+        .clone()
+        .map(|b| -> IdleWork { Arc::new(move || b.help()) });
     let comms = thread_world(
         ranks,
         ThreadsConfig {
             timeout: opts.timeout,
+            idle,
         },
     )
     .map_err(|e| EvalError::Input(format!("cannot start {ranks} ranks: {e}")))?;
@@ -954,12 +965,19 @@ fn evaluate_threads(
             .zip(buffers.iter_mut())
             .map(|(comm, held)| {
                 let split = &split;
+                let board = board.clone();
                 scope.spawn(move || {
                     let rank = comm.rank();
                     let comm: Box<dyn Communicator> = Box::new(comm);
                     // Out of `held` for the call, which borrows the rest.
                     let pool = held.take_pool(rank, threads);
-                    let body = || held.run_rank(model, batch, split, comm, opts);
+                    let body = || {
+                        let run = || held.run_rank(model, batch, split, comm, opts);
+                        match board {
+                            Some(board) => with_board(board, run),
+                            None => run(),
+                        }
+                    };
                     let out = match &pool {
                         Some((_, pool)) => pool.install(body),
                         // Without a private pool the rank still runs, on the

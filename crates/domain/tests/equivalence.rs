@@ -480,3 +480,27 @@ fn results_do_not_depend_on_the_thread_count() {
         }
     }
 }
+
+/// Ranks that wait run pieces of the pair sums of ranks still working: on a
+/// crystal large enough for several pieces per rank, the split run with and
+/// without that help equals the single-process run.
+#[test]
+fn work_sharing_keeps_the_single_process_answer() {
+    let lj = load_model("lj").unwrap();
+    // 6,912 atoms × 371 pairs: past 2^18 pairs per piece on 2 and 3 ranks.
+    let batch = vec![fcc(12)];
+    let single = evaluate(lj.as_ref(), &batch, &EvalOptions::default()).unwrap();
+    for ranks in [2, 3] {
+        for work_sharing in [true, false] {
+            let opts = EvalOptions {
+                ranks,
+                threads_per_rank: 1,
+                work_sharing,
+                ..Default::default()
+            };
+            let split = evaluate(lj.as_ref(), &batch, &opts).unwrap();
+            let d = compare(&single, &split);
+            assert!(d < 1e-10, "{ranks} ranks, sharing {work_sharing}: {d:e}");
+        }
+    }
+}

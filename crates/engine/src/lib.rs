@@ -11,6 +11,7 @@
 mod dist;
 mod error;
 mod graph;
+pub mod helpers;
 mod model;
 pub mod ops;
 mod scalar;

@@ -846,3 +846,88 @@ fn row_norm_of_any_width() {
     assert_eq!(&gx[0][..2], &[0.0, 0.0]);
     assert!((gx[0][2] - 0.6).abs() < 1e-15 && (gx[0][3] - 0.8).abs() < 1e-15);
 }
+
+/// With ranks able to help each other, `pair_sum`'s one-thread gradient
+/// runs in pieces: the same bits whether other threads ran some pieces or
+/// none, and the sums of the one-pass gradient up to rounding.
+#[test]
+fn pair_sum_gradient_in_pieces_is_the_same_whoever_runs_them() {
+    use ddmlip_engine::helpers::{with_board, HelpBoard};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    // Past two pieces' worth of edges (2^18 each).
+    let (n_atoms, n_edges) = (3000, 600_000);
+    let (positions, cell, eps, arrays) = random_periodic_graph(n_atoms, n_edges, 31);
+    let weights = rand_vec(n_atoms, 33);
+    let run = || -> Outcome {
+        let mut g = Graph::<f64>::new();
+        let t = [
+            g.leaf(positions.clone(), n_atoms, 3, RowDomain::Atom),
+            g.leaf(cell.clone(), 3, 3, RowDomain::System),
+            g.leaf(eps.clone(), 1, 9, RowDomain::System),
+        ];
+        let edges = strained_edges(&mut g, &t, &arrays).unwrap();
+        let out = g.pair_sum(&edges, &pair_term()).unwrap();
+        let value = g.value(out).to_vec();
+        let grads = g.grad(out, Some(weights.clone()), &t).unwrap();
+        (value, grads)
+    };
+    let one_thread = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let one_pass = one_thread.install(run);
+    let alone = one_thread.install(|| with_board(HelpBoard::new(), run));
+    let board = HelpBoard::new();
+    let (stop, helped) = (AtomicBool::new(false), AtomicUsize::new(0));
+    let helped_run = std::thread::scope(|s| {
+        for _ in 0..3 {
+            s.spawn(|| {
+                while !stop.load(Ordering::Acquire) {
+                    if board.help() {
+                        helped.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+        // Until a helper took a piece: a run where none did proves nothing.
+        let mut out = one_thread.install(|| with_board(board.clone(), run));
+        for _ in 0..20 {
+            if helped.load(Ordering::Relaxed) > 0 {
+                break;
+            }
+            out = one_thread.install(|| with_board(board.clone(), run));
+        }
+        stop.store(true, Ordering::Release);
+        out
+    });
+    assert!(helped.load(Ordering::Relaxed) > 0, "no helper ran a piece");
+    assert_eq!(bits(&alone.0), bits(&helped_run.0), "sums");
+    assert_eq!(
+        bits(&alone.0),
+        bits(&one_pass.0),
+        "sums do not depend on pieces"
+    );
+    for (k, ((a, b), c)) in alone
+        .1
+        .iter()
+        .zip(&helped_run.1)
+        .zip(&one_pass.1)
+        .enumerate()
+    {
+        assert_eq!(
+            bits(a),
+            bits(b),
+            "gradient of input {k}: helpers changed bits"
+        );
+        let scale = c.iter().fold(0.0_f64, |m, x| m.max(x.abs()));
+        assert!(scale > 0.0, "gradient of input {k} is zero");
+        let worst = a
+            .iter()
+            .zip(c)
+            .fold(0.0_f64, |m, (x, y)| m.max((x - y).abs()));
+        assert!(
+            worst <= 1e-12 * scale,
+            "input {k}: pieces vs one pass {worst:e}"
+        );
+    }
+}

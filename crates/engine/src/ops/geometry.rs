@@ -7,7 +7,7 @@ use crate::ops::{scatter_in_source_order, Pointwise, PAR_THRESHOLD};
 use crate::{Edges, EngineError, Graph, Index, RowDomain, Scalar, Tensor};
 use ddmlip_spec::GatherMode;
 use rayon::prelude::*;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Rows per task of `row_norm` and of the edge ops, and of their gradients.
 const NORM_ROWS: usize = 4096;
@@ -368,8 +368,6 @@ impl<T: Scalar> Graph<T> {
                 if !ctx.wants(geo.positions) && !wants_cell {
                     return Ok(());
                 }
-                let pv = ctx.value(geo.positions);
-                let cv = geo.periodic.as_ref().map(|p| ctx.value(p.cell));
                 if ctx.wants(geo.positions) && scatter_in_source_order(n_edges * 3) {
                     // One thread: one pass over the edges, block by block —
                     // lengths, f', and each edge's term into the positions
@@ -379,40 +377,96 @@ impl<T: Scalar> Graph<T> {
                         Some(p) if ctx.wants(p.cell) => Some(ctx.take_grad(p.cell)),
                         _ => None,
                     };
-                    let mut scratch = expr.grad_scratch(0);
-                    let mut vectors = [[T::zero(); 3]; BLOCK];
-                    let mut lengths = [T::zero(); BLOCK];
-                    let mut seeds = [T::zero(); BLOCK];
-                    let mut grads = [T::zero(); BLOCK];
-                    ctx.accumulate_with(geo.positions, |gp| {
-                        for start in (0..n_edges).step_by(BLOCK) {
-                            let len = BLOCK.min(n_edges - start);
-                            for k in 0..len {
-                                vectors[k] = geo.vector(pv, cv, start + k);
-                                lengths[k] = length(vectors[k]);
-                                seeds[k] = g[geo.ci[start + k] as usize];
+                    // With ranks to help, the edges in pieces: the first adds
+                    // into the gradients, each other piece into its own
+                    // zeroed rows, added in piece order after all ran.
+                    let pieces = backward_pieces(n_edges);
+                    let n_position_values = ctx.value(geo.positions).len();
+                    let n_cell_values = cell_grad.as_ref().map_or(0, Vec::len);
+                    let extra: Vec<Mutex<(Vec<T>, Vec<T>)>> = (1..pieces)
+                        .map(|_| {
+                            Mutex::new((ctx.zeroed(n_position_values), ctx.zeroed(n_cell_values)))
+                        })
+                        .collect();
+                    let pv = ctx.value(geo.positions);
+                    let cv = geo.periodic.as_ref().map(|p| ctx.value(p.cell));
+                    let edge_terms =
+                        |edges: std::ops::Range<usize>, gp: &mut [T], mut gc: Option<&mut [T]>| {
+                            let mut scratch = expr.grad_scratch(0);
+                            let mut vectors = [[T::zero(); 3]; BLOCK];
+                            let mut lengths = [T::zero(); BLOCK];
+                            let mut seeds = [T::zero(); BLOCK];
+                            let mut grads = [T::zero(); BLOCK];
+                            for start in edges.clone().step_by(BLOCK) {
+                                let len = BLOCK.min(edges.end - start);
+                                for k in 0..len {
+                                    vectors[k] = geo.vector(pv, cv, start + k);
+                                    lengths[k] = length(vectors[k]);
+                                    seeds[k] = g[geo.ci[start + k] as usize];
+                                }
+                                expr.grad_one(
+                                    &lengths[..len],
+                                    &seeds[..len],
+                                    &mut scratch,
+                                    &mut grads[..len],
+                                );
+                                for k in 0..len {
+                                    let scale = length_scale(grads[k], lengths[k]);
+                                    let term = vectors[k].map(|x| scale * x);
+                                    geo.add_to_positions(start + k, term, gp);
+                                    if let Some(gc) = gc.as_deref_mut() {
+                                        geo.add_to_cell(start + k, term, gc);
+                                    }
+                                }
                             }
-                            expr.grad_one(
-                                &lengths[..len],
-                                &seeds[..len],
-                                &mut scratch,
-                                &mut grads[..len],
-                            );
-                            for k in 0..len {
-                                let scale = length_scale(grads[k], lengths[k]);
-                                let term = vectors[k].map(|x| scale * x);
-                                geo.add_to_positions(start + k, term, gp);
-                                if let Some(gc) = cell_grad.as_deref_mut() {
-                                    geo.add_to_cell(start + k, term, gc);
+                        };
+                    ctx.accumulate_with(geo.positions, |gp| {
+                        if pieces == 1 {
+                            edge_terms(0..n_edges, gp, cell_grad.as_deref_mut());
+                            return;
+                        }
+                        let piece_edges =
+                            |p: usize| p * n_edges / pieces..(p + 1) * n_edges / pieces;
+                        let first = Mutex::new((gp, cell_grad.as_deref_mut()));
+                        crate::helpers::run_pieces(pieces, &|p| {
+                            if p == 0 {
+                                let mut first = lock_piece(&first);
+                                let (gp, gc) = &mut *first;
+                                edge_terms(piece_edges(0), gp, gc.as_deref_mut());
+                            } else {
+                                let mut own = lock_piece(&extra[p - 1]);
+                                let (gp, gc) = &mut *own;
+                                let gc = (!gc.is_empty()).then_some(&mut gc[..]);
+                                edge_terms(piece_edges(p), gp, gc);
+                            }
+                        });
+                        let (gp, mut gc) =
+                            first.into_inner().unwrap_or_else(PoisonError::into_inner);
+                        for piece in &extra {
+                            let own = lock_piece(piece);
+                            for (a, b) in gp.iter_mut().zip(&own.0) {
+                                *a += *b;
+                            }
+                            if let Some(gc) = gc.as_deref_mut() {
+                                for (a, b) in gc.iter_mut().zip(&own.1) {
+                                    *a += *b;
                                 }
                             }
                         }
                     });
+                    for piece in extra {
+                        let (rows, cell) =
+                            piece.into_inner().unwrap_or_else(PoisonError::into_inner);
+                        ctx.recycle(rows);
+                        ctx.recycle(cell);
+                    }
                     if let (Some(p), Some(gc)) = (&geo.periodic, cell_grad) {
                         ctx.put_grad(p.cell, gc);
                     }
                     return Ok(());
                 }
+                let pv = ctx.value(geo.positions);
+                let cv = geo.periodic.as_ref().map(|p| ctx.value(p.cell));
                 // ∂out/∂|v_e| = f'(|v_e|)·g[center[e]] block by block, then
                 // the edge ops' backward through the inverse maps.
                 let mut length_grads = ctx.for_overwrite(n_edges);
@@ -829,4 +883,27 @@ impl EdgeGeometry {
             }
         }
     }
+}
+
+/// Edges per piece of a pair sum's gradient, at least, when ranks can help
+/// each other (`crate::helpers`): enough that a piece's own zeroed rows and
+/// their final sum cost little against its edges.
+const PIECE_EDGES: usize = 1 << 18;
+
+/// At most this many pieces: each costs one pass over the position rows.
+const MAX_PIECES: usize = 16;
+
+/// Pieces of a pair sum's one-thread gradient over `n_edges` edges: 1
+/// unless ranks can help each other; a function of `n_edges` alone
+/// otherwise, so that the sums do not depend on who runs which piece.
+fn backward_pieces(n_edges: usize) -> usize {
+    if crate::helpers::has_board() {
+        (n_edges / PIECE_EDGES).clamp(1, MAX_PIECES)
+    } else {
+        1
+    }
+}
+
+fn lock_piece<G>(m: &Mutex<G>) -> std::sync::MutexGuard<'_, G> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
