@@ -9,6 +9,7 @@
 //! instead, it is what a split that moves work from slow to fast cores
 //! within a step could reach at best.
 
+use crate::commands::bench_cmd::median;
 use crate::CliError;
 use anyhow::anyhow;
 use clap::{Args, ValueEnum};
@@ -164,19 +165,6 @@ fn lockstep(
         .map(|s| per_thread.iter().map(|(t, _)| t[s]).collect())
         .collect();
     Ok((by_step, per_thread.iter().map(|(_, c)| *c).collect()))
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        0.5 * (s[n / 2 - 1] + s[n / 2])
-    }
 }
 
 fn mean(v: &[f64]) -> f64 {
