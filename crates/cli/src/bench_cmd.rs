@@ -445,7 +445,7 @@ fn model_table(s: &ModelSummary) -> String {
     if let Some(r) = s.records.first() {
         let _ = writeln!(
             o,
-            "{} {} on {}: {} atoms, {} edges ({:.1} per atom); {} domains{}",
+            "{} {} on {}: {} atoms, {} edges ({:.1} per atom); {} domains{}{}",
             r.model,
             r.dtype,
             r.structure,
@@ -456,6 +456,11 @@ fn model_table(s: &ModelSummary) -> String {
             match r.round_medians_s.len() {
                 0 | 1 => String::new(),
                 n => format!("; medians over {n} alternating rounds"),
+            },
+            match s.records.iter().find(|r| r.ranks > 1) {
+                Some(split) if split.work_sharing => "; waiting ranks share work",
+                Some(_) => "; no work sharing",
+                None => "",
             }
         );
     }
