@@ -22,9 +22,13 @@ use crate::{fold_sum, Buffer, CommError, CommStats, Communicator, ElemKind, Send
 /// Work a waiting rank may do for others: returns whether it did any.
 pub type IdleWork = Arc<dyn Fn() -> bool + Send + Sync>;
 
-/// How often a rank with [`ThreadsConfig::idle`] work looks for more while
-/// it waits.
+/// How soon a rank with [`ThreadsConfig::idle`] work looks for more after
+/// finding none; the interval doubles while it keeps finding none, up to
+/// [`IDLE_POLL_MAX`], so that long waits cost little CPU.
 const IDLE_POLL: Duration = Duration::from_micros(100);
+
+/// The longest interval between looks for idle work.
+const IDLE_POLL_MAX: Duration = Duration::from_millis(2);
 
 /// Configuration of a threads world.
 #[derive(Clone)]
@@ -34,8 +38,9 @@ pub struct ThreadsConfig {
     /// (load imbalance included).
     pub timeout: Duration,
     /// Called by a rank that waits for a message, until it returns `false`
-    /// (then the rank waits, looking again every 100 µs): lets ranks that
-    /// are ahead take over pieces of the work of ranks that are behind.
+    /// (then the rank waits, looking again after 100 µs, then at doubling
+    /// intervals up to 2 ms): lets ranks that are ahead take over pieces of
+    /// the work of ranks that are behind.
     pub idle: Option<IdleWork>,
 }
 
@@ -231,6 +236,7 @@ impl World {
         let start = Instant::now();
         let deadline = start + self.timeout;
         let mut queue = lock(&mailbox.queue);
+        let mut poll = IDLE_POLL;
         loop {
             if let Some(error) = self.failure() {
                 return Err(error);
@@ -265,9 +271,11 @@ impl World {
                 let helped = idle();
                 queue = lock(&mailbox.queue);
                 if helped {
+                    poll = IDLE_POLL;
                     continue;
                 }
-                wait = wait.min(IDLE_POLL);
+                wait = wait.min(poll);
+                poll = (poll * 2).min(IDLE_POLL_MAX);
             }
             queue = mailbox
                 .arrived

@@ -192,7 +192,7 @@ fn waiting_ranks_do_idle_work() {
         Ok(comm.recv_f64(1, 7)?[0])
     });
     assert_eq!(all_ok(results), vec![42.0, 0.0]);
-    // 50 calls that did work, then polls every 100 µs for about 100 ms.
+    // 50 calls that did work, then looks at growing intervals for about 100 ms.
     assert!(
         calls.load(Ordering::SeqCst) > 50,
         "idle work was not called"
