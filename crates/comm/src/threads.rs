@@ -27,8 +27,10 @@ pub type IdleWork = Arc<dyn Fn() -> bool + Send + Sync>;
 /// [`IDLE_POLL_MAX`], so that long waits cost little CPU.
 const IDLE_POLL: Duration = Duration::from_micros(100);
 
-/// The longest interval between looks for idle work.
-const IDLE_POLL_MAX: Duration = Duration::from_millis(2);
+/// The longest interval between looks for idle work: pieces of another
+/// rank's op last a few hundred microseconds, so a rank that looked less
+/// often would miss most of them.
+const IDLE_POLL_MAX: Duration = Duration::from_micros(400);
 
 /// Configuration of a threads world.
 #[derive(Clone)]
@@ -39,7 +41,7 @@ pub struct ThreadsConfig {
     pub timeout: Duration,
     /// Called by a rank that waits for a message, until it returns `false`
     /// (then the rank waits, looking again after 100 µs, then at doubling
-    /// intervals up to 2 ms): lets ranks that are ahead take over pieces of
+    /// intervals up to 400 µs): lets ranks that are ahead take over pieces of
     /// the work of ranks that are behind.
     pub idle: Option<IdleWork>,
 }

@@ -411,9 +411,16 @@ impl<'a, T: Scalar> BackwardCtx<'a, T> {
         }
         let len = self.nodes[t.id].value.len();
         let parallel = len >= crate::ops::PAR_THRESHOLD;
+        let pieces = crate::helpers::pieces_for(len);
         match &mut self.grads[t.id] {
             Some(acc) => {
-                if parallel {
+                if pieces > 1 {
+                    crate::helpers::run_parts(acc, 1, pieces, &|start, part| {
+                        for (i, a) in part.iter_mut().enumerate() {
+                            *a += f(start + i);
+                        }
+                    });
+                } else if parallel {
                     acc.par_iter_mut().enumerate().for_each(|(i, a)| *a += f(i));
                 } else {
                     acc.iter_mut().enumerate().for_each(|(i, a)| *a += f(i));

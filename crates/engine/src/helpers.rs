@@ -133,6 +133,67 @@ pub fn run_pieces(pieces: usize, f: &(dyn Fn(usize) + Sync)) {
     }
 }
 
+/// Elements of output (or of work, for scatters) per piece of a row-wise
+/// op: a few hundred microseconds, long against the cost of posting and
+/// claiming a piece, short against an op.
+const PIECE_ELEMENTS: usize = 1 << 17;
+
+/// At most this many pieces per op.
+const MAX_PIECES: usize = 64;
+
+/// How many pieces a row-wise op over `work` elements posts: more than one
+/// only on a one-thread pool with a board (ranks that can help each
+/// other), and then a function of `work` alone.
+pub(crate) fn pieces_for(work: usize) -> usize {
+    if rayon::current_num_threads() == 1 && has_board() {
+        (work / PIECE_ELEMENTS).clamp(1, MAX_PIECES)
+    } else {
+        1
+    }
+}
+
+/// Runs `f(start, part)` over `pieces` consecutive parts of `out` that
+/// together cover it, `start` being the part's first element; every part
+/// but the last holds a multiple of `align` elements (whole rows), and any
+/// rank's thread may run it ([`run_pieces`]). `f` must compute each
+/// element the same way whatever part holds it, so that the result does
+/// not depend on the split.
+pub(crate) fn run_parts<T: Send>(
+    out: &mut [T],
+    align: usize,
+    pieces: usize,
+    f: &(dyn Fn(usize, &mut [T]) + Sync),
+) {
+    let align = align.max(1);
+    let units = out.len() / align;
+    let pieces = pieces.clamp(1, units.max(1));
+    if pieces == 1 {
+        f(0, out);
+        return;
+    }
+    let mut parts = Vec::with_capacity(pieces);
+    let (mut rest, mut start) = (out, 0);
+    for p in 1..=pieces {
+        let end = if p == pieces {
+            start + rest.len()
+        } else {
+            p * units / pieces * align
+        };
+        let (part, tail) = std::mem::take(&mut rest).split_at_mut(end - start);
+        parts.push(Mutex::new(Some((start, part))));
+        (rest, start) = (tail, end);
+    }
+    run_pieces(pieces, &|p| {
+        let part = parts[p]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some((start, part)) = part {
+            f(start, part);
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

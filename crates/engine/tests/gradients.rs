@@ -852,8 +852,6 @@ fn row_norm_of_any_width() {
 /// none, and the sums of the one-pass gradient up to rounding.
 #[test]
 fn pair_sum_gradient_in_pieces_is_the_same_whoever_runs_them() {
-    use ddmlip_engine::helpers::{with_board, HelpBoard};
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     // Past two pieces' worth of edges (2^18 each).
     let (n_atoms, n_edges) = (3000, 600_000);
     let (positions, cell, eps, arrays) = random_periodic_graph(n_atoms, n_edges, 31);
@@ -871,6 +869,46 @@ fn pair_sum_gradient_in_pieces_is_the_same_whoever_runs_them() {
         let grads = g.grad(out, Some(weights.clone()), &t).unwrap();
         (value, grads)
     };
+    let (one_pass, alone, helped_run) = runs_with_and_without_helpers(&run);
+    assert_eq!(bits(&alone.0), bits(&helped_run.0), "sums");
+    assert_eq!(
+        bits(&alone.0),
+        bits(&one_pass.0),
+        "sums do not depend on pieces"
+    );
+    for (k, ((a, b), c)) in alone
+        .1
+        .iter()
+        .zip(&helped_run.1)
+        .zip(&one_pass.1)
+        .enumerate()
+    {
+        assert_eq!(
+            bits(a),
+            bits(b),
+            "gradient of input {k}: helpers changed bits"
+        );
+        let scale = c.iter().fold(0.0_f64, |m, x| m.max(x.abs()));
+        assert!(scale > 0.0, "gradient of input {k} is zero");
+        let worst = a
+            .iter()
+            .zip(c)
+            .fold(0.0_f64, |m, (x, y)| m.max((x - y).abs()));
+        assert!(
+            worst <= 1e-12 * scale,
+            "input {k}: pieces vs one pass {worst:e}"
+        );
+    }
+}
+
+/// `run` on a one-thread pool three ways: without a board, with a board
+/// nobody helps on, and with three threads helping on the board (repeated
+/// until a helper ran a piece; panics if none ever did).
+fn runs_with_and_without_helpers(
+    run: &(dyn Fn() -> Outcome + Sync),
+) -> (Outcome, Outcome, Outcome) {
+    use ddmlip_engine::helpers::{with_board, HelpBoard};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let one_thread = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build()
@@ -901,33 +939,77 @@ fn pair_sum_gradient_in_pieces_is_the_same_whoever_runs_them() {
         out
     });
     assert!(helped.load(Ordering::Relaxed) > 0, "no helper ran a piece");
-    assert_eq!(bits(&alone.0), bits(&helped_run.0), "sums");
-    assert_eq!(
-        bits(&alone.0),
-        bits(&one_pass.0),
-        "sums do not depend on pieces"
-    );
-    for (k, ((a, b), c)) in alone
-        .1
+    (one_pass, alone, helped_run)
+}
+
+/// Row-wise ops (element-wise, matmul, gather, scatter through the inverse
+/// map) split into pieces when ranks can help: a message-passing chain
+/// gives the same bits with and without pieces, whoever runs them.
+#[test]
+fn row_ops_in_pieces_give_the_same_bits_whoever_runs_them() {
+    // Enough rows for many pieces of 2^17 elements: 40,000 edges × 32.
+    let (n_atoms, n_edges, width) = (5000, 40_000, 32);
+    let centers = rand_vec(n_edges, 41);
+    let neighbors = rand_vec(n_edges, 42);
+    let mut center: Vec<u32> = centers
         .iter()
-        .zip(&helped_run.1)
-        .zip(&one_pass.1)
-        .enumerate()
-    {
-        assert_eq!(
-            bits(a),
-            bits(b),
-            "gradient of input {k}: helpers changed bits"
-        );
-        let scale = c.iter().fold(0.0_f64, |m, x| m.max(x.abs()));
-        assert!(scale > 0.0, "gradient of input {k} is zero");
-        let worst = a
-            .iter()
-            .zip(c)
-            .fold(0.0_f64, |m, (x, y)| m.max((x - y).abs()));
-        assert!(
-            worst <= 1e-12 * scale,
-            "input {k}: pieces vs one pass {worst:e}"
-        );
+        .map(|&x| ((x.abs() * 1e6) as usize % n_atoms) as u32)
+        .collect();
+    center.sort_unstable();
+    let neighbor: Vec<u32> = neighbors
+        .iter()
+        .map(|&x| ((x.abs() * 1e6) as usize % n_atoms) as u32)
+        .collect();
+    let (center, neighbor) = (Arc::new(center), Arc::new(neighbor));
+    let x0 = rand_vec(n_atoms * width, 43);
+    let filter0 = rand_vec(n_edges * width, 44);
+    let w0 = rand_vec(width * width, 45);
+    let weights = rand_vec(n_atoms * width, 46);
+    let run = || -> Outcome {
+        let mut g = Graph::<f64>::new();
+        let t = [
+            g.leaf(x0.clone(), n_atoms, width, RowDomain::Atom),
+            g.leaf(filter0.clone(), n_edges, width, RowDomain::Edge),
+            g.leaf(w0.clone(), width, width, RowDomain::System),
+        ];
+        let c = g
+            .index(
+                center.clone(),
+                RowDomain::Edge,
+                RowDomain::Atom,
+                n_atoms,
+                "edge_center",
+            )
+            .unwrap();
+        let n = g
+            .index(
+                neighbor.clone(),
+                RowDomain::Edge,
+                RowDomain::Atom,
+                n_atoms,
+                "edge_neighbor",
+            )
+            .unwrap();
+        let mut x = t[0];
+        for _ in 0..2 {
+            let xl = g.matmul(x, t[2]).unwrap();
+            let xj = g.gather(xl, n).unwrap();
+            let filter = g.shifted_softplus(t[1]).unwrap();
+            let m = g.mul(xj, filter).unwrap();
+            let agg = g.scatter_add(m, c).unwrap();
+            let v = g.tanh(agg).unwrap();
+            x = g.add(x, v).unwrap();
+        }
+        let value = g.value(x).to_vec();
+        let grads = g.grad(x, Some(weights.clone()), &t).unwrap();
+        (value, grads)
+    };
+    let (one_pass, alone, helped) = runs_with_and_without_helpers(&run);
+    for (name, other) in [("a board nobody helps on", &alone), ("helpers", &helped)] {
+        assert_eq!(bits(&one_pass.0), bits(&other.0), "values with {name}");
+        for (k, (a, b)) in one_pass.1.iter().zip(&other.1).enumerate() {
+            assert!(a.iter().any(|v| *v != 0.0), "gradient of input {k} is zero");
+            assert_eq!(bits(a), bits(b), "gradient of input {k} with {name}");
+        }
     }
 }

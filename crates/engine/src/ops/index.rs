@@ -3,7 +3,7 @@
 //! (Atom → System), and the halo / all-reduce steps their handlers insert.
 
 use crate::graph::{Csr, IndexNode, NodeSpec};
-use crate::ops::{scatter_in_source_order, PAR_THRESHOLD};
+use crate::ops::{index_scatter_in_source_order, PAR_THRESHOLD};
 use crate::{DataMut, Distributor, EngineError, Graph, Index, RowDomain, Scalar, Tensor};
 use ddmlip_spec::{GatherMode, ScatterMode};
 use rayon::prelude::*;
@@ -17,7 +17,15 @@ pub(crate) fn gather_rows<T: Scalar>(x: &[T], cols: usize, idx: &[u32], out: &mu
         let s = idx[r] as usize * cols;
         o.copy_from_slice(&x[s..s + cols]);
     };
-    if out.len() >= PAR_THRESHOLD {
+    let pieces = crate::helpers::pieces_for(out.len());
+    if pieces > 1 {
+        crate::helpers::run_parts(out, cols, pieces, &|start, part| {
+            let first = start / cols;
+            for (r, o) in part.chunks_mut(cols).enumerate() {
+                body((first + r, o));
+            }
+        });
+    } else if out.len() >= PAR_THRESHOLD {
         out.par_chunks_mut(cols).enumerate().for_each(body);
     } else {
         out.chunks_mut(cols).enumerate().for_each(body);
@@ -35,13 +43,13 @@ pub(crate) fn scatter_handler(mode: ScatterMode) -> &'static str {
 
 /// The inverse map a scatter of `len` source elements through `node`
 /// needs: `None` when it runs in source order on the calling thread (see
-/// [`scatter_in_source_order`]); `spare` supplies recycled memory.
+/// [`index_scatter_in_source_order`]); `spare` supplies recycled memory.
 pub(crate) fn scatter_map(
     node: &IndexNode,
     len: usize,
     spare: impl FnOnce() -> Vec<u32>,
 ) -> Option<Arc<Csr>> {
-    (!scatter_in_source_order(len)).then(|| node.csr(spare))
+    (!index_scatter_in_source_order(len)).then(|| node.csr(spare))
 }
 
 /// `out[t] += Σ_{s: values[s] = t} src[s]`, summed in ascending source order
@@ -66,14 +74,26 @@ pub(crate) fn scatter_rows<T: Scalar>(
         }
         return;
     };
-    out.par_chunks_mut(cols).enumerate().for_each(|(t, o)| {
+    let target = |(t, o): (usize, &mut [T])| {
         csr.for_each_source(t, |s| {
             let row = &src[s * cols..(s + 1) * cols];
             for (a, &b) in o.iter_mut().zip(row) {
                 *a += b;
             }
         });
-    });
+    };
+    // Pieces by the work (the sources), split over target rows.
+    let pieces = crate::helpers::pieces_for(src.len());
+    if pieces > 1 {
+        crate::helpers::run_parts(out, cols, pieces, &|start, part| {
+            let first = start / cols;
+            for (r, o) in part.chunks_mut(cols).enumerate() {
+                target((first + r, o));
+            }
+        });
+    } else {
+        out.par_chunks_mut(cols).enumerate().for_each(target);
+    }
 }
 
 impl<T: Scalar> Graph<T> {

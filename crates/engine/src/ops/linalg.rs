@@ -16,6 +16,30 @@ pub(crate) fn matmul_into<T: Scalar>(
     accumulate: bool,
 ) {
     let beta = if accumulate { T::one() } else { T::zero() };
+    let pieces = crate::helpers::pieces_for(m * n);
+    if pieces > 1 && n > 0 {
+        // Each element's sum over k runs the same way in any row block.
+        crate::helpers::run_parts(c, n, pieces, &|start, cb| {
+            let (first, rows) = (start / n, cb.len() / n);
+            T::gemm(
+                rows,
+                k,
+                n,
+                T::one(),
+                &a[first * k..(first + rows) * k],
+                k as isize,
+                1,
+                b,
+                n as isize,
+                1,
+                beta,
+                cb,
+                n as isize,
+                1,
+            );
+        });
+        return;
+    }
     if m * k * n < 1 << 16 || m <= ROW_BLOCK {
         T::gemm(
             m,
@@ -67,6 +91,29 @@ pub(crate) fn matmul_bt_into<T: Scalar>(
     k: usize,
     n: usize,
 ) {
+    let pieces = crate::helpers::pieces_for(m * k);
+    if pieces > 1 && k > 0 {
+        crate::helpers::run_parts(ga, k, pieces, &|start, gab| {
+            let (first, rows) = (start / k, gab.len() / k);
+            T::gemm(
+                rows,
+                n,
+                k,
+                T::one(),
+                &g[first * n..(first + rows) * n],
+                n as isize,
+                1,
+                b,
+                1,
+                n as isize,
+                T::one(),
+                gab,
+                k as isize,
+                1,
+            );
+        });
+        return;
+    }
     if m * k * n < 1 << 16 || m <= ROW_BLOCK {
         T::gemm(
             m,

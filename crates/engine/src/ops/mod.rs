@@ -30,10 +30,26 @@ pub(crate) fn scatter_in_source_order(len: usize) -> bool {
     len < PAR_THRESHOLD || rayon::current_num_threads() == 1
 }
 
-/// `out[i] = f(i)` for every element, over rayon above [`PAR_THRESHOLD`].
+/// Whether an index scatter of `len` source elements runs on the calling
+/// thread in source order: as [`scatter_in_source_order`], unless other
+/// ranks can take pieces of it (then it goes through the inverse map, whose
+/// target rows split into independent pieces).
+pub(crate) fn index_scatter_in_source_order(len: usize) -> bool {
+    scatter_in_source_order(len) && crate::helpers::pieces_for(len) == 1
+}
+
+/// `out[i] = f(i)` for every element: over rayon above [`PAR_THRESHOLD`],
+/// in pieces other ranks may run when they can help.
 pub(crate) fn map_into<T: Send>(out: &mut [T], f: impl Fn(usize) -> T + Sync) {
     use rayon::prelude::*;
-    if out.len() >= PAR_THRESHOLD {
+    let pieces = crate::helpers::pieces_for(out.len());
+    if pieces > 1 {
+        crate::helpers::run_parts(out, 1, pieces, &|start, part| {
+            for (i, o) in part.iter_mut().enumerate() {
+                *o = f(start + i);
+            }
+        });
+    } else if out.len() >= PAR_THRESHOLD {
         out.par_iter_mut().enumerate().for_each(|(i, o)| *o = f(i));
     } else {
         out.iter_mut().enumerate().for_each(|(i, o)| *o = f(i));
