@@ -10,7 +10,9 @@ use ddmlip_engine::ops::PeriodicShifts;
 use ddmlip_engine::{
     Buffers, DType, EngineError, Graph, Model, ModelInputs, RowDomain, Scalar, Trace,
 };
-use ddmlip_neighbors::{pair_list_for_centers_into, NeighborOptions, PairList, PairScratch};
+use ddmlip_neighbors::{
+    pair_list_for_centers_into, ChunkRunner, NeighborOptions, PairList, PairScratch,
+};
 use ddmlip_spec::{MLIPSpec, OutputKind};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -1193,6 +1195,10 @@ fn rank_body<T: Scalar>(
     let (mut centers, mut neighbors) = (g.take_indices(), g.take_indices());
     let mut edge_sys = g.take_indices();
     let mut pairs = PairList::default();
+    // With a board, ranks that wait may take chunks of this rank's search.
+    scratch.set_chunk_runner(ddmlip_engine::helpers::has_board().then(|| -> ChunkRunner {
+        Arc::new(|n, f| ddmlip_engine::helpers::run_pieces_or_par(n, f))
+    }));
     for (s, (sys, part)) in batch.iter().zip(parts).enumerate() {
         let dom = &part.ranks[rank];
         let cell = sys.cell_or_zero();

@@ -133,6 +133,18 @@ pub fn run_pieces(pieces: usize, f: &(dyn Fn(usize) + Sync)) {
     }
 }
 
+/// Runs `f(0)`, …, `f(pieces − 1)`, each once: as [`run_pieces`] on a
+/// one-thread pool with a board (ranks that wait may run some), otherwise
+/// over the calling thread's rayon pool.
+pub fn run_pieces_or_par(pieces: usize, f: &(dyn Fn(usize) + Sync)) {
+    if rayon::current_num_threads() == 1 && has_board() {
+        run_pieces(pieces, f);
+    } else {
+        use rayon::prelude::*;
+        (0..pieces).into_par_iter().for_each(f);
+    }
+}
+
 /// Elements of output (or of work, for scatters) per piece of a row-wise
 /// op: a few hundred microseconds, long against the cost of posting and
 /// claiming a piece, short against an op.

@@ -15,6 +15,7 @@ use crate::frame::{pair_vector, Frame};
 use crate::{keep_in_half, prepare, NeighborError, NeighborList, NeighborOptions, PairList};
 use ddmlip_atoms::Cell;
 use rayon::prelude::*;
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Bins per cutoff length, between these bounds. Finer bins let the
 /// trimmed stencil follow the cutoff sphere more closely (half-cutoff bins
@@ -119,11 +120,56 @@ pub fn pair_list_for_centers(
     Ok(out)
 }
 
+/// Runs `f(0)`, …, `f(n − 1)`, each once, and returns when all have run,
+/// on whatever threads it likes: how a search spreads its chunks of
+/// centres. The search's result does not depend on who runs which chunk.
+pub type ChunkRunner = Arc<dyn Fn(usize, &(dyn Fn(usize) + Sync)) + Send + Sync>;
+
 /// Memory of a pair search kept for the next one (per-chunk pair lists), so
-/// that a search repeated along an MD run maps no fresh pages.
+/// that a search repeated along an MD run maps no fresh pages, and how its
+/// chunks run (rayon unless [`PairScratch::set_chunk_runner`] says otherwise).
 #[derive(Default)]
 pub struct PairScratch {
     chunks: Vec<ChunkPairs>,
+    runner: Option<ChunkRunner>,
+}
+
+impl PairScratch {
+    /// Later searches run their chunks of centres (and of the gather into
+    /// centre order) through `runner`, or over rayon when `None`. On a
+    /// one-thread pool with a runner the search cuts four times as many
+    /// chunks, so that other threads the runner lends have pieces to take.
+    pub fn set_chunk_runner(&mut self, runner: Option<ChunkRunner>) {
+        self.runner = runner;
+    }
+}
+
+/// Runs `f(i, part)` for every part, through `runner` when there is one,
+/// otherwise over rayon.
+fn for_each_part<P: Send>(
+    parts: Vec<P>,
+    runner: Option<&ChunkRunner>,
+    f: impl Fn(usize, P) + Sync,
+) {
+    match runner {
+        None => parts
+            .into_par_iter()
+            .enumerate()
+            .for_each(|(i, part)| f(i, part)),
+        Some(run) => {
+            let slots: Vec<Mutex<Option<P>>> =
+                parts.into_iter().map(|p| Mutex::new(Some(p))).collect();
+            run(slots.len(), &|i| {
+                let part = slots[i]
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take();
+                if let Some(part) = part {
+                    f(i, part);
+                }
+            });
+        }
+    }
 }
 
 /// [`pair_list_for_centers`] writing into `out`, whose previous content is
@@ -152,8 +198,20 @@ pub fn pair_list_for_centers_into(
     let n_centers = n_centers.min(positions.len());
     // The gather overwrites every slot it keeps, so the old lists are not
     // cleared first (that would zero them all again).
-    match search_chunks(positions, cell, pbc, opts, n_centers, fields, scratch)? {
-        Some(searched) => out.closest = gather_in_center_order(&searched, fields, &mut list),
+    let PairScratch { chunks, runner } = scratch;
+    match search_chunks(
+        positions,
+        cell,
+        pbc,
+        opts,
+        n_centers,
+        fields,
+        chunks,
+        runner.as_ref(),
+    )? {
+        Some(searched) => {
+            out.closest = gather_in_center_order(&searched, fields, &mut list, runner.as_ref())
+        }
         None => list.clear(),
     }
     out.centers = list.centers;
@@ -185,7 +243,7 @@ fn search_into(
     out: &mut NeighborList,
 ) -> Result<(), NeighborError> {
     out.clear();
-    let mut scratch = PairScratch::default();
+    let mut chunks = Vec::new();
     if let Some(searched) = search_chunks(
         positions,
         cell,
@@ -193,9 +251,10 @@ fn search_into(
         opts,
         n_centers,
         ALL_FIELDS,
-        &mut scratch,
+        &mut chunks,
+        None,
     )? {
-        gather_in_center_order(&searched, ALL_FIELDS, out);
+        gather_in_center_order(&searched, ALL_FIELDS, out, None);
     }
     Ok(())
 }
@@ -209,8 +268,9 @@ struct SearchedChunks<'s> {
     chunk_size: usize,
 }
 
-/// The per-chunk pair lists of the centres `0..n_centers`; `None` when
-/// there is nothing to search.
+/// The per-chunk pair lists of the centres `0..n_centers`, in `lists`
+/// (reused); `None` when there is nothing to search.
+#[allow(clippy::too_many_arguments)]
 fn search_chunks<'s>(
     positions: &[[f64; 3]],
     cell: Option<&Cell>,
@@ -218,7 +278,8 @@ fn search_chunks<'s>(
     opts: &NeighborOptions,
     n_centers: usize,
     fields: Fields,
-    scratch: &'s mut PairScratch,
+    lists: &'s mut Vec<ChunkPairs>,
+    runner: Option<&ChunkRunner>,
 ) -> Result<Option<SearchedChunks<'s>>, NeighborError> {
     let prepared = prepare(positions, cell, pbc, opts)?;
     let n_atoms = positions.len();
@@ -274,14 +335,21 @@ fn search_chunks<'s>(
         return Ok(None);
     }
     let threads = rayon::current_num_threads().max(1);
-    let chunk_size = (n_search / (threads * 16)).clamp(64, 4096);
+    // A runner may lend other threads to a one-thread search: cut enough
+    // chunks for them to share.
+    let per_thread = if runner.is_some() && threads == 1 {
+        64
+    } else {
+        16
+    };
+    let chunk_size = (n_search / (threads * per_thread)).clamp(64, 4096);
     let n_chunks = n_search.div_ceil(chunk_size);
     let pairs_per_center = prepared.estimated_pairs / n_atoms as f64;
-    if scratch.chunks.len() < n_chunks {
-        scratch.chunks.resize_with(n_chunks, ChunkPairs::default);
+    if lists.len() < n_chunks {
+        lists.resize_with(n_chunks, ChunkPairs::default);
     }
-    let chunks = &mut scratch.chunks[..n_chunks];
-    chunks.par_iter_mut().enumerate().for_each(|(c, out)| {
+    let chunks = &mut lists[..n_chunks];
+    for_each_part(chunks.iter_mut().collect(), runner, |c, out| {
         let start = c * chunk_size;
         let end = (start + chunk_size).min(n_search);
         let capacity = ((end - start) as f64 * (pairs_per_center * 1.1 + 8.0)) as usize;
@@ -826,6 +894,7 @@ fn gather_in_center_order(
     searched: &SearchedChunks<'_>,
     fields: Fields,
     out: &mut NeighborList,
+    runner: Option<&ChunkRunner>,
 ) -> Option<(usize, f64)> {
     let SearchedChunks {
         chunks,
@@ -892,8 +961,10 @@ fn gather_in_center_order(
         ))
         .zip(ranges.clone())
         .collect();
-    parts.into_par_iter().for_each(
-        |(((((centers, neighbors), shifts), vectors), distances), range)| {
+    for_each_part(
+        parts,
+        runner,
+        |_, (((((centers, neighbors), shifts), vectors), distances), range)| {
             let mut at = 0;
             for i in range {
                 let (c, first, count) = location[i];

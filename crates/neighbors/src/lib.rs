@@ -17,7 +17,7 @@ use thiserror::Error;
 pub use brute::brute_force_neighbor_list;
 pub use cell_list::{
     neighbor_list, neighbor_list_for_centers, neighbor_list_into, pair_list_for_centers,
-    pair_list_for_centers_into, PairScratch,
+    pair_list_for_centers_into, ChunkRunner, PairScratch,
 };
 
 /// Inputs whose estimated pair count exceeds this are rejected with

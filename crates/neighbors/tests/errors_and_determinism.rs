@@ -190,3 +190,79 @@ fn centre_subset_equals_filtered_brute_force() {
         }
     }
 }
+
+/// A search whose chunks a runner hands to other threads, in reverse
+/// order, gives the list of a plain one-thread search; the runner is used
+/// and gets several chunks.
+#[test]
+fn chunks_run_elsewhere_give_the_same_pairs() {
+    use ddmlip_neighbors::{pair_list_for_centers_into, ChunkRunner, PairList, PairScratch};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let mut rng = Rng(11);
+    let (mut positions, matrix) = fcc(3.615, 7);
+    for p in &mut positions {
+        for x in p.iter_mut() {
+            *x += rng.uniform(-0.2, 0.2);
+        }
+    }
+    let cell = Cell::new(matrix);
+    let n_centers = positions.len() * 2 / 3;
+    let most_chunks = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&most_chunks);
+    let runner: ChunkRunner = Arc::new(move |n, f| {
+        seen.fetch_max(n, Ordering::Relaxed);
+        // Three threads take the chunks from the last one down.
+        let next = AtomicUsize::new(n);
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    while let Ok(c) =
+                        next.fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| c.checked_sub(1))
+                    {
+                        f(c - 1);
+                    }
+                });
+            }
+        });
+    });
+    let one_thread = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    for (periodic, half) in [(false, false), (true, false), (true, true)] {
+        let (cell, pbc) = if periodic {
+            (Some(&cell), [true; 3])
+        } else {
+            (None, [false; 3])
+        };
+        let opts = NeighborOptions { cutoff: 5.0, half };
+        let search = |runner: Option<ChunkRunner>| {
+            let mut scratch = PairScratch::default();
+            scratch.set_chunk_runner(runner);
+            let mut out = PairList::default();
+            one_thread
+                .install(|| {
+                    pair_list_for_centers_into(
+                        &positions,
+                        cell,
+                        pbc,
+                        &opts,
+                        n_centers,
+                        &mut scratch,
+                        &mut out,
+                    )
+                })
+                .unwrap();
+            out
+        };
+        let plain = search(None);
+        let shared = search(Some(Arc::clone(&runner)));
+        assert!(plain.len() > 10 * n_centers, "{} pairs", plain.len());
+        assert_eq!(plain, shared, "periodic {periodic}, half {half}");
+    }
+    assert!(
+        most_chunks.load(Ordering::Relaxed) > 4,
+        "the runner got too few chunks"
+    );
+}
