@@ -206,6 +206,25 @@ pub(crate) fn run_parts<T: Send>(
     });
 }
 
+/// [`run_parts`] over whole rows of `cols` elements: `f(row, values)` for
+/// every row of `out`, each computed the same way whatever part holds it.
+pub(crate) fn run_row_parts<T: Send>(
+    out: &mut [T],
+    cols: usize,
+    pieces: usize,
+    f: &(dyn Fn(usize, &mut [T]) + Sync),
+) {
+    if cols == 0 {
+        return;
+    }
+    run_parts(out, cols, pieces, &|start, part| {
+        let first = start / cols;
+        for (r, row) in part.chunks_mut(cols).enumerate() {
+            f(first + r, row);
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

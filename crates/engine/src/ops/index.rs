@@ -19,12 +19,7 @@ pub(crate) fn gather_rows<T: Scalar>(x: &[T], cols: usize, idx: &[u32], out: &mu
     };
     let pieces = crate::helpers::pieces_for(out.len());
     if pieces > 1 {
-        crate::helpers::run_parts(out, cols, pieces, &|start, part| {
-            let first = start / cols;
-            for (r, o) in part.chunks_mut(cols).enumerate() {
-                body((first + r, o));
-            }
-        });
+        crate::helpers::run_row_parts(out, cols, pieces, &|r, o| body((r, o)));
     } else if out.len() >= PAR_THRESHOLD {
         out.par_chunks_mut(cols).enumerate().for_each(body);
     } else {
@@ -85,12 +80,7 @@ pub(crate) fn scatter_rows<T: Scalar>(
     // Pieces by the work (the sources), split over target rows.
     let pieces = crate::helpers::pieces_for(src.len());
     if pieces > 1 {
-        crate::helpers::run_parts(out, cols, pieces, &|start, part| {
-            let first = start / cols;
-            for (r, o) in part.chunks_mut(cols).enumerate() {
-                target((first + r, o));
-            }
-        });
+        crate::helpers::run_row_parts(out, cols, pieces, &|t, o| target((t, o)));
     } else {
         out.par_chunks_mut(cols).enumerate().for_each(target);
     }
