@@ -410,22 +410,8 @@ impl<'a, T: Scalar> BackwardCtx<'a, T> {
             return;
         }
         let len = self.nodes[t.id].value.len();
-        let parallel = len >= crate::ops::PAR_THRESHOLD;
-        let pieces = crate::helpers::pieces_for(len);
         match &mut self.grads[t.id] {
-            Some(acc) => {
-                if pieces > 1 {
-                    crate::helpers::run_parts(acc, 1, pieces, &|start, part| {
-                        for (i, a) in part.iter_mut().enumerate() {
-                            *a += f(start + i);
-                        }
-                    });
-                } else if parallel {
-                    acc.par_iter_mut().enumerate().for_each(|(i, a)| *a += f(i));
-                } else {
-                    acc.iter_mut().enumerate().for_each(|(i, a)| *a += f(i));
-                }
-            }
+            Some(acc) => crate::ops::update_each(acc, |i, a| *a += f(i)),
             slot @ None => {
                 let mut v = self.pool.for_overwrite(len);
                 map_into(&mut v, f);

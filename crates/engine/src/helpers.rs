@@ -133,11 +133,17 @@ pub fn run_pieces(pieces: usize, f: &(dyn Fn(usize) + Sync)) {
     }
 }
 
+/// Whether this rank's work may go out in pieces: it runs on a one-thread
+/// pool (with more threads, rayon already splits the work) and has a board.
+fn can_share() -> bool {
+    rayon::current_num_threads() == 1 && has_board()
+}
+
 /// Runs `f(0)`, …, `f(pieces − 1)`, each once: as [`run_pieces`] on a
 /// one-thread pool with a board (ranks that wait may run some), otherwise
 /// over the calling thread's rayon pool.
 pub fn run_pieces_or_par(pieces: usize, f: &(dyn Fn(usize) + Sync)) {
-    if rayon::current_num_threads() == 1 && has_board() {
+    if can_share() {
         run_pieces(pieces, f);
     } else {
         use rayon::prelude::*;
@@ -157,7 +163,7 @@ const MAX_PIECES: usize = 64;
 /// only on a one-thread pool with a board (ranks that can help each
 /// other), and then a function of `work` alone.
 pub(crate) fn pieces_for(work: usize) -> usize {
-    if rayon::current_num_threads() == 1 && has_board() {
+    if can_share() {
         (work / PIECE_ELEMENTS).clamp(1, MAX_PIECES)
     } else {
         1

@@ -16,70 +16,27 @@ pub(crate) fn matmul_into<T: Scalar>(
     accumulate: bool,
 ) {
     let beta = if accumulate { T::one() } else { T::zero() };
-    let pieces = crate::helpers::pieces_for(m * n);
-    if pieces > 1 && n > 0 {
-        // Each element's sum over k runs the same way in any row block.
-        crate::helpers::run_parts(c, n, pieces, &|start, cb| {
-            let (first, rows) = (start / n, cb.len() / n);
-            T::gemm(
-                rows,
-                k,
-                n,
-                T::one(),
-                &a[first * k..(first + rows) * k],
-                k as isize,
-                1,
-                b,
-                n as isize,
-                1,
-                beta,
-                cb,
-                n as isize,
-                1,
-            );
-        });
-        return;
-    }
-    if m * k * n < 1 << 16 || m <= ROW_BLOCK {
+    // Rows of `c` from the same rows of `a`: each element's sum over k runs
+    // the same way in any row block.
+    let rows = |ab: &[T], cb: &mut [T]| {
         T::gemm(
-            m,
+            cb.len() / n.max(1),
             k,
             n,
             T::one(),
-            a,
+            ab,
             k as isize,
             1,
             b,
             n as isize,
             1,
             beta,
-            c,
+            cb,
             n as isize,
             1,
         );
-        return;
-    }
-    c.par_chunks_mut(ROW_BLOCK * n)
-        .zip(a.par_chunks(ROW_BLOCK * k))
-        .for_each(|(cb, ab)| {
-            let rows = ab.len() / k.max(1);
-            T::gemm(
-                rows,
-                k,
-                n,
-                T::one(),
-                ab,
-                k as isize,
-                1,
-                b,
-                n as isize,
-                1,
-                beta,
-                cb,
-                n as isize,
-                1,
-            );
-        });
+    };
+    by_row_blocks(a, c, (m, k, n), k, n, &rows);
 }
 
 /// `ga += g · bᵀ` with g (m×n), b (k×n) → ga (m×k).
@@ -91,69 +48,53 @@ pub(crate) fn matmul_bt_into<T: Scalar>(
     k: usize,
     n: usize,
 ) {
-    let pieces = crate::helpers::pieces_for(m * k);
-    if pieces > 1 && k > 0 {
-        crate::helpers::run_parts(ga, k, pieces, &|start, gab| {
-            let (first, rows) = (start / k, gab.len() / k);
-            T::gemm(
-                rows,
-                n,
-                k,
-                T::one(),
-                &g[first * n..(first + rows) * n],
-                n as isize,
-                1,
-                b,
-                1,
-                n as isize,
-                T::one(),
-                gab,
-                k as isize,
-                1,
-            );
-        });
-        return;
-    }
-    if m * k * n < 1 << 16 || m <= ROW_BLOCK {
+    let rows = |gb: &[T], gab: &mut [T]| {
         T::gemm(
-            m,
+            gab.len() / k.max(1),
             n,
             k,
             T::one(),
-            g,
+            gb,
             n as isize,
             1,
             b,
             1,
             n as isize,
             T::one(),
-            ga,
+            gab,
             k as isize,
             1,
         );
-        return;
-    }
-    ga.par_chunks_mut(ROW_BLOCK * k)
-        .zip(g.par_chunks(ROW_BLOCK * n))
-        .for_each(|(gab, gb)| {
-            let rows = gb.len() / n.max(1);
-            T::gemm(
-                rows,
-                n,
-                k,
-                T::one(),
-                gb,
-                n as isize,
-                1,
-                b,
-                1,
-                n as isize,
-                T::one(),
-                gab,
-                k as isize,
-                1,
-            );
+    };
+    by_row_blocks(g, ga, (m, k, n), n, k, &rows);
+}
+
+/// Runs `rows(input rows, output rows)` over all `m` rows of a product
+/// (`input` has `in_cols` per row, `out` has `out_cols`): in pieces other
+/// ranks may run when they can help, in one call when the product is
+/// small, otherwise over rayon in blocks of [`ROW_BLOCK`] rows.
+fn by_row_blocks<T: Scalar>(
+    input: &[T],
+    out: &mut [T],
+    (m, k, n): (usize, usize, usize),
+    in_cols: usize,
+    out_cols: usize,
+    rows: &(dyn Fn(&[T], &mut [T]) + Sync),
+) {
+    let pieces = crate::helpers::pieces_for(m * out_cols);
+    if pieces > 1 && out_cols > 0 {
+        crate::helpers::run_parts(out, out_cols, pieces, &|start, part| {
+            let first = start / out_cols;
+            let count = part.len() / out_cols;
+            rows(&input[first * in_cols..(first + count) * in_cols], part);
         });
+    } else if m * k * n < 1 << 16 || m <= ROW_BLOCK {
+        rows(input, out);
+    } else {
+        out.par_chunks_mut(ROW_BLOCK * out_cols)
+            .zip(input.par_chunks(ROW_BLOCK * in_cols))
+            .for_each(|(part, block)| rows(block, part));
+    }
 }
 
 impl<T: Scalar> Graph<T> {

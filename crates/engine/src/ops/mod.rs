@@ -41,17 +41,25 @@ pub(crate) fn index_scatter_in_source_order(len: usize) -> bool {
 /// `out[i] = f(i)` for every element: over rayon above [`PAR_THRESHOLD`],
 /// in pieces other ranks may run when they can help.
 pub(crate) fn map_into<T: Send>(out: &mut [T], f: impl Fn(usize) -> T + Sync) {
+    update_each(out, |i, o| *o = f(i));
+}
+
+/// `update(i, &mut out[i])` for every element, each once: over rayon above
+/// [`PAR_THRESHOLD`], in pieces other ranks may run when they can help.
+pub(crate) fn update_each<T: Send>(out: &mut [T], update: impl Fn(usize, &mut T) + Sync) {
     use rayon::prelude::*;
     let pieces = crate::helpers::pieces_for(out.len());
     if pieces > 1 {
         crate::helpers::run_parts(out, 1, pieces, &|start, part| {
             for (i, o) in part.iter_mut().enumerate() {
-                *o = f(start + i);
+                update(start + i, o);
             }
         });
     } else if out.len() >= PAR_THRESHOLD {
-        out.par_iter_mut().enumerate().for_each(|(i, o)| *o = f(i));
+        out.par_iter_mut()
+            .enumerate()
+            .for_each(|(i, o)| update(i, o));
     } else {
-        out.iter_mut().enumerate().for_each(|(i, o)| *o = f(i));
+        out.iter_mut().enumerate().for_each(|(i, o)| update(i, o));
     }
 }
