@@ -1,6 +1,7 @@
 //! Atomic systems and batches: positions (Å), atomic numbers, cell, pbc and
 //! per-atom / per-system properties, plus the element table and extended XYZ IO.
 
+pub mod build;
 mod cell;
 pub mod elements;
 pub mod extxyz;

@@ -12,7 +12,7 @@ use crate::CliError;
 use anyhow::{anyhow, Context};
 use clap::{Args, Subcommand, ValueEnum};
 use ddmlip_atoms::System;
-use ddmlip_domain::runtime::{EvalOptions, EvalResult, Evaluator, RankTimings};
+use ddmlip_runtime::{EvalOptions, EvalResult, Evaluator, RankTimings};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::process::{Command as Process, Stdio};

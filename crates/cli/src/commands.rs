@@ -6,8 +6,8 @@ use crate::CliError;
 use anyhow::{anyhow, Context};
 use clap::{Args, Subcommand, ValueEnum};
 use ddmlip_atoms::System;
-use ddmlip_domain::runtime::{evaluate, BalancePolicy, EvalError, EvalOptions, EvalResult};
 use ddmlip_engine::{DType, Model};
+use ddmlip_runtime::{evaluate, BalancePolicy, EvalError, EvalOptions, EvalResult};
 use std::path::{Path, PathBuf};
 
 // `eval --backend mpi`; a child module so it shares this module's helpers.

@@ -42,8 +42,8 @@ pub(crate) mod with_mpi {
     use ddmlip_atoms::System;
     use ddmlip_comm::{Buffer, CommError, CommStats, Communicator, ElemKind, MpiCommunicator};
     use ddmlip_comm::{SendBuf, DEFAULT_TIMEOUT};
-    use ddmlip_domain::runtime::{check_batch, evaluate_on_communicator, EvalOptions};
     use ddmlip_engine::Model;
+    use ddmlip_runtime::{check_batch, evaluate_on_communicator, EvalOptions};
     use std::sync::{Arc, Mutex, MutexGuard};
     use std::time::Instant;
 

@@ -1,10 +1,10 @@
 //! Rendering results for humans and as JSON.
 
 use ddmlip_atoms::System;
-use ddmlip_domain::runtime::EvalResult;
 use ddmlip_domain::{Partition, PartitionHealth};
 use ddmlip_engine::Model;
 use ddmlip_neighbors::NeighborList;
+use ddmlip_runtime::EvalResult;
 use serde_json::{json, Value};
 
 /// A float in compact scientific notation.

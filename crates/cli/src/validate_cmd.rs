@@ -173,10 +173,10 @@ mod with_mpi {
     use anyhow::anyhow;
     use ddmlip_atoms::System;
     use ddmlip_comm::{Buffer, Communicator, SendBuf};
-    use ddmlip_domain::runtime::{
+    use ddmlip_engine::{DType, Model, Trace};
+    use ddmlip_runtime::{
         check_batch, evaluate_on_communicator, EvalError, EvalOptions, EvalResult, RankResult,
     };
-    use ddmlip_engine::{DType, Model, Trace};
     use ddmlip_spec::MLIPSpec;
     use ddmlip_validate::trace_and_validate_with;
     use serde::{Deserialize, Serialize};

@@ -5,7 +5,6 @@
 pub mod partition;
 pub use partition::*;
 mod halo;
-pub mod runtime;
 pub mod svg;
 
 pub use halo::{HaloRuntime, LocalHaloPlan};

@@ -7,9 +7,9 @@
 //! as one batch, so the batch path is exercised too.
 
 use ddmlip_atoms::{Cell, System};
-use ddmlip_domain::runtime::{evaluate, EvalOptions};
 use ddmlip_engine::DType;
 use ddmlip_models::{load_model, model_names};
+use ddmlip_runtime::{evaluate, EvalOptions};
 
 /// Position step (Å) of the central differences.
 const H_POS: f64 = 1e-5;

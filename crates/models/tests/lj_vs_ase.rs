@@ -9,8 +9,8 @@
 #![allow(clippy::needless_range_loop)]
 
 use ddmlip_atoms::{Cell, System};
-use ddmlip_domain::runtime::{evaluate, EvalOptions, EvalResult};
 use ddmlip_models::load_model;
+use ddmlip_runtime::{evaluate, EvalOptions, EvalResult};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::process::{Command, Stdio};

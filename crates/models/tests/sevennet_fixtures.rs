@@ -2,8 +2,8 @@
 //! real upstream code (shared fixtures), single process and decomposed.
 
 use ddmlip_atoms::System;
-use ddmlip_domain::runtime::{evaluate, EvalOptions};
 use ddmlip_engine::{DType, Model};
+use ddmlip_runtime::{evaluate, EvalOptions};
 use std::path::PathBuf;
 
 fn fixture_path() -> PathBuf {

@@ -1,7 +1,7 @@
 //! Per-output comparison of a decomposed run with the reference, per row
 //! (systems) or per global atom id (atoms).
 
-use ddmlip_domain::runtime::EvalResult;
+use ddmlip_runtime::EvalResult;
 use std::collections::BTreeMap;
 
 /// Differences of every compared output.
@@ -88,7 +88,7 @@ fn diff(r: &[f64], d: &[f64]) -> (f64, f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ddmlip_domain::runtime::OutputData;
+    use ddmlip_runtime::OutputData;
     use ddmlip_spec::OutputKind;
 
     fn result(name: &str, values: Vec<f64>) -> EvalResult {

@@ -3,10 +3,10 @@
 
 use crate::{HaloCompleteness, LayerDivergence, MissingNeighbors, TranslatedError};
 use ddmlip_atoms::System;
-use ddmlip_domain::runtime::{EvalError, EvalResult, NEIGHBOR_COUNTS};
 use ddmlip_domain::Partition;
 use ddmlip_engine::{EngineError, Phase, RowDomain, Trace, TraceEvent};
 use ddmlip_neighbors::{neighbor_list, NeighborOptions};
+use ddmlip_runtime::{EvalError, EvalResult, NEIGHBOR_COUNTS};
 
 /// Ops the distributed handlers insert around model ops; they have no
 /// counterpart in the single-process trace.

@@ -3,9 +3,9 @@
 
 use crate::Inferred;
 use ddmlip_atoms::System;
-use ddmlip_domain::runtime::EvalResult;
 use ddmlip_engine::{Model, Phase, RowDomain, Trace, TraceShape};
 use ddmlip_neighbors::{neighbor_list, NeighborOptions};
+use ddmlip_runtime::EvalResult;
 use ddmlip_spec::{InputTransform, MLIPSpec, OpAdapter, OutputTransform, ScatterMode};
 use serde_json::json;
 use std::collections::{BTreeMap, HashMap, HashSet};

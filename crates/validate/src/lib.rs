@@ -16,9 +16,9 @@ mod infer;
 mod render;
 
 use ddmlip_atoms::System;
-use ddmlip_domain::runtime::{evaluate, ghost_width, EvalError, EvalOptions, EvalResult};
 use ddmlip_domain::{partition_health, partition_system, Partition, PartitionHealth};
 use ddmlip_engine::{DType, Model};
+use ddmlip_runtime::{evaluate, ghost_width, EvalError, EvalOptions, EvalResult};
 use ddmlip_spec::{MLIPSpec, ScatterMode};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashSet};

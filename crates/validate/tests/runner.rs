@@ -4,8 +4,8 @@
 mod common;
 
 use common::*;
-use ddmlip_domain::runtime::{evaluate, EvalOptions};
 use ddmlip_models::load_model;
+use ddmlip_runtime::{evaluate, EvalOptions};
 use ddmlip_spec::{MLIPSpec, ScatterMode};
 use ddmlip_validate::{trace_and_validate, trace_and_validate_with, ValidateOptions};
 use std::time::Duration;

@@ -2,9 +2,9 @@
 //! every demo model, rank counts 1–8 and every kind of cell.
 
 use ddmlip_atoms::{Cell, System};
-use ddmlip_domain::runtime::{evaluate, BalancePolicy, EvalOptions, EvalResult};
 use ddmlip_engine::Model;
 use ddmlip_models::load_model;
+use ddmlip_runtime::{evaluate, BalancePolicy, EvalOptions, EvalResult};
 
 fn lcg(seed: u64) -> impl FnMut() -> f64 {
     let mut s = seed;
@@ -258,8 +258,8 @@ fn bits(r: &EvalResult) -> Vec<(String, Vec<u64>)> {
 /// private rank pools of 1 and 2 threads.
 #[test]
 fn evaluator_reuse_gives_fresh_results() {
-    use ddmlip_domain::runtime::Evaluator;
     use ddmlip_engine::DType;
+    use ddmlip_runtime::Evaluator;
     let small = vec![fcc(3)];
     let large = vec![random_system(
         Cell::new([[12.0, 0.0, 0.0], [3.1, 11.0, 0.0], [-2.2, 1.7, 10.5]]),
@@ -301,8 +301,8 @@ fn evaluator_reuse_gives_fresh_results() {
 /// system again allocates no large tensor afresh, single-process or split.
 #[test]
 fn repeated_evaluations_reuse_all_tensor_memory() {
-    use ddmlip_domain::runtime::Evaluator;
     use ddmlip_engine::DType;
+    use ddmlip_runtime::Evaluator;
     // Crystals large enough that every rank holds buffers the pool keeps
     // (2^14 elements and more): lj keeps nothing per edge, so its per-atom
     // rows must reach that; eam-demo's short cutoff needs more atoms.

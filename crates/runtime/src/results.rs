@@ -1,0 +1,156 @@
+//! What an evaluation returns: outputs per atom and per system, and where
+//! each rank's time went.
+
+use ddmlip_atoms::System;
+use ddmlip_domain::Partition;
+use ddmlip_engine::Trace;
+use ddmlip_spec::OutputKind;
+use std::collections::BTreeMap;
+
+/// Internal per-atom output: how many runtime-graph edges each atom centres
+/// (the halo-completeness evidence). Names starting with `_` are diagnostics.
+pub const NEIGHBOR_COUNTS: &str = "_neighbor_counts";
+
+/// One output of a run: rows are atoms (batch order) or systems.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutputData {
+    pub kind: OutputKind,
+    /// Values per row.
+    pub width: usize,
+    /// rows × width, row-major.
+    pub values: Vec<f64>,
+}
+
+/// Results of an evaluation, consolidated over ranks.
+#[derive(Debug, Clone, Default)]
+pub struct EvalResult {
+    /// Every output by name: `energy`, `forces`, `stress` (periodic systems;
+    /// NaN rows otherwise), `atomic_energies`, and model-specific extras.
+    pub outputs: BTreeMap<String, OutputData>,
+    /// Which systems have a stress (periodic, with a cell).
+    pub has_stress: Vec<bool>,
+    /// Traces per rank (one entry for a single-process run) when requested.
+    pub traces: Vec<Trace>,
+    /// Distributed handler firings, summed over ranks.
+    pub handler_counts: BTreeMap<String, usize>,
+    /// The partition of each system (decomposed runs).
+    pub partitions: Vec<Partition>,
+    /// Bytes sent by all ranks.
+    pub bytes_sent: u64,
+    /// Per rank: (owned, ghost) local rows and edges.
+    pub rank_sizes: Vec<(usize, usize, usize)>,
+    /// Wall-clock seconds spent computing the partitions and halo layout
+    /// before any rank started (decomposed runs).
+    pub partition_s: f64,
+    /// Per rank: where its wall-clock time went (one entry for a
+    /// single-process run).
+    pub rank_timings: Vec<RankTimings>,
+    /// Seconds from the start of the call until the consolidated result was
+    /// ready (decomposed runs): after the last rank's end, joining the ranks
+    /// and assembling the result.
+    pub finish_s: f64,
+}
+
+/// Where one rank's wall-clock time went, in seconds. `start` is measured
+/// from the beginning of the evaluation call; the phases follow each other.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RankTimings {
+    /// When the rank began, after the partition (s since the call started).
+    pub start: f64,
+    /// Local rows, halo plan, neighbour search and graph inputs.
+    pub setup: f64,
+    /// The model's forward pass (halo exchanges included).
+    pub forward: f64,
+    /// The backward pass for forces and stress (halo exchanges included).
+    pub backward: f64,
+    /// Reverse-sum of ghost forces and all-reduces of per-system outputs.
+    pub reduce: f64,
+    /// Handing the outputs over: the gather to rank 0 and the assembly there
+    /// when ranks are processes; next to nothing for ranks of one process,
+    /// whose outputs the caller assembles after joining them (in `finish_s`).
+    pub gather: f64,
+    /// Part of forward + backward + reduce spent inside communication calls
+    /// (waiting for peers included).
+    pub comm: f64,
+    /// Part of `comm` spent during the forward pass.
+    pub forward_comm: f64,
+    /// Part of `comm` spent during the backward pass.
+    #[serde(default)]
+    pub backward_comm: f64,
+    /// Handing the graph's memory back for the next call, after `gather`.
+    pub release: f64,
+}
+
+impl RankTimings {
+    /// The rank's own work (s): setup, forward and backward without the
+    /// time spent in communication calls.
+    pub fn work(&self) -> f64 {
+        self.setup + self.forward - self.forward_comm + self.backward - self.backward_comm
+    }
+
+    /// When the rank finished (s since the call started).
+    pub fn end(&self) -> f64 {
+        self.start + self.setup + self.forward + self.backward + self.reduce + self.gather
+    }
+}
+
+impl EvalResult {
+    /// Energy per system (eV).
+    pub fn energy(&self) -> &[f64] {
+        self.outputs
+            .get("energy")
+            .map(|o| o.values.as_slice())
+            .unwrap_or(&[])
+    }
+
+    /// Forces per atom (eV/Å), batch order.
+    pub fn forces(&self) -> Vec<[f64; 3]> {
+        self.outputs
+            .get("forces")
+            .map(|o| o.values.chunks(3).map(|c| [c[0], c[1], c[2]]).collect())
+            .unwrap_or_default()
+    }
+
+    /// Stress per system (eV/Å³, Voigt xx yy zz yz xz xy), `None` for non-periodic systems.
+    pub fn stress(&self) -> Vec<Option<[f64; 6]>> {
+        let Some(o) = self.outputs.get("stress") else {
+            return vec![];
+        };
+        o.values
+            .chunks(6)
+            .zip(&self.has_stress)
+            .map(|(c, &has)| has.then(|| [c[0], c[1], c[2], c[3], c[4], c[5]]))
+            .collect()
+    }
+
+    /// Per-atom energies (eV), when the model has them.
+    pub fn atomic_energies(&self) -> Option<&[f64]> {
+        self.outputs
+            .get("atomic_energies")
+            .map(|o| o.values.as_slice())
+    }
+
+    /// A copy of `batch` (the systems this result was computed for) with
+    /// each system's energy, forces and (periodic systems) stress set in
+    /// its `info` / `arrays`, ready to be written as extended XYZ.
+    pub fn annotate(&self, batch: &[System]) -> Vec<System> {
+        let forces = self.forces();
+        let stress = self.stress();
+        let energies = self.energy();
+        let mut out = batch.to_vec();
+        let mut offset = 0;
+        for (s, sys) in out.iter_mut().enumerate() {
+            if let Some(&e) = energies.get(s) {
+                sys.set_energy(e);
+            }
+            if let Some(f) = forces.get(offset..offset + sys.len()) {
+                sys.set_forces(f);
+            }
+            if let Some(st) = stress.get(s).copied().flatten() {
+                sys.set_stress_voigt(st);
+            }
+            offset += sys.len();
+        }
+        out
+    }
+}
