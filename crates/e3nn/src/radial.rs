@@ -414,6 +414,28 @@ mod tests {
         }
     }
 
+    /// DimeNet's envelope: 1 at 0, 0 with zero slope at r_c, and a
+    /// derivative that matches central differences.
+    #[test]
+    fn polynomial_cutoff_ends_and_derivative() {
+        for p in [2u32, 6, 9] {
+            let (f0, _) = polynomial_cutoff(1e-9f64, p, 5.0);
+            assert!((f0 - 1.0).abs() < 1e-12, "p={p}: f(0) = {f0}");
+            let (f1, d1) = polynomial_cutoff(5.0f64, p, 5.0);
+            assert!(
+                f1.abs() < 1e-12 && d1.abs() < 1e-12,
+                "p={p}: f(rc) = {f1}, f'(rc) = {d1}"
+            );
+            for r in [0.7, 2.5, 4.2, 4.9] {
+                let h = 1e-6;
+                let fd = (polynomial_cutoff(r + h, p, 5.0).0 - polynomial_cutoff(r - h, p, 5.0).0)
+                    / (2.0 * h);
+                let (_, d) = polynomial_cutoff(r, p, 5.0);
+                assert!((fd - d).abs() < 1e-8, "p={p} r={r}: {d} vs {fd}");
+            }
+        }
+    }
+
     #[test]
     fn xplor_published_values() {
         let cases = [
