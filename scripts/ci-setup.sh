@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the tests need that cargo does not bring: ASE and vesin
-# (independent references) and the SevenNet-0 checkpoint (from the sevenn
+# (independent references) and the four SevenNet checkpoints (from the sevenn
 # wheel on PyPI; never committed).
 set -euo pipefail
 cd "$(dirname "$0")/.."

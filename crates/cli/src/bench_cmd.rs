@@ -53,6 +53,10 @@ struct ModelBenchArgs {
     /// Built-in model name (see `ddmlip models`) or a model file.
     #[arg(long)]
     model: String,
+    /// Fidelity of a multi-fidelity SevenNet checkpoint (e.g. `PBE`,
+    /// `R2SCAN` for sevennet-mf-0); required for those, refused for others.
+    #[arg(long)]
+    modal: Option<String>,
     /// Extended XYZ structure file (the first frame is timed).
     #[arg(long, conflicts_with = "crystal")]
     structure: Option<PathBuf>,
@@ -365,6 +369,9 @@ fn run_child(a: &ModelBenchArgs, exe: &std::path::Path, r: usize) -> Result<Mode
         .args(["--repeats", &a.repeats.to_string()])
         .args(["--balance", a.balance.name()])
         .stderr(Stdio::inherit());
+    if let Some(m) = &a.modal {
+        cmd.args(["--modal", m]);
+    }
     if a.no_work_sharing {
         cmd.arg("--no-work-sharing");
     }
@@ -578,7 +585,7 @@ fn model_child(a: &ModelBenchArgs) -> Result<u8, CliError> {
         .build_global()
         .context("building the rayon pool")
         .map_err(CliError::failed)?;
-    let model = load_model(&a.model)?;
+    let model = load_model(&a.model, a.modal.as_deref())?;
     let (sys, label) = match &a.structure {
         Some(p) => (read_structure(p)?.swap_remove(0), p.display().to_string()),
         None => match a.crystal {

@@ -93,6 +93,10 @@ pub struct EvalArgs {
     /// Built-in model name (see `ddmlip models`) or a model file.
     #[arg(long)]
     model: String,
+    /// Fidelity of a multi-fidelity SevenNet checkpoint (e.g. `PBE`,
+    /// `R2SCAN` for sevennet-mf-0); required for those, refused for others.
+    #[arg(long)]
+    modal: Option<String>,
     /// Extended XYZ structure file (several frames = a batch).
     #[arg(long)]
     structure: PathBuf,
@@ -196,8 +200,8 @@ pub fn read_structure(path: &Path) -> Result<Vec<System>, CliError> {
     Ok(frames)
 }
 
-pub fn load_model(name: &str) -> Result<Box<dyn Model>, CliError> {
-    ddmlip_models::load_model(name).map_err(CliError::input)
+pub fn load_model(name: &str, modal: Option<&str>) -> Result<Box<dyn Model>, CliError> {
+    ddmlip_models::load_model_with_modal(name, modal).map_err(CliError::input)
 }
 
 fn eval_error(e: EvalError) -> CliError {
@@ -224,7 +228,7 @@ fn eval(a: EvalArgs) -> Result<u8, CliError> {
     }
     let ranks = a.ranks.unwrap_or(1);
     let frames = read_structure(&a.structure)?;
-    let model = load_model(&a.model)?;
+    let model = load_model(&a.model, a.modal.as_deref())?;
     let opts = EvalOptions {
         dtype: a.dtype.into(),
         ranks,
@@ -233,7 +237,14 @@ fn eval(a: EvalArgs) -> Result<u8, CliError> {
         ..Default::default()
     };
     let started = std::time::Instant::now();
-    let result = evaluate(model.as_ref(), &frames, &opts).map_err(eval_error)?;
+    // Name the structure file: a species the model lacks is an error of the input.
+    let result = evaluate(model.as_ref(), &frames, &opts).map_err(|e| {
+        let CliError { status, error } = eval_error(e);
+        CliError {
+            status,
+            error: error.context(a.structure.display().to_string()),
+        }
+    })?;
     let seconds = started.elapsed().as_secs_f64();
     if let Some(out) = &a.output {
         write_results(out, &frames, &result)?;
@@ -395,7 +406,7 @@ pub fn demo_crystal(n: usize) -> System {
 }
 
 fn demo(a: DemoArgs) -> Result<u8, CliError> {
-    let model = load_model(&a.model)?;
+    let model = load_model(&a.model, None)?;
     if a.repeat == 0 {
         return Err(CliError::input(anyhow!("--repeat must be at least 1")));
     }

@@ -128,7 +128,7 @@ pub(crate) mod with_mpi {
 
     fn prepare(a: &EvalArgs, size: usize) -> Result<Prepared, CliError> {
         let frames = read_structure(&a.structure)?;
-        let model = load_model(&a.model)?;
+        let model = load_model(&a.model, a.modal.as_deref())?;
         let opts = EvalOptions {
             dtype: a.dtype.into(),
             ranks: size,

@@ -21,6 +21,10 @@ pub struct ValidateArgs {
     /// Built-in model name (see `ddmlip models`) or a model file.
     #[arg(long)]
     model: String,
+    /// Fidelity of a multi-fidelity SevenNet checkpoint (e.g. `PBE`,
+    /// `R2SCAN` for sevennet-mf-0); required for those, refused for others.
+    #[arg(long)]
+    modal: Option<String>,
     /// Extended XYZ structure file (several frames = a batch).
     #[arg(long)]
     structure: PathBuf,
@@ -79,7 +83,7 @@ fn prepare(a: &ValidateArgs, ranks: usize) -> Result<Prepared, CliError> {
         .as_ref()
         .map(|p| ddmlip_spec::MLIPSpec::load(p).map_err(CliError::input))
         .transpose()?;
-    let model = load_model(&a.model)?;
+    let model = load_model(&a.model, a.modal.as_deref())?;
     let frames = read_structure(&a.structure)?;
     let options = ValidateOptions {
         ranks,

@@ -39,15 +39,47 @@ pub enum E3nnError {
     /// Inconsistent configuration (paths, irreps, weights).
     #[error("invalid configuration: {0}")]
     Config(String),
-    /// The state dict does not describe a SevenNet-0 model.
-    #[error("not a SevenNet-0 checkpoint (a checkpoint of another architecture?): {0}")]
+    /// The state dict does not match the architecture its config describes.
+    #[error("not a SevenNet checkpoint this loader can read (a checkpoint of another architecture?): {0}")]
     Checkpoint(String),
+    /// A config key of the checkpoint asks for something not implemented here.
+    #[error("config key `{key}` = {value}: {reason}")]
+    UnsupportedConfig {
+        /// The config key (dotted for nested dicts, e.g. `cutoff_function.cutoff_function_name`).
+        key: String,
+        /// Its value, as shown to the user.
+        value: String,
+        /// What is implemented instead.
+        reason: String,
+    },
+    /// A modality (fidelity) of a multi-fidelity model is missing, unknown, or
+    /// given to a model without modalities.
+    #[error("{}", modal_message(given.as_deref(), valid))]
+    Modal {
+        /// The name given, if any.
+        given: Option<String>,
+        /// The model's modality names (empty: not a multi-fidelity model).
+        valid: Vec<String>,
+    },
     /// The checkpoint file could not be read.
     #[error(transparent)]
     CheckpointRead(#[from] ddmlip_checkpoint::CheckpointError),
     /// An atomic number the model has no species for.
     #[error("unknown element: atomic number {0} is not one of the model's species")]
     UnknownElement(u32),
+}
+
+fn modal_message(given: Option<&str>, valid: &[String]) -> String {
+    let names = valid.join(", ");
+    match given {
+        None => {
+            format!("this multi-fidelity model needs a modal (--modal NAME); valid modals: {names}")
+        }
+        Some(m) if valid.is_empty() => {
+            format!("modal `{m}` given, but this model has no modals (it is not multi-fidelity)")
+        }
+        Some(m) => format!("unknown modal `{m}`; valid modals: {names}"),
+    }
 }
 
 /// Checks that `slice_len == expected`, naming the argument on failure.

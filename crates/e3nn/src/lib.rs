@@ -1,5 +1,5 @@
-//! Fused CPU kernels for e3nn-style equivariant networks, and the SevenNet-0
-//! potential built from them.
+//! Fused CPU kernels for e3nn-style equivariant networks, and the SevenNet
+//! potentials built from them.
 //!
 //! Every kernel works on plain row-major slices, is generic over [`Real`]
 //! (`f32` / `f64`), and comes with a hand-written backward pass. Kernels that
@@ -10,6 +10,7 @@
 // component; explicit index loops mirror the formulas they implement.
 #![allow(clippy::needless_range_loop)]
 
+pub mod affine;
 pub mod conv;
 pub mod error;
 pub mod gate;
@@ -18,9 +19,11 @@ pub mod irreps;
 pub mod radial;
 pub mod real;
 pub mod sevennet;
+pub mod sevennet_config;
 pub mod sh;
 pub mod wigner;
 
+pub use affine::AffineLinear;
 pub use conv::{
     conv_backward, conv_forward, radial_conv_backward, radial_conv_forward, ConvGraph, ConvPaths,
     TpPath,
@@ -28,7 +31,7 @@ pub use conv::{
 pub use error::E3nnError;
 pub use gate::Gate;
 pub use irreps::{Irrep, Irreps, IrrepsLinear};
-pub use radial::{nsilu, nsilu_grad, EdgeEmbedding, RadialMlp, SILU_NORM};
+pub use radial::{nsilu, nsilu_grad, CutoffFunction, EdgeEmbedding, RadialMlp, SILU_NORM};
 pub use real::Real;
 pub use sh::{sh_backward, sh_dim, sh_forward};
 pub use wigner::wigner_3j;

@@ -1,5 +1,6 @@
-//! Radial pieces: Bessel basis × XPLOR cutoff (edge embedding), the
-//! normalised SiLU, and the radial MLP producing per-edge TP weights.
+//! Radial pieces: Bessel basis × cutoff function (XPLOR switch or
+//! polynomial envelope; the edge embedding), the normalised SiLU, and the
+//! radial MLP producing per-edge TP weights.
 
 use crate::error::{check_len, E3nnError};
 use crate::gemm::{matmul, matmul_bt};
@@ -23,15 +24,56 @@ pub fn nsilu_grad<T: Real>(s: T) -> T {
     T::from_f64(SILU_NORM) * (sig + s * sig * (T::ONE - sig))
 }
 
-/// Radial embedding `emb[n] = (2/r_c)·sin(c_n r)/r · f_XPLOR(r)`.
+/// The cutoff function f(r) that multiplies the radial basis (sevenn's
+/// `cutoff_function`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum CutoffFunction {
+    /// XPLOR switch: 1 below `cutoff_on` (Å, `0 < r_on < r_c`), then a C¹
+    /// polynomial to 0 at r_c.
+    Xplor {
+        /// Start of the switch r_on (Å).
+        cutoff_on: f64,
+    },
+    /// Polynomial envelope of DimeNet (`poly_cut`, exponent p):
+    /// `1 − (p+1)(p+2)/2·x^p + p(p+2)·x^(p+1) − p(p+1)/2·x^(p+2)`, x = r/r_c.
+    Polynomial {
+        /// The exponent p ≥ 1 (`poly_cut_p_value`, 6 by default).
+        p: u32,
+    },
+}
+
+/// Radial embedding `emb[n] = (2/r_c)·sin(c_n r)/r · f(r)`.
 #[derive(Clone, Debug)]
 pub struct EdgeEmbedding {
     /// Bessel frequencies c_n (1/Å), one per basis function.
     pub freqs: Vec<f64>,
-    /// Cutoff r_c (Å): the Bessel prefactor and where the switch reaches 0.
+    /// Cutoff r_c (Å): the Bessel prefactor and where f reaches 0.
     pub cutoff: f64,
-    /// Start of the XPLOR switch r_on (Å), `0 < r_on < r_c`.
-    pub cutoff_on: f64,
+    /// The cutoff function f.
+    pub envelope: CutoffFunction,
+}
+
+/// Polynomial envelope and its derivative at `r` (as sevenn evaluates it:
+/// no clamping, edges lie inside the cutoff).
+#[inline]
+pub fn polynomial_cutoff<T: Real>(r: T, p: u32, r_c: T) -> (T, T) {
+    let x = r / r_c;
+    let pf = f64::from(p);
+    let (c0, c1, c2) = (
+        T::from_f64((pf + 1.0) * (pf + 2.0) / 2.0),
+        T::from_f64(pf * (pf + 2.0)),
+        T::from_f64(pf * (pf + 1.0) / 2.0),
+    );
+    let pt = T::from_f64(pf);
+    let mut xp1 = T::ONE;
+    for _ in 1..p {
+        xp1 *= x;
+    }
+    let xp = xp1 * x;
+    let f = T::ONE - c0 * xp + c1 * xp * x - c2 * xp * x * x;
+    let df =
+        (-c0 * pt * xp1 + c1 * (pt + T::ONE) * xp - c2 * (pt + T::from_f64(2.0)) * xp * x) / r_c;
+    (f, df)
 }
 
 /// XPLOR switching function and its derivative at `r`.
@@ -56,18 +98,27 @@ impl EdgeEmbedding {
         self.freqs.len()
     }
 
+    /// f(r) and f′(r).
+    #[inline]
+    fn envelope_at<T: Real>(&self, r: T) -> (T, T) {
+        let rc = T::from_f64(self.cutoff);
+        match self.envelope {
+            CutoffFunction::Xplor { cutoff_on } => xplor_cutoff(r, T::from_f64(cutoff_on), rc),
+            CutoffFunction::Polynomial { p } => polynomial_cutoff(r, p, rc),
+        }
+    }
+
     /// `out` (E × n_basis) from edge lengths `lengths` (E, Å, > 0).
     pub fn forward<T: Real>(&self, lengths: &[T], out: &mut [T]) -> Result<(), E3nnError> {
         let nb = self.n_basis();
         check_len("embedding out", lengths.len() * nb, out.len())?;
         let freqs: Vec<T> = self.freqs.iter().map(|&c| T::from_f64(c)).collect();
         let pref = T::from_f64(2.0 / self.cutoff);
-        let (on, rc) = (T::from_f64(self.cutoff_on), T::from_f64(self.cutoff));
         out.par_chunks_mut(nb.max(1))
             .zip(lengths.par_iter())
             .with_min_len(256)
             .for_each(|(row, &r)| {
-                let (f, _) = xplor_cutoff(r, on, rc);
+                let (f, _) = self.envelope_at(r);
                 for (o, &c) in row.iter_mut().zip(&freqs) {
                     *o = pref * (c * r).sin() / r * f;
                 }
@@ -87,14 +138,13 @@ impl EdgeEmbedding {
         check_len("embedding grad_lengths", lengths.len(), grad_lengths.len())?;
         let freqs: Vec<T> = self.freqs.iter().map(|&c| T::from_f64(c)).collect();
         let pref = T::from_f64(2.0 / self.cutoff);
-        let (on, rc) = (T::from_f64(self.cutoff_on), T::from_f64(self.cutoff));
         grad_lengths
             .par_iter_mut()
             .zip(lengths.par_iter())
             .zip(grad_out.par_chunks(nb.max(1)))
             .with_min_len(256)
             .for_each(|((gr, &r), g)| {
-                let (f, df) = xplor_cutoff(r, on, rc);
+                let (f, df) = self.envelope_at(r);
                 let mut acc = T::ZERO;
                 for (&gn, &c) in g.iter().zip(&freqs) {
                     let (s, co) = ((c * r).sin(), (c * r).cos());
@@ -360,7 +410,29 @@ mod tests {
         EdgeEmbedding {
             freqs: FREQS.to_vec(),
             cutoff: 5.0,
-            cutoff_on: 4.5,
+            envelope: CutoffFunction::Xplor { cutoff_on: 4.5 },
+        }
+    }
+
+    /// DimeNet's envelope: 1 at 0, 0 with zero slope at r_c, and a
+    /// derivative that matches central differences.
+    #[test]
+    fn polynomial_cutoff_ends_and_derivative() {
+        for p in [2u32, 6, 9] {
+            let (f0, _) = polynomial_cutoff(1e-9f64, p, 5.0);
+            assert!((f0 - 1.0).abs() < 1e-12, "p={p}: f(0) = {f0}");
+            let (f1, d1) = polynomial_cutoff(5.0f64, p, 5.0);
+            assert!(
+                f1.abs() < 1e-12 && d1.abs() < 1e-12,
+                "p={p}: f(rc) = {f1}, f'(rc) = {d1}"
+            );
+            for r in [0.7, 2.5, 4.2, 4.9] {
+                let h = 1e-6;
+                let fd = (polynomial_cutoff(r + h, p, 5.0).0 - polynomial_cutoff(r - h, p, 5.0).0)
+                    / (2.0 * h);
+                let (_, d) = polynomial_cutoff(r, p, 5.0);
+                assert!((fd - d).abs() < 1e-8, "p={p} r={r}: {d} vs {fd}");
+            }
         }
     }
 

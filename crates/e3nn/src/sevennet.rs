@@ -1,5 +1,7 @@
-//! The pretrained SevenNet-0 potential (checkpoint "11Jul2024") on the fused
-//! kernels of this crate: weight loading with sevenn's load-time fix-ups,
+//! SevenNet potentials on the fused kernels of this crate: weight loading
+//! for any checkpoint whose architecture [`SevenNetConfig`] accepts (the
+//! wheel's SevenNet-0 11Jul2024 and 22May2024, SevenNet-l3i5 and the
+//! multi-fidelity SevenNet-MF-0 among them) with sevenn's load-time fix-ups,
 //! every layer's forward and hand-written backward, and a single-process
 //! reference evaluation.
 //!
@@ -7,14 +9,16 @@
 //! `neighbors[e]` = j with vector `r_e = r_j + S·cell − r_i` (Å); energies in
 //! eV; `∂E/∂r_e` per edge is what [`evaluate`] returns.
 
+use crate::affine::AffineLinear;
 use crate::conv::{
     radial_conv_backward, radial_conv_forward, uvu_sorted_paths, ConvGraph, ConvPaths, TpPath,
 };
 use crate::error::{check_len, E3nnError};
 use crate::gate::Gate;
-use crate::irreps::{Irreps, IrrepsLinear};
+use crate::irreps::{Irrep, Irreps, IrrepsLinear, MulIr};
 use crate::radial::{EdgeEmbedding, RadialMlp};
 use crate::real::Real;
+pub use crate::sevennet_config::{ModalInputs, SevenNetConfig};
 use crate::sh::{sh_backward, sh_dim, sh_forward};
 use crate::wigner::wigner_3j;
 use rayon::prelude::*;
@@ -129,14 +133,10 @@ pub const NODE_IRREPS: [&str; 6] = [
     "128x0e+64x1e+32x2e",
     "128x0e",
 ];
-/// Degree of the edge spherical harmonics.
+/// Degree of SevenNet-0's edge spherical harmonics.
 pub const LMAX_SH: usize = 2;
-const N_LAYERS: usize = 5;
-const N_BASIS: usize = 8;
-const HIDDEN: usize = 64;
-const FEATURES: usize = 128;
 
-/// Type index (one-hot row) of atomic number `z`.
+/// SevenNet-0's type index (one-hot row) of atomic number `z`.
 pub fn type_index(z: u32) -> Result<usize, E3nnError> {
     SPECIES
         .iter()
@@ -162,12 +162,12 @@ pub struct LayerWeights {
     pub irreps_msg: Irreps,
     /// Flat self-connection Linear weights (x → gate_in).
     pub self_connection: Vec<f64>,
-    /// Flat Linear_1 weights (x → x).
+    /// Flat Linear_1 weights (x [+ modality one-hot] → x).
     pub linear_1: Vec<f64>,
-    /// Radial MLP matrices `[8×64, 64×64, 64×W]`, (in, out) row-major; the last
-    /// one with its columns in sorted path order and flipped paths negated.
-    pub radial: [Vec<f64>; 3],
-    /// Flat Linear_2 weights (simplified message irreps → gate_in).
+    /// Radial MLP matrices `[n_basis×h₁, …, h_k×W]`, (in, out) row-major; the
+    /// last one with its columns in sorted path order and flipped paths negated.
+    pub radial: Vec<Vec<f64>>,
+    /// Flat Linear_2 weights (simplified message irreps [+ modality one-hot] → gate_in).
     pub linear_2: Vec<f64>,
     /// Message divisor.
     pub denominator: f64,
@@ -178,23 +178,26 @@ pub struct LayerWeights {
     pub flipped: Vec<(usize, usize, usize)>,
 }
 
-/// All SevenNet-0 weights as f64, independent of the evaluation precision.
+/// All weights of a SevenNet checkpoint as f64, independent of the
+/// evaluation precision and of the modality chosen later.
 #[derive(Clone, Debug)]
 pub struct SevenNetWeights {
-    /// Trained Bessel frequencies (1/Å), 8.
+    /// The architecture.
+    pub config: SevenNetConfig,
+    /// Bessel frequencies (1/Å), `n_basis`.
     pub bessel_freqs: Vec<f64>,
-    /// One-hot Linear, 89×128 row-major (unscaled).
+    /// Flat species-embedding Linear (`n_species x 0e` [+ modalities] → first node irreps).
     pub onehot: Vec<f64>,
-    /// The 5 interaction blocks.
+    /// The interaction blocks.
     pub layers: Vec<LayerWeights>,
-    /// Readout Linear 128→64, flat (unscaled).
+    /// Readout Linear, last node irreps [+ modalities] → `dim/2 x 0e`, flat (unscaled).
     pub readout_hidden: Vec<f64>,
-    /// Readout Linear 64→1, flat (unscaled).
+    /// Readout Linear `dim/2 x 0e` → `1x0e`, flat (unscaled).
     pub readout_energy: Vec<f64>,
-    /// Per-species energy shift (eV), type-index order.
-    pub shift: Vec<f64>,
-    /// Per-species energy scale, type-index order.
-    pub scale: Vec<f64>,
+    /// Energy shift (eV) per type index: one row, or one row per modality.
+    pub shift: Vec<Vec<f64>>,
+    /// Energy scale per type index: one row, or one row per modality.
+    pub scale: Vec<Vec<f64>>,
 }
 
 struct Dict<'a> {
@@ -202,17 +205,20 @@ struct Dict<'a> {
 }
 
 impl<'a> Dict<'a> {
-    fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f64>, E3nnError> {
-        let (s, d) = self
-            .map
+    fn raw(&self, name: &str) -> Result<(&'a [usize], &'a [f32]), E3nnError> {
+        self.map
             .get(name)
-            .ok_or_else(|| E3nnError::Checkpoint(format!("tensor {name:?} is missing")))?;
+            .copied()
+            .ok_or_else(|| E3nnError::Checkpoint(format!("tensor {name:?} is missing")))
+    }
+    fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f64>, E3nnError> {
+        let (s, d) = self.raw(name)?;
         let numel: usize = shape.iter().product();
-        let same = *s == shape
+        let same = s == shape
             || (s.iter().product::<usize>() == numel && s.len() <= 1 && shape.len() <= 1);
         if !same || d.len() != numel {
             return Err(E3nnError::Checkpoint(format!(
-                "tensor {name:?} has shape {s:?} ({} values), SevenNet-0 needs {shape:?}",
+                "tensor {name:?} has shape {s:?} ({} values), the config needs {shape:?}",
                 d.len()
             )));
         }
@@ -223,6 +229,39 @@ impl<'a> Dict<'a> {
             self.get(name, shape).map(Some)
         } else {
             Ok(None)
+        }
+    }
+    /// A shift or scale tensor as rows of `n_types`: a scalar broadcasts, a
+    /// vector is one row, a matrix one row per modality (when `per_modal`).
+    fn rescale(
+        &self,
+        name: &str,
+        n_types: usize,
+        n_modals: usize,
+        per_modal: bool,
+    ) -> Result<Vec<Vec<f64>>, E3nnError> {
+        let (s, d) = self.raw(name)?;
+        let v: Vec<f64> = d.iter().map(|&x| x as f64).collect();
+        let bad = || {
+            E3nnError::Checkpoint(format!(
+                "tensor {name:?} has shape {s:?}; expected (), (1,), ({n_types},){}",
+                if per_modal {
+                    format!(" or ({n_modals}, {n_types})")
+                } else {
+                    String::new()
+                }
+            ))
+        };
+        match (s.len(), v.len()) {
+            (0 | 1, 1) => Ok(vec![vec![v[0]; n_types]]),
+            (1, n) if n == n_types && !per_modal => Ok(vec![v]),
+            (2, _) if per_modal && s[0] == n_modals && s[1] == n_types => {
+                Ok(v.chunks(n_types).map(<[f64]>::to_vec).collect())
+            }
+            (1, n) if per_modal && n == n_modals => {
+                Ok(v.iter().map(|&x| vec![x; n_types]).collect())
+            }
+            _ => Err(bad()),
         }
     }
 }
@@ -259,32 +298,140 @@ fn gate_layout(out: &Irreps) -> (Irreps, Gate) {
     (Irreps::parse(&s).unwrap_or_default(), gate)
 }
 
-impl SevenNetWeights {
-    /// Builds the weights from a state dict given as `(name, shape, values)`
-    /// (row-major, strides already applied), applying sevenn's fix-ups for
-    /// this pre-0.11 checkpoint: the last radial-MLP layer's columns are
-    /// permuted from creation to sorted path order, and paths whose stored
-    /// `_w3j_*` buffer equals −wigner_3j get their columns and CG negated.
-    /// Missing tensors or other shapes are reported as
-    /// [`E3nnError::Checkpoint`].
-    pub fn from_state_dict(entries: &[(String, Vec<usize>, Vec<f32>)]) -> Result<Self, E3nnError> {
-        let dict = Dict {
-            map: entries
+/// Number of weights of an e3nn Linear `a → b` (pairs of equal irreps).
+fn linear_numel(a: &Irreps, b: &Irreps) -> usize {
+    a.blocks
+        .iter()
+        .map(|x| {
+            b.blocks
                 .iter()
-                .map(|(n, s, d)| (n.as_str(), (s.as_slice(), d.as_slice())))
+                .filter(|y| y.ir == x.ir)
+                .map(|y| x.mul * y.mul)
+                .sum::<usize>()
+        })
+        .sum()
+}
+
+/// `irreps` with `n` extra scalars appended as their own block when
+/// `extra` (sevenn's modality inputs).
+fn with_modal_inputs(irreps: &Irreps, n: usize, extra: bool) -> Irreps {
+    let mut out = irreps.clone();
+    if extra {
+        out.blocks.push(MulIr {
+            mul: n,
+            ir: Irrep { l: 0, p: 1 },
+        });
+    }
+    out
+}
+
+/// sevenn ≤ 0.9 module names (`map_old_model`) → current names.
+fn current_tensor_name(name: &str) -> String {
+    let (head, rest) = name.split_once('.').unwrap_or((name, ""));
+    let rest = rest.replace("denumerator", "denominator");
+    let head = match head {
+        "EdgeEmbedding" => "edge_embedding".to_string(),
+        "reducing nn input to hidden" => "reduce_input_to_hidden".to_string(),
+        "reducing nn hidden to energy" => "reduce_hidden_to_energy".to_string(),
+        "rescale atomic energy" => "rescale_atomic_energy".to_string(),
+        h => {
+            let mut out = h.to_string();
+            for kind in [
+                "self connection intro",
+                "convolution",
+                "self interaction 2",
+                "equivariant gate",
+            ] {
+                if let Some(t) = h.strip_suffix(&format!(" {kind}")) {
+                    if t.len() == 1 && t.chars().all(|c| c.is_ascii_digit()) {
+                        out = format!("{t}_{}", kind.replace(' ', "_"));
+                    }
+                }
+            }
+            out
+        }
+    };
+    if rest.is_empty() {
+        head
+    } else {
+        format!("{head}.{rest}")
+    }
+}
+
+impl SevenNetWeights {
+    /// Builds SevenNet-0's weights from a state dict given as `(name,
+    /// shape, values)` (row-major, strides already applied); see
+    /// [`SevenNetWeights::from_parts`].
+    pub fn from_state_dict(entries: &[(String, Vec<usize>, Vec<f32>)]) -> Result<Self, E3nnError> {
+        Self::from_parts(SevenNetConfig::sevennet_0(), entries)
+    }
+
+    /// Builds the weights of the architecture `config` from a state dict,
+    /// applying sevenn's fix-ups for checkpoints written before 0.11: the
+    /// last radial-MLP layer's columns are permuted from creation to sorted
+    /// path order, and paths whose stored `_w3j_*` buffer equals −wigner_3j
+    /// get their columns and CG negated. Missing tensors or other shapes are
+    /// reported as [`E3nnError::Checkpoint`].
+    pub fn from_parts(
+        config: SevenNetConfig,
+        entries: &[(String, Vec<usize>, Vec<f32>)],
+    ) -> Result<Self, E3nnError> {
+        let renamed: Vec<(String, &[usize], &[f32])> = entries
+            .iter()
+            .map(|(n, s, d)| (current_tensor_name(n), s.as_slice(), d.as_slice()))
+            .collect();
+        let dict = Dict {
+            map: renamed
+                .iter()
+                .map(|(n, s, d)| (n.as_str(), (*s, *d)))
                 .collect(),
         };
-        let bessel_freqs = dict.get("edge_embedding.basis_function.coeffs", &[N_BASIS])?;
-        let onehot = dict.get("onehot_to_feature_x.linear.weight", &[N_SPECIES * FEATURES])?;
-        let mut layers = Vec::with_capacity(N_LAYERS);
-        for t in 0..N_LAYERS {
-            layers.push(Self::layer(&dict, t)?);
+        let c = &config;
+        let n_types = c.species.len();
+        let n_modals = c.modals.len();
+        let bessel_freqs = if c.trainable_bessel {
+            dict.get("edge_embedding.basis_function.coeffs", &[c.n_basis])?
+        } else {
+            // torch.FloatTensor([n·π/r_c]): float32-rounded.
+            (1..=c.n_basis)
+                .map(|n| (n as f64 * std::f64::consts::PI / c.cutoff) as f32 as f64)
+                .collect()
+        };
+        let onehot_in = with_modal_inputs(
+            &Irreps::parse(&format!("{n_types}x0e"))?,
+            n_modals,
+            c.modal_inputs.node_embedding,
+        );
+        let onehot = dict.get(
+            "onehot_to_feature_x.linear.weight",
+            &[linear_numel(&onehot_in, &c.node_irreps[0])],
+        )?;
+        let mut layers = Vec::with_capacity(c.n_layers());
+        for t in 0..c.n_layers() {
+            layers.push(Self::layer(&dict, c, t)?);
         }
-        let readout_hidden = dict.get("reduce_input_to_hidden.linear.weight", &[FEATURES * 64])?;
-        let readout_energy = dict.get("reduce_hidden_to_energy.linear.weight", &[64])?;
-        let shift = dict.get("rescale_atomic_energy.shift", &[N_SPECIES])?;
-        let scale = dict.get("rescale_atomic_energy.scale", &[N_SPECIES])?;
+        let last = &c.node_irreps[c.n_layers()];
+        let hidden = Irreps::parse(&format!("{}x0e", last.dim() / 2))?;
+        let readout_in = with_modal_inputs(last, n_modals, c.modal_inputs.output_block);
+        let readout_hidden = dict.get(
+            "reduce_input_to_hidden.linear.weight",
+            &[linear_numel(&readout_in, &hidden)],
+        )?;
+        let readout_energy = dict.get("reduce_hidden_to_energy.linear.weight", &[hidden.dim()])?;
+        let shift = dict.rescale(
+            "rescale_atomic_energy.shift",
+            n_types,
+            n_modals,
+            c.modal_wise_shift,
+        )?;
+        let scale = dict.rescale(
+            "rescale_atomic_energy.scale",
+            n_types,
+            n_modals,
+            c.modal_wise_scale,
+        )?;
         Ok(Self {
+            config,
             bessel_freqs,
             onehot,
             layers,
@@ -295,36 +442,27 @@ impl SevenNetWeights {
         })
     }
 
-    /// Reads a SevenNet-0 checkpoint file (`checkpoint_sevennet_0.pth`) and
-    /// builds the weights as [`SevenNetWeights::from_state_dict`] does. When
-    /// the config holds `_type_map`, it must agree with [`SPECIES`].
+    /// Reads a SevenNet checkpoint (`*.pth` as sevenn writes it): its config
+    /// ([`SevenNetConfig::from_checkpoint`], refusing what is not
+    /// implemented) and its state dict ([`SevenNetWeights::from_parts`]).
     pub fn from_checkpoint(path: impl AsRef<std::path::Path>) -> Result<Self, E3nnError> {
         let ckpt = ddmlip_checkpoint::load(path)?;
-        if let Ok(map) = ckpt.config_int_map("_type_map") {
-            for (z, idx) in map {
-                let ours = u32::try_from(z).ok().and_then(|z| type_index(z).ok());
-                if ours != usize::try_from(idx).ok() {
-                    return Err(E3nnError::Checkpoint(format!(
-                        "config _type_map sends Z={z} to {idx}, SevenNet-0 uses {ours:?}"
-                    )));
-                }
-            }
-        }
+        let config = SevenNetConfig::from_checkpoint(&ckpt)?;
         let entries: Vec<(String, Vec<usize>, Vec<f32>)> = ckpt
             .state_dict()?
             .into_iter()
             .map(|(name, t)| (name, t.shape, t.data))
             .collect();
-        Self::from_state_dict(&entries)
+        Self::from_parts(config, &entries)
     }
 
-    fn layer(dict: &Dict, t: usize) -> Result<LayerWeights, E3nnError> {
-        let parse = |s: &str| Irreps::parse(s);
-        let irreps_in = parse(NODE_IRREPS[t])?;
-        let irreps_out = parse(NODE_IRREPS[t + 1])?;
+    fn layer(dict: &Dict, c: &SevenNetConfig, t: usize) -> Result<LayerWeights, E3nnError> {
+        let irreps_in = c.node_irreps[t].clone();
+        let irreps_out = c.node_irreps[t + 1].clone();
         let (irreps_gate_in, _) = gate_layout(&irreps_out);
         let lmax_out = irreps_out.lmax();
         let prefix = format!("{t}_convolution");
+        let old = c.is_pre_0_11();
         let buffer_name = |l1: usize, l2: usize, l3: usize| {
             format!("{prefix}.convolution._compiled_main_left_right._w3j_{l1}_{l2}_{l3}")
         };
@@ -334,7 +472,7 @@ impl SevenNetWeights {
         let mut signs = Vec::new();
         let (paths, irreps_msg, order) = uvu_sorted_paths(
             &irreps_in,
-            LMAX_SH,
+            c.lmax_sh,
             |_| 1,
             |l| l <= lmax_out,
             |l1, l2, l3| {
@@ -349,7 +487,7 @@ impl SevenNetWeights {
                     signs.push(1.0);
                     return Ok(exact);
                 };
-                if allclose(&stored, &exact) {
+                if !old || allclose(&stored, &exact) {
                     signs.push(1.0);
                     return Ok(stored);
                 }
@@ -367,13 +505,27 @@ impl SevenNetWeights {
             },
         )?;
         let w_total: usize = paths.iter().map(|p| p.mul).sum();
-        // Stored columns are in creation order; move them to sorted order.
-        let raw2 = dict.get(
-            &format!("{prefix}.weight_nn.layer2.weight"),
-            &[HIDDEN, w_total],
+        let widths: Vec<usize> = std::iter::once(c.n_basis)
+            .chain(c.radial_hidden.iter().copied())
+            .chain(std::iter::once(w_total))
+            .collect();
+        let n_mats = widths.len() - 1;
+        let mut radial = Vec::with_capacity(n_mats);
+        for k in 0..n_mats - 1 {
+            radial.push(dict.get(
+                &format!("{prefix}.weight_nn.layer{k}.weight"),
+                &[widths[k], widths[k + 1]],
+            )?);
+        }
+        let hidden = widths[n_mats - 1];
+        let raw_last = dict.get(
+            &format!("{prefix}.weight_nn.layer{}.weight", n_mats - 1),
+            &[hidden, w_total],
         )?;
-        let mut creation_offset = vec![0usize; order.len()];
-        {
+        // Old checkpoints store the columns in creation order; move them to
+        // sorted order. Newer ones are sorted already.
+        let last = if old {
+            let mut creation_offset = vec![0usize; order.len()];
             let mut muls = vec![0usize; order.len()];
             for (pos, &k) in order.iter().enumerate() {
                 muls[k] = paths[pos].mul;
@@ -383,54 +535,42 @@ impl SevenNetWeights {
                 creation_offset[k] = acc;
                 acc += muls[k];
             }
-        }
-        let mut layer2 = vec![0.0; HIDDEN * w_total];
-        for (pos, &k) in order.iter().enumerate() {
-            let p = &paths[pos];
-            for row in 0..HIDDEN {
-                for u in 0..p.mul {
-                    layer2[row * w_total + p.weight_offset + u] =
-                        signs[pos] * raw2[row * w_total + creation_offset[k] + u];
+            let mut m = vec![0.0; hidden * w_total];
+            for (pos, &k) in order.iter().enumerate() {
+                let p = &paths[pos];
+                for row in 0..hidden {
+                    for u in 0..p.mul {
+                        m[row * w_total + p.weight_offset + u] =
+                            signs[pos] * raw_last[row * w_total + creation_offset[k] + u];
+                    }
                 }
             }
-        }
-        let msg_simple = irreps_msg.simplify();
-        let n_lin = |a: &Irreps, b: &Irreps| -> usize {
-            a.blocks
-                .iter()
-                .map(|x| {
-                    b.blocks
-                        .iter()
-                        .filter(|y| y.ir == x.ir)
-                        .map(|y| x.mul * y.mul)
-                        .sum::<usize>()
-                })
-                .sum()
+            m
+        } else {
+            raw_last
         };
+        radial.push(last);
+        let n_modals = c.modals.len();
+        let lin1_in = with_modal_inputs(&irreps_in, n_modals, c.modal_inputs.self_inter_intro);
+        let lin2_in = with_modal_inputs(
+            &irreps_msg.simplify(),
+            n_modals,
+            c.modal_inputs.self_inter_outro,
+        );
         let denominator = dict.get(&format!("{prefix}.denominator"), &[1])?[0];
         Ok(LayerWeights {
             self_connection: dict.get(
                 &format!("{t}_self_connection_intro.linear.weight"),
-                &[n_lin(&irreps_in, &irreps_gate_in)],
+                &[linear_numel(&irreps_in, &irreps_gate_in)],
             )?,
             linear_1: dict.get(
                 &format!("{t}_self_interaction_1.linear.weight"),
-                &[n_lin(&irreps_in, &irreps_in)],
+                &[linear_numel(&lin1_in, &irreps_in)],
             )?,
-            radial: [
-                dict.get(
-                    &format!("{prefix}.weight_nn.layer0.weight"),
-                    &[N_BASIS, HIDDEN],
-                )?,
-                dict.get(
-                    &format!("{prefix}.weight_nn.layer1.weight"),
-                    &[HIDDEN, HIDDEN],
-                )?,
-                layer2,
-            ],
+            radial,
             linear_2: dict.get(
                 &format!("{t}_self_interaction_2.linear.weight"),
-                &[n_lin(&msg_simple, &irreps_gate_in)],
+                &[linear_numel(&lin2_in, &irreps_gate_in)],
             )?,
             denominator,
             irreps_in,
@@ -443,23 +583,44 @@ impl SevenNetWeights {
     }
 }
 
+/// A Linear of the network: with the modality's one-hot as extra input
+/// when `modal_input`, plain otherwise.
+fn network_linear<T: Real>(
+    irreps_in: &Irreps,
+    irreps_out: &Irreps,
+    flat: &[f64],
+    modal_input: bool,
+    n_modals: usize,
+    modal: Option<usize>,
+) -> Result<AffineLinear<T>, E3nnError> {
+    match (modal_input, modal) {
+        (true, Some(m)) => AffineLinear::with_modal(irreps_in, irreps_out, flat, n_modals, m),
+        (true, None) => Err(E3nnError::Config(
+            "a modality input without a modality".into(),
+        )),
+        (false, _) => AffineLinear::plain(irreps_in, irreps_out, flat),
+    }
+}
+
 /// One interaction block's kernels in precision `T`.
 #[derive(Clone, Debug)]
 pub struct InteractionBlock<T> {
     /// sc = Linear(x), x → gate_in.
     pub self_connection: IrrepsLinear<T>,
-    /// h = Linear_1(x), x → x.
-    pub linear_1: IrrepsLinear<T>,
+    /// h = Linear_1(x) [+ modality row], x → x.
+    pub linear_1: AffineLinear<T>,
     /// Per-edge TP weights from the radial embedding.
     pub radial: RadialMlp<T>,
     /// Tensor-product paths of the convolution.
     pub conv: ConvPaths<T>,
     /// Message divisor.
     pub denominator: f64,
-    /// y = Linear_2(A) + sc, simplified message irreps → gate_in.
-    pub linear_2: IrrepsLinear<T>,
+    /// y = Linear_2(A) [+ modality row] + sc, simplified message irreps → gate_in.
+    pub linear_2: AffineLinear<T>,
     /// Gate producing the block output.
     pub gate: Gate,
+    /// Degree of the edge spherical harmonics the convolution reads.
+    pub lmax_sh: usize,
 }
 
 /// Values of a block's forward that its backward needs.
@@ -495,27 +656,47 @@ fn timed<R>(slot: &mut f64, f: impl FnOnce() -> R) -> R {
 }
 
 impl<T: Real> InteractionBlock<T> {
-    fn new(w: &LayerWeights) -> Result<Self, E3nnError> {
+    fn new(w: &LayerWeights, c: &SevenNetConfig, modal: Option<usize>) -> Result<Self, E3nnError> {
         let dim_w: usize = w.paths.iter().map(|p| p.mul).sum();
         let (_, gate) = gate_layout(&w.irreps_out);
+        let widths: Vec<usize> = std::iter::once(c.n_basis)
+            .chain(c.radial_hidden.iter().copied())
+            .chain(std::iter::once(dim_w))
+            .collect();
+        let n_modals = c.modals.len();
         Ok(Self {
             self_connection: IrrepsLinear::new(
                 &w.irreps_in,
                 &w.irreps_gate_in,
                 &w.self_connection,
             )?,
-            linear_1: IrrepsLinear::new(&w.irreps_in, &w.irreps_in, &w.linear_1)?,
-            radial: RadialMlp::new(&[N_BASIS, HIDDEN, HIDDEN, dim_w], &w.radial)?,
+            linear_1: network_linear(
+                &w.irreps_in,
+                &w.irreps_in,
+                &w.linear_1,
+                c.modal_inputs.self_inter_intro,
+                n_modals,
+                modal,
+            )?,
+            radial: RadialMlp::new(&widths, &w.radial)?,
             conv: ConvPaths::new(
                 w.irreps_in.dim(),
-                LMAX_SH,
+                c.lmax_sh,
                 dim_w,
                 w.irreps_msg.dim(),
                 w.paths.clone(),
             )?,
             denominator: w.denominator,
-            linear_2: IrrepsLinear::new(&w.irreps_msg.simplify(), &w.irreps_gate_in, &w.linear_2)?,
+            linear_2: network_linear(
+                &w.irreps_msg.simplify(),
+                &w.irreps_gate_in,
+                &w.linear_2,
+                c.modal_inputs.self_inter_outro,
+                n_modals,
+                modal,
+            )?,
             gate,
+            lmax_sh: c.lmax_sh,
         })
     }
 
@@ -622,8 +803,8 @@ impl<T: Real> InteractionBlock<T> {
     ) -> Result<Vec<T>, E3nnError> {
         let (n, ne) = (graph.n_rows(), graph.n_edges());
         let (dg, di) = (self.gate.dim_in(), self.dim_in());
-        check_len("block grad_emb", ne * N_BASIS, grad_emb.len())?;
-        check_len("block grad_sh", ne * sh_dim(LMAX_SH), grad_sh.len())?;
+        check_len("block grad_emb", ne * self.radial.dim_in(), grad_emb.len())?;
+        check_len("block grad_sh", ne * sh_dim(self.lmax_sh), grad_sh.len())?;
         let mut gy = vec![T::ZERO; n * dg];
         timed(&mut tm.other, || {
             self.gate.backward(&cache.y, grad_out, n, &mut gy)
@@ -671,21 +852,35 @@ impl<T: Real> InteractionBlock<T> {
     }
 }
 
-/// SevenNet-0 in precision `T`.
+/// A SevenNet network in precision `T`, for one modality of a
+/// multi-fidelity checkpoint.
 #[derive(Clone, Debug)]
 pub struct SevenNet<T> {
-    /// Radial embedding (trained Bessel frequencies, XPLOR switch).
+    /// Radial embedding (Bessel basis, cutoff function).
     pub embedding: EdgeEmbedding,
-    /// One-hot Linear rows, 89 × 128, already scaled by 1/√89.
+    /// Degree of the edge spherical harmonics.
+    pub lmax_sh: usize,
+    /// Whether the SH read unit vectors (else `|r|^l·Y_l(r̂)`, sevenn ≤ 0.9
+    /// checkpoints without `_normalize_sh`).
+    pub normalize_sh: bool,
+    /// Atomic numbers in type-index order.
+    species: Vec<u32>,
+    /// Species embedding rows, n_species × dim₀ (the one-hot Linear applied
+    /// to each one-hot, modality row included), f64 and in `T`.
+    embedding_table: Vec<f64>,
     onehot: Vec<T>,
-    /// The 5 interaction blocks.
+    /// The interaction blocks.
     pub blocks: Vec<InteractionBlock<T>>,
-    /// Readout Linear 128 → 64.
-    pub readout_hidden: IrrepsLinear<T>,
-    /// Readout Linear 64 → 1.
+    /// Readout Linear, last node irreps → dim/2 scalars [+ modality row].
+    pub readout_hidden: AffineLinear<T>,
+    /// Readout Linear dim/2 → 1.
     pub readout_energy: IrrepsLinear<T>,
-    shift: Vec<T>,
-    scale: Vec<T>,
+    shift: Vec<f64>,
+    scale: Vec<f64>,
+    shift_t: Vec<T>,
+    scale_t: Vec<T>,
+    /// The modality this network evaluates, if the checkpoint has several.
+    modal: Option<String>,
 }
 
 /// Edge inputs of the network: lengths, radial embedding and SH.
@@ -693,43 +888,143 @@ pub struct SevenNet<T> {
 pub struct EdgeFeatures<T> {
     /// |r_e| (Å), E.
     pub lengths: Vec<T>,
-    /// Radial embedding, E × 8.
+    /// Radial embedding, E × n_basis.
     pub emb: Vec<T>,
-    /// Spherical harmonics l ≤ 2, E × 9.
+    /// Spherical harmonics l ≤ lmax_sh, E × (lmax_sh+1)².
     pub sh: Vec<T>,
 }
 
 impl<T: Real> SevenNet<T> {
-    /// Builds the kernels from the loaded weights.
+    /// Builds the kernels of a checkpoint without modalities (a
+    /// multi-fidelity one gives [`E3nnError::Modal`]; use [`SevenNet::for_modal`]).
     pub fn new(w: &SevenNetWeights) -> Result<Self, E3nnError> {
-        let s = 1.0 / (N_SPECIES as f64).sqrt();
-        let scalars = |n: usize| Irreps::parse(&format!("{n}x0e"));
+        Self::for_modal(w, None)
+    }
+
+    /// Builds the kernels for modality `modal` (by name) of a multi-fidelity
+    /// checkpoint; `None` for other checkpoints. A missing, unknown or
+    /// superfluous name is [`E3nnError::Modal`] with the valid names.
+    pub fn for_modal(w: &SevenNetWeights, modal: Option<&str>) -> Result<Self, E3nnError> {
+        let c = &w.config;
+        let m = c.modal_index(modal)?;
+        let n_types = c.species.len();
+        let n_modals = c.modals.len();
+        let onehot_in = Irreps::parse(&format!("{n_types}x0e"))?;
+        let emb_lin = network_linear::<f64>(
+            &onehot_in,
+            &c.node_irreps[0],
+            &w.onehot,
+            c.modal_inputs.node_embedding,
+            n_modals,
+            m,
+        )?;
+        let mut identity = vec![0.0; n_types * n_types];
+        for t in 0..n_types {
+            identity[t * n_types + t] = 1.0;
+        }
+        let mut embedding_table = vec![0.0; n_types * c.node_irreps[0].dim()];
+        emb_lin.forward(&identity, n_types, &mut embedding_table)?;
+        let last = &c.node_irreps[c.n_layers()];
+        let hidden = Irreps::parse(&format!("{}x0e", last.dim() / 2))?;
+        let row = |rows: &[Vec<f64>]| -> Vec<f64> {
+            match m {
+                Some(i) if rows.len() > 1 => rows[i].clone(),
+                _ => rows[0].clone(),
+            }
+        };
+        let (shift, scale) = (row(&w.shift), row(&w.scale));
         Ok(Self {
             embedding: EdgeEmbedding {
                 freqs: w.bessel_freqs.clone(),
-                cutoff: CUTOFF,
-                cutoff_on: CUTOFF_ON,
+                cutoff: c.cutoff,
+                envelope: c.envelope,
             },
-            onehot: w.onehot.iter().map(|&v| T::from_f64(v * s)).collect(),
+            lmax_sh: c.lmax_sh,
+            normalize_sh: c.normalize_sh,
+            species: c.species.clone(),
+            onehot: embedding_table.iter().map(|&v| T::from_f64(v)).collect(),
+            embedding_table,
             blocks: w
                 .layers
                 .iter()
-                .map(InteractionBlock::new)
+                .map(|l| InteractionBlock::new(l, c, m))
                 .collect::<Result<_, _>>()?,
-            readout_hidden: IrrepsLinear::new(
-                &scalars(FEATURES)?,
-                &scalars(64)?,
+            readout_hidden: network_linear(
+                last,
+                &hidden,
                 &w.readout_hidden,
+                c.modal_inputs.output_block,
+                n_modals,
+                m,
             )?,
-            readout_energy: IrrepsLinear::new(&scalars(64)?, &scalars(1)?, &w.readout_energy)?,
-            shift: w.shift.iter().map(|&v| T::from_f64(v)).collect(),
-            scale: w.scale.iter().map(|&v| T::from_f64(v)).collect(),
+            readout_energy: IrrepsLinear::new(&hidden, &Irreps::parse("1x0e")?, &w.readout_energy)?,
+            shift_t: shift.iter().map(|&v| T::from_f64(v)).collect(),
+            scale_t: scale.iter().map(|&v| T::from_f64(v)).collect(),
+            shift,
+            scale,
+            modal: m.map(|i| c.modals[i].clone()),
         })
     }
 
     /// Cutoff radius of the neighbour list (Å).
     pub fn cutoff(&self) -> f64 {
-        CUTOFF
+        self.embedding.cutoff
+    }
+
+    /// Atomic numbers the network knows, in type-index order.
+    pub fn species(&self) -> &[u32] {
+        &self.species
+    }
+
+    /// The modality this network evaluates (multi-fidelity checkpoints).
+    pub fn modal(&self) -> Option<&str> {
+        self.modal.as_deref()
+    }
+
+    /// Type index of atomic number `z`.
+    pub fn type_index(&self, z: u32) -> Result<usize, E3nnError> {
+        self.species
+            .iter()
+            .position(|&s| s == z)
+            .ok_or(E3nnError::UnknownElement(z))
+    }
+
+    /// Type indices of a list of atomic numbers; the first unknown one is an error.
+    pub fn types_from_numbers(&self, numbers: &[u32]) -> Result<Vec<usize>, E3nnError> {
+        numbers.iter().map(|&z| self.type_index(z)).collect()
+    }
+
+    /// Species embedding rows (n_species × [`SevenNet::dim_node_in`], f64):
+    /// the initial node features of each type.
+    pub fn embedding_table(&self) -> &[f64] {
+        &self.embedding_table
+    }
+
+    /// Width of the initial node features.
+    pub fn dim_node_in(&self) -> usize {
+        self.blocks
+            .first()
+            .map_or(self.readout_hidden.irreps_in().dim(), |b| b.dim_in())
+    }
+
+    /// Energy shift (eV) per type index, for this network's modality.
+    pub fn shift(&self) -> &[f64] {
+        &self.shift
+    }
+
+    /// Energy scale per type index, for this network's modality.
+    pub fn scale(&self) -> &[f64] {
+        &self.scale
+    }
+
+    /// Number of radial basis functions (columns of `emb`).
+    pub fn n_basis(&self) -> usize {
+        self.embedding.n_basis()
+    }
+
+    /// Number of SH components (columns of `sh`).
+    pub fn sh_dim(&self) -> usize {
+        sh_dim(self.lmax_sh)
     }
 
     /// Lengths, radial embedding and SH of the edge vectors (Å).
@@ -739,15 +1034,32 @@ impl<T: Real> SevenNet<T> {
             .par_iter()
             .map(|v| (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt())
             .collect();
-        let mut emb = vec![T::ZERO; ne * N_BASIS];
+        let mut emb = vec![T::ZERO; ne * self.n_basis()];
         self.embedding.forward(&lengths, &mut emb)?;
-        let mut sh = vec![T::ZERO; ne * sh_dim(LMAX_SH)];
-        sh_forward(vectors, LMAX_SH, &mut sh)?;
+        let d = self.sh_dim();
+        let mut sh = vec![T::ZERO; ne * d];
+        sh_forward(vectors, self.lmax_sh, &mut sh)?;
+        if !self.normalize_sh {
+            // e3nn without normalisation: the degree-l polynomial of the raw
+            // vector, |r|^l · Y_l(r̂).
+            let lmax = self.lmax_sh;
+            sh.par_chunks_mut(d.max(1))
+                .zip(lengths.par_iter())
+                .for_each(|(row, &r)| {
+                    let mut rl = T::ONE;
+                    for l in 1..=lmax {
+                        rl *= r;
+                        for v in &mut row[l * l..(l + 1) * (l + 1)] {
+                            *v *= rl;
+                        }
+                    }
+                });
+        }
         Ok(EdgeFeatures { lengths, emb, sh })
     }
 
     /// Gradient w.r.t. the edge vectors (E, overwritten into a new vector)
-    /// from gradients w.r.t. the embedding (E × 8) and SH (E × 9).
+    /// from gradients w.r.t. the embedding (E × n_basis) and SH (E × sh_dim).
     pub fn edge_features_backward(
         &self,
         vectors: &[[T; 3]],
@@ -759,60 +1071,97 @@ impl<T: Real> SevenNet<T> {
         let mut g_len = vec![T::ZERO; ne];
         self.embedding
             .backward(&feats.lengths, grad_emb, &mut g_len)?;
+        let d = self.sh_dim();
+        let scaled;
+        let grad_sh = if self.normalize_sh {
+            grad_sh
+        } else {
+            // S_l = r^l Y_l(r̂): ∂S_l/∂v = r^l ∂Y_l(r̂)/∂v + l r^(l−1) Y_l(r̂) v/r.
+            // The first term is the unit-vector SH's backward of g·r^l, the
+            // second a radial term added to the length gradient.
+            check_len("grad_sh", ne * d, grad_sh.len())?;
+            let mut unit = vec![T::ZERO; ne * d];
+            sh_forward(vectors, self.lmax_sh, &mut unit)?;
+            let mut g = grad_sh.to_vec();
+            let lmax = self.lmax_sh;
+            g.par_chunks_mut(d.max(1))
+                .zip(unit.par_chunks(d.max(1)))
+                .zip(feats.lengths.par_iter())
+                .zip(g_len.par_iter_mut())
+                .for_each(|(((gr, yr), &r), gl)| {
+                    let mut rl = T::ONE; // r^(l−1)
+                    for l in 1..=lmax {
+                        let mut dot = T::ZERO;
+                        for k in l * l..(l + 1) * (l + 1) {
+                            dot += gr[k] * yr[k];
+                        }
+                        *gl += T::from_f64(l as f64) * rl * dot;
+                        rl *= r;
+                        for v in &mut gr[l * l..(l + 1) * (l + 1)] {
+                            *v *= rl;
+                        }
+                    }
+                });
+            scaled = g;
+            &scaled[..]
+        };
         let mut grad: Vec<[T; 3]> = vectors
             .par_iter()
             .zip(feats.lengths.par_iter())
             .zip(g_len.par_iter())
             .map(|((v, &r), &g)| [g * v[0] / r, g * v[1] / r, g * v[2] / r])
             .collect();
-        sh_backward(vectors, LMAX_SH, grad_sh, &mut grad)?;
+        sh_backward(vectors, self.lmax_sh, grad_sh, &mut grad)?;
         Ok(grad)
     }
 
-    /// Initial node features x⁰ (N × 128) from type indices (< 89).
+    /// Initial node features x⁰ (N × dim₀) from type indices.
     pub fn initial_features(&self, types: &[usize]) -> Result<Vec<T>, E3nnError> {
-        let mut x = vec![T::ZERO; types.len() * FEATURES];
-        for (row, &t) in x.chunks_mut(FEATURES).zip(types) {
-            if t >= N_SPECIES {
+        let (f, n_types) = (self.dim_node_in(), self.species.len());
+        let mut x = vec![T::ZERO; types.len() * f];
+        for (position, (row, &t)) in x.chunks_mut(f.max(1)).zip(types).enumerate() {
+            if t >= n_types {
                 return Err(E3nnError::Index {
                     what: "types",
-                    position: 0,
+                    position,
                     index: t,
-                    n_rows: N_SPECIES,
+                    n_rows: n_types,
                 });
             }
-            row.copy_from_slice(&self.onehot[t * FEATURES..(t + 1) * FEATURES]);
+            row.copy_from_slice(&self.onehot[t * f..(t + 1) * f]);
         }
         Ok(x)
     }
 
     /// Atomic energies E_i = scale·e_i + shift (eV) from the last block's
-    /// output x (N × 128).
+    /// output x (N × dim).
     pub fn readout(&self, x: &[T], types: &[usize]) -> Result<Vec<T>, E3nnError> {
         let n = types.len();
-        let mut q = vec![T::ZERO; n * 64];
+        let mut q = vec![T::ZERO; n * self.readout_hidden.irreps_out().dim()];
         self.readout_hidden.forward(x, n, &mut q)?;
         let mut e = vec![T::ZERO; n];
         self.readout_energy.forward(&q, n, &mut e)?;
+        let last = self.species.len() - 1;
         for (v, &t) in e.iter_mut().zip(types) {
-            let t = t.min(N_SPECIES - 1);
-            *v = self.scale[t] * *v + self.shift[t];
+            let t = t.min(last);
+            *v = self.scale_t[t] * *v + self.shift_t[t];
         }
         Ok(e)
     }
 
-    /// Gradient of Σ_i grad_e[i]·E_i w.r.t. the last block's output (N × 128).
+    /// Gradient of Σ_i grad_e[i]·E_i w.r.t. the last block's output.
     pub fn readout_backward(&self, grad_e: &[T], types: &[usize]) -> Result<Vec<T>, E3nnError> {
         let n = types.len();
         check_len("readout grad_e", n, grad_e.len())?;
+        let last = self.species.len() - 1;
         let ge: Vec<T> = grad_e
             .iter()
             .zip(types)
-            .map(|(&g, &t)| g * self.scale[t.min(N_SPECIES - 1)])
+            .map(|(&g, &t)| g * self.scale_t[t.min(last)])
             .collect();
-        let mut gq = vec![T::ZERO; n * 64];
+        let mut gq = vec![T::ZERO; n * self.readout_hidden.irreps_out().dim()];
         self.readout_energy.backward(&ge, n, &mut gq)?;
-        let mut gx = vec![T::ZERO; n * FEATURES];
+        let mut gx = vec![T::ZERO; n * self.readout_hidden.irreps_in().dim()];
         self.readout_hidden.backward(&gq, n, &mut gx)?;
         Ok(gx)
     }
@@ -841,12 +1190,13 @@ pub fn evaluate<T: Real>(
     vectors: &[[T; 3]],
 ) -> Result<Evaluation<T>, E3nnError> {
     let n = types.len();
-    if let Some((position, &t)) = types.iter().enumerate().find(|(_, &t)| t >= N_SPECIES) {
+    let n_types = model.species().len();
+    if let Some((position, &t)) = types.iter().enumerate().find(|(_, &t)| t >= n_types) {
         return Err(E3nnError::Index {
             what: "types",
             position,
             index: t,
-            n_rows: N_SPECIES,
+            n_rows: n_types,
         });
     }
     check_len("edge vectors", centers.len(), vectors.len())?;
@@ -867,8 +1217,8 @@ pub fn evaluate<T: Real>(
     let ones = vec![T::ONE; n];
     let mut gx = timed(&mut tm.linear, || model.readout_backward(&ones, types))?;
     let ne = centers.len();
-    let mut grad_emb = vec![T::ZERO; ne * N_BASIS];
-    let mut grad_sh = vec![T::ZERO; ne * sh_dim(LMAX_SH)];
+    let mut grad_emb = vec![T::ZERO; ne * model.n_basis()];
+    let mut grad_sh = vec![T::ZERO; ne * model.sh_dim()];
     for (block, cache) in model.blocks.iter().zip(&caches).rev() {
         gx = block.backward_timed(
             &graph,

@@ -13,5 +13,8 @@ mod sevennet;
 pub use demo::{BpDemo, EamDemo, QeqDemo, SchNetDemo};
 pub use lj::LennardJones;
 pub use rebuild::RebuildDemo;
-pub use registry::{load_model, model_names, ModelError, SEVENNET_NAME};
+pub use registry::{
+    load_model, load_model_with_modal, model_names, pretrained_sevennet_path, ModelError,
+    PretrainedSevenNet, PRETRAINED_SEVENNETS, SEVENNET_NAME,
+};
 pub use sevennet::SevenNetModel;

@@ -17,10 +17,89 @@ pub enum ModelError {
     Invalid { path: String, message: String },
     #[error("{0}")]
     Checkpoint(String),
+    /// A SevenNet checkpoint that cannot be used: unsupported architecture
+    /// (naming the config key), tensors that do not match, a missing or
+    /// unknown modality (listing the valid ones), a damaged file.
+    #[error("{path}: {source}")]
+    SevenNet {
+        path: String,
+        #[source]
+        source: ddmlip_e3nn::E3nnError,
+    },
+    /// A built-in SevenNet name whose checkpoint is not in the cache.
+    #[error("model `{name}`: checkpoint not found at {path}; fetch it with `bash scripts/fetch-sevennet.sh`")]
+    NotInstalled { name: String, path: String },
+    /// `--modal` given for a model that is not a SevenNet checkpoint.
+    #[error("--modal {modal}: model `{model}` has no modals (--modal applies to multi-fidelity SevenNet checkpoints such as sevennet-mf-0)")]
+    ModalNotApplicable { model: String, modal: String },
 }
 
-/// Registry name of the pretrained SevenNet-0 potential.
+/// Registry name of the pretrained SevenNet-0 (11Jul2024) potential.
 pub const SEVENNET_NAME: &str = "sevennet-0";
+
+/// A pretrained SevenNet checkpoint of the sevenn 0.13.0 wheel, by the name
+/// ddmlip gives it and where `scripts/fetch-sevennet.sh` stores it under the
+/// cache directory (`<cache>/<dir>/<file>`).
+#[derive(Clone, Copy, Debug)]
+pub struct PretrainedSevenNet {
+    /// Registry name (`--model NAME`).
+    pub name: &'static str,
+    /// Folder under the cache directory.
+    pub dir: &'static str,
+    /// File name.
+    pub file: &'static str,
+    /// One line for `ddmlip models`.
+    pub description: &'static str,
+}
+
+/// The wheel's four checkpoints.
+pub const PRETRAINED_SEVENNETS: [PretrainedSevenNet; 4] = [
+    PretrainedSevenNet {
+        name: SEVENNET_NAME,
+        dir: "sevennet-0",
+        file: "checkpoint_sevennet_0.pth",
+        description: "SevenNet-0 (11Jul2024) pretrained universal potential, 5 layers, l_max 2, 89 elements, cutoff 5 Å",
+    },
+    PretrainedSevenNet {
+        name: "sevennet-0-22may2024",
+        dir: "sevennet-0-22may2024",
+        file: "checkpoint_sevennet_0.pth",
+        description: "SevenNet-0 (22May2024), the earlier release of SevenNet-0, 5 layers, l_max 2, 89 elements, cutoff 5 Å",
+    },
+    PretrainedSevenNet {
+        name: "sevennet-l3i5",
+        dir: "sevennet-l3i5",
+        file: "checkpoint_l3i5.pth",
+        description: "SevenNet-l3i5, 5 layers, l_max 3, 89 elements, cutoff 5 Å",
+    },
+    PretrainedSevenNet {
+        name: "sevennet-mf-0",
+        dir: "sevennet-mf-0",
+        file: "checkpoint_sevennet_mf_0.pth",
+        description: "SevenNet-MF-0 multi-fidelity (--modal PBE or R2SCAN), 5 layers, l_max 2, 89 elements, cutoff 5 Å",
+    },
+];
+
+/// Where a pretrained checkpoint is looked up: SevenNet-0 (11Jul2024) also
+/// honours `$DDMLIP_SEVENNET_CHECKPOINT`; all live under the cache directory.
+/// `Err` holds the path searched.
+pub fn pretrained_sevennet_path(p: &PretrainedSevenNet) -> Result<std::path::PathBuf, String> {
+    if p.name == SEVENNET_NAME {
+        return ddmlip_checkpoint::find_sevennet_checkpoint().map_err(|e| e.to_string());
+    }
+    let default = ddmlip_checkpoint::default_sevennet_checkpoint_path();
+    let cache = default
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let path = cache.join(p.dir).join(p.file);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(path.display().to_string())
+    }
+}
 
 /// Built-in model names with one-line descriptions, in display order.
 pub fn model_names() -> Vec<(String, String)> {
@@ -28,14 +107,13 @@ pub fn model_names() -> Vec<(String, String)> {
         .into_iter()
         .map(|m| (m.name(), m.description()))
         .collect();
-    let status = match ddmlip_checkpoint::find_sevennet_checkpoint() {
-        Ok(p) => format!("checkpoint at {}", p.display()),
-        Err(_) => "checkpoint not installed: run `bash scripts/fetch-sevennet.sh`".to_string(),
-    };
-    names.push((
-        SEVENNET_NAME.to_string(),
-        format!("SevenNet-0 (11Jul2024) pretrained universal potential, 89 elements, cutoff 5 Å ({status})"),
-    ));
+    for p in &PRETRAINED_SEVENNETS {
+        let status = match pretrained_sevennet_path(p) {
+            Ok(path) => format!("checkpoint at {}", path.display()),
+            Err(_) => "checkpoint not installed: run `bash scripts/fetch-sevennet.sh`".to_string(),
+        };
+        names.push((p.name.to_string(), format!("{} ({status})", p.description)));
+    }
     names
 }
 
@@ -55,17 +133,45 @@ struct KindOnly {
     kind: String,
 }
 
-/// Resolves a built-in name or a model file path (`.toml`).
+/// Resolves a built-in name or a model file path (`.toml`, or a SevenNet
+/// `.pth` / `.pt` checkpoint).
 pub fn load_model(name_or_path: &str) -> Result<Box<dyn Model>, ModelError> {
+    load_model_with_modal(name_or_path, None)
+}
+
+/// [`load_model`] with the modality (fidelity) of a multi-fidelity SevenNet
+/// checkpoint (`--modal`). A multi-fidelity checkpoint without one, an
+/// unknown name, or a name for a model without modalities is an error that
+/// lists the valid names.
+pub fn load_model_with_modal(
+    name_or_path: &str,
+    modal: Option<&str>,
+) -> Result<Box<dyn Model>, ModelError> {
+    let not_applicable = |model: &str| -> Result<(), ModelError> {
+        match modal {
+            Some(m) => Err(ModelError::ModalNotApplicable {
+                model: model.to_string(),
+                modal: m.to_string(),
+            }),
+            None => Ok(()),
+        }
+    };
     if let Some(m) = builtin().into_iter().find(|m| m.name() == name_or_path) {
+        not_applicable(name_or_path)?;
         return Ok(m);
     }
-    if name_or_path == SEVENNET_NAME {
-        let path = ddmlip_checkpoint::find_sevennet_checkpoint()
-            .map_err(|e| ModelError::Checkpoint(e.to_string()))?;
-        return crate::SevenNetModel::load(&path, SEVENNET_NAME)
-            .map(|m| Box::new(m) as Box<dyn Model>)
-            .map_err(ModelError::Checkpoint);
+    if let Some(p) = PRETRAINED_SEVENNETS.iter().find(|p| p.name == name_or_path) {
+        let path = if p.name == SEVENNET_NAME {
+            ddmlip_checkpoint::find_sevennet_checkpoint()
+                .map_err(|e| ModelError::Checkpoint(e.to_string()))?
+        } else {
+            pretrained_sevennet_path(p).map_err(|path| ModelError::NotInstalled {
+                name: p.name.to_string(),
+                path,
+            })?
+        };
+        return crate::SevenNetModel::load(&path, p.name, modal)
+            .map(|m| Box::new(m) as Box<dyn Model>);
     }
     let path = Path::new(name_or_path);
     if path.extension().is_some_and(|e| e == "pth" || e == "pt") {
@@ -75,11 +181,15 @@ pub fn load_model(name_or_path: &str) -> Result<Box<dyn Model>, ModelError> {
                 message: "no such file".into(),
             });
         }
-        return crate::SevenNetModel::load(path, SEVENNET_NAME)
-            .map(|m| Box::new(m) as Box<dyn Model>)
-            .map_err(ModelError::Checkpoint);
+        let stem = path.file_stem().map_or_else(
+            || "sevennet".to_string(),
+            |s| s.to_string_lossy().into_owned(),
+        );
+        return crate::SevenNetModel::load(path, &stem, modal)
+            .map(|m| Box::new(m) as Box<dyn Model>);
     }
     if path.extension().is_some_and(|e| e == "toml") || path.exists() {
+        not_applicable(name_or_path)?;
         return load_toml(path);
     }
     Err(ModelError::Unknown {

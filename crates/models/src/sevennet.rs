@@ -1,12 +1,11 @@
-//! SevenNet-0 on the op engine: the `ddmlip-e3nn` kernels wrapped as
-//! row-wise ops and one fused message-passing op per interaction layer, so
-//! the dispatcher sees each layer's gather (neighbour features `h`) and
+//! SevenNet checkpoints on the op engine: the `ddmlip-e3nn` kernels wrapped
+//! as row-wise ops and one fused message-passing op per interaction layer,
+//! so the dispatcher sees each layer's gather (neighbour features `h`) and
 //! scatter (messages onto centres) and can run it decomposed.
 
-use ddmlip_e3nn::sevennet::{
-    type_index, InteractionBlock, SevenNet, SevenNetWeights, N_SPECIES, SPECIES,
-};
-use ddmlip_e3nn::{radial_conv_backward, radial_conv_forward, ConvGraph, Gate, IrrepsLinear, Real};
+use crate::registry::ModelError;
+use ddmlip_e3nn::sevennet::{InteractionBlock, SevenNet, SevenNetWeights};
+use ddmlip_e3nn::{radial_conv_backward, radial_conv_forward, AffineLinear, ConvGraph, Gate, Real};
 use ddmlip_engine::ops::opaque::Shape;
 use ddmlip_engine::{
     EngineError, Graph, MessageInputs, MessageKernel, Model, ModelInfo, ModelInputs, ModelOutputs,
@@ -16,26 +15,46 @@ use ddmlip_spec::{GatherMode, MLIPSpec, ScatterMode};
 use std::path::Path;
 use std::sync::Arc;
 
-/// The pretrained SevenNet-0 (11Jul2024) potential, read from its PyTorch checkpoint.
+/// A SevenNet potential read from its PyTorch checkpoint (any architecture
+/// `ddmlip_e3nn::sevennet::SevenNetConfig` accepts), for one modality of a
+/// multi-fidelity checkpoint.
 pub struct SevenNetModel {
     name: String,
+    description: String,
     f64_net: Arc<SevenNet<f64>>,
     f32_net: Arc<SevenNet<f32>>,
-    weights: Arc<SevenNetWeights>,
 }
 
 impl SevenNetModel {
-    /// Loads and fixes up the checkpoint (sevenn's load-time patches included).
-    pub fn load(path: &Path, name: &str) -> Result<Self, String> {
-        let weights = SevenNetWeights::from_checkpoint(path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        let f64_net = SevenNet::<f64>::new(&weights).map_err(|e| e.to_string())?;
-        let f32_net = SevenNet::<f32>::new(&weights).map_err(|e| e.to_string())?;
+    /// Loads and fixes up the checkpoint (sevenn's load-time patches
+    /// included). `modal` picks the fidelity of a multi-fidelity checkpoint
+    /// and must be `None` for others. Errors name the file and the config
+    /// key, tensor or modality at fault.
+    pub fn load(path: &Path, name: &str, modal: Option<&str>) -> Result<Self, ModelError> {
+        let wrap = |source| ModelError::SevenNet {
+            path: path.display().to_string(),
+            source,
+        };
+        let weights = SevenNetWeights::from_checkpoint(path).map_err(wrap)?;
+        let f64_net = SevenNet::<f64>::for_modal(&weights, modal).map_err(wrap)?;
+        let f32_net = SevenNet::<f32>::for_modal(&weights, modal).map_err(wrap)?;
+        let c = &weights.config;
+        let lmax = c.node_irreps.iter().map(|i| i.lmax()).max().unwrap_or(0);
+        let mut description = format!(
+            "SevenNet checkpoint (sevenn {}): {} layers, l_max {lmax}, cutoff {} Å, {} elements",
+            c.version,
+            c.n_layers(),
+            c.cutoff,
+            c.species.len()
+        );
+        if let Some(m) = f64_net.modal() {
+            description.push_str(&format!(", modal {m} of {}", c.modals.join("/")));
+        }
         Ok(Self {
             name: name.to_string(),
+            description,
             f64_net: Arc::new(f64_net),
             f32_net: Arc::new(f32_net),
-            weights: Arc::new(weights),
         })
     }
 
@@ -46,18 +65,18 @@ impl SevenNetModel {
         inputs: &ModelInputs,
     ) -> Result<ModelOutputs, EngineError> {
         let edges = inputs.edges.ok_or_else(|| {
-            EngineError::Input("sevennet-0 needs the runtime neighbour graph".into())
+            EngineError::Input(format!("{} needs the runtime neighbour graph", self.name))
         })?;
         let types: Vec<u32> = inputs
             .numbers
             .iter()
             .map(|&z| {
-                type_index(z)
+                net.type_index(z)
                     .map(|t| t as u32)
-                    .map_err(|e| EngineError::Input(e.to_string()))
+                    .map_err(|e| EngineError::Input(format!("{}: {e}", self.name)))
             })
             .collect::<Result<_, _>>()?;
-        let n_types = N_SPECIES;
+        let n_types = net.species().len();
         let type_idx = g.index(
             Arc::new(types),
             RowDomain::Atom,
@@ -71,19 +90,21 @@ impl SevenNetModel {
             Arc::new(EdgeFeaturesKernel { net: net.clone() }),
             &[vectors],
         )?;
-        let emb = g.slice_cols(feats, 0, 8)?;
-        let sh = g.slice_cols(feats, 8, 17)?;
+        let (nb, nsh) = (net.n_basis(), net.sh_dim());
+        let emb = g.slice_cols(feats, 0, nb)?;
+        let sh = g.slice_cols(feats, nb, nb + nsh)?;
         g.pop_scope();
-        let scale = 1.0 / (n_types as f64).sqrt();
-        let table: Vec<f64> = self.weights.onehot.iter().map(|v| v * scale).collect();
-        let table = g.param(&table, n_types, 128)?;
+        let table = g.param(net.embedding_table(), n_types, net.dim_node_in())?;
         let mut x = g.gather(table, type_idx)?;
         for (t, block) in net.blocks.iter().enumerate() {
             g.push_scope(format!("interaction_{t}"));
             let sc = g.rowwise(
                 Arc::new(LinearKernel {
                     name: format!("{t}_self_connection"),
-                    lin: block.self_connection.clone(),
+                    lin: AffineLinear {
+                        linear: block.self_connection.clone(),
+                        bias: None,
+                    },
                 }),
                 &[x],
             )?;
@@ -128,12 +149,15 @@ impl SevenNetModel {
         let e = g.rowwise(
             Arc::new(LinearKernel {
                 name: "reduce_hidden_to_energy".into(),
-                lin: net.readout_energy.clone(),
+                lin: AffineLinear {
+                    linear: net.readout_energy.clone(),
+                    bias: None,
+                },
             }),
             &[q],
         )?;
-        let scale_t = g.param(&self.weights.scale, n_types, 1)?;
-        let shift_t = g.param(&self.weights.shift, n_types, 1)?;
+        let scale_t = g.param(net.scale(), n_types, 1)?;
+        let shift_t = g.param(net.shift(), n_types, 1)?;
         let s = g.gather(scale_t, type_idx)?;
         let b = g.gather(shift_t, type_idx)?;
         let e = g.mul(e, s)?;
@@ -153,13 +177,13 @@ impl ModelInfo for SevenNetModel {
         self.name.clone()
     }
     fn description(&self) -> String {
-        "SevenNet-0 (11Jul2024), pretrained universal equivariant MPNN, 5 layers, cutoff 5 Å, 89 elements".into()
+        self.description.clone()
     }
     fn cutoff(&self) -> f64 {
         self.f64_net.cutoff()
     }
     fn species(&self) -> SpeciesSupport {
-        SpeciesSupport::Listed(SPECIES.iter().map(|s| s.1).collect())
+        SpeciesSupport::Listed(self.f64_net.species().to_vec())
     }
     fn declared_spec(&self) -> Option<MLIPSpec> {
         // Owned-centre edges make owned messages complete; ghosts' features
@@ -196,7 +220,7 @@ fn kernel_err(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
 
-/// Edge vectors (E×3) → radial embedding (8) ‖ spherical harmonics (9).
+/// Edge vectors (E×3) → radial embedding (n_basis) ‖ spherical harmonics ((l_max+1)²).
 struct EdgeFeaturesKernel<T> {
     net: Arc<SevenNet<T>>,
 }
@@ -210,16 +234,21 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
         "sevennet_edge_features"
     }
     fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, String> {
-        Ok((RowDomain::Edge, inputs[0].1, 17))
+        Ok((
+            RowDomain::Edge,
+            inputs[0].1,
+            self.net.n_basis() + self.net.sh_dim(),
+        ))
     }
     fn forward(&self, inputs: &[&[T]], _shapes: &[Shape], out: &mut [T]) -> Result<(), String> {
         let f = self
             .net
             .edge_features(&as_vec3(inputs[0]))
             .map_err(kernel_err)?;
-        for (e, row) in out.chunks_mut(17).enumerate() {
-            row[..8].copy_from_slice(&f.emb[e * 8..e * 8 + 8]);
-            row[8..].copy_from_slice(&f.sh[e * 9..e * 9 + 9]);
+        let (nb, nsh) = (self.net.n_basis(), self.net.sh_dim());
+        for (e, row) in out.chunks_mut(nb + nsh).enumerate() {
+            row[..nb].copy_from_slice(&f.emb[e * nb..(e + 1) * nb]);
+            row[nb..].copy_from_slice(&f.sh[e * nsh..(e + 1) * nsh]);
         }
         Ok(())
     }
@@ -234,11 +263,12 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
             let v = as_vec3(inputs[0]);
             let f = self.net.edge_features(&v).map_err(kernel_err)?;
             let ne = v.len();
-            let mut ge = Vec::with_capacity(ne * 8);
-            let mut gs = Vec::with_capacity(ne * 9);
-            for row in g.chunks(17) {
-                ge.extend_from_slice(&row[..8]);
-                gs.extend_from_slice(&row[8..]);
+            let (nb, nsh) = (self.net.n_basis(), self.net.sh_dim());
+            let mut ge = Vec::with_capacity(ne * nb);
+            let mut gs = Vec::with_capacity(ne * nsh);
+            for row in g.chunks(nb + nsh) {
+                ge.extend_from_slice(&row[..nb]);
+                gs.extend_from_slice(&row[nb..]);
             }
             let gv = self
                 .net
@@ -255,10 +285,10 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
     }
 }
 
-/// An e3nn `Linear` on irreps, row by row.
+/// An e3nn `Linear` on irreps (plus a modality's constant row), row by row.
 struct LinearKernel<T> {
     name: String,
-    lin: IrrepsLinear<T>,
+    lin: AffineLinear<T>,
 }
 
 impl<T: Scalar + Real> OpaqueKernel<T> for LinearKernel<T> {

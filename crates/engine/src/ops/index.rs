@@ -301,12 +301,20 @@ impl<T: Scalar> Graph<T> {
         let out_rows = ix.target_rows;
         let mut out = self.pool.zeroed(out_rows * cols);
         {
+            // Sums over many rows (a system's energy over its atoms) are
+            // accumulated in f64 and rounded once: in f32 a running sum of
+            // thousands of eV-sized terms would lose several ulps of the
+            // total. For f64 the additions are the same as in place.
             let xv = &self.nodes[x.id].value;
+            let mut acc = vec![0.0f64; out_rows * cols];
             for (r, &s) in ix.values.iter().enumerate().take(limit) {
-                let o = &mut out[s as usize * cols..(s as usize + 1) * cols];
+                let o = &mut acc[s as usize * cols..(s as usize + 1) * cols];
                 for (a, &b) in o.iter_mut().zip(&xv[r * cols..(r + 1) * cols]) {
-                    *a += b;
+                    *a += b.to_f64_lossless();
                 }
+            }
+            for (o, a) in out.iter_mut().zip(acc) {
+                *o = T::of(a);
             }
         }
         let spec = NodeSpec {

@@ -1,0 +1,699 @@
+//! The architecture of a SevenNet checkpoint, read from its `config` dict as
+//! sevenn 0.13's `build_E3_equivariant_model` reads it (with the
+//! back-compatibility patches of `patch_old_config`), and refused with
+//! [`E3nnError::UnsupportedConfig`] naming the key where this crate does not
+//! implement the choice.
+
+use crate::error::E3nnError;
+use crate::irreps::{Irrep, Irreps, MulIr};
+use crate::radial::CutoffFunction;
+use crate::sh::SH_LMAX;
+use ddmlip_checkpoint::{Checkpoint, PyValue};
+
+/// Which e3nn Linears take the modality one-hot as extra `n_modals x 0e`
+/// inputs (sevenn's `use_modal_*` keys).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ModalInputs {
+    /// `use_modal_node_embedding`: the species embedding Linear.
+    pub node_embedding: bool,
+    /// `use_modal_self_inter_intro`: every `{t}_self_interaction_1`.
+    pub self_inter_intro: bool,
+    /// `use_modal_self_inter_outro`: every `{t}_self_interaction_2`.
+    pub self_inter_outro: bool,
+    /// `use_modal_output_block`: `reduce_input_to_hidden`.
+    pub output_block: bool,
+}
+
+/// Everything needed to build a SevenNet network of sevenn's `nequip`
+/// interaction type, SO(3) irreps (`is_parity: False`), `linear`
+/// self-connections and the two-Linear readout.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SevenNetConfig {
+    /// sevenn version that wrote the checkpoint (`version`).
+    pub version: String,
+    /// Atomic numbers in type-index order (inverse of `_type_map`).
+    pub species: Vec<u32>,
+    /// Neighbour cutoff r_c (Å), `cutoff`.
+    pub cutoff: f64,
+    /// Cutoff function of the radial embedding (`cutoff_function`).
+    pub envelope: CutoffFunction,
+    /// Number of Bessel functions (`radial_basis.bessel_basis_num`).
+    pub n_basis: usize,
+    /// Whether the Bessel frequencies are trained (stored) or nπ/r_c.
+    pub trainable_bessel: bool,
+    /// Hidden widths of the radial MLP (`weight_nn_hidden_neurons`).
+    pub radial_hidden: Vec<usize>,
+    /// Degree of the edge spherical harmonics (`lmax`, or `lmax_edge` > 0).
+    pub lmax_sh: usize,
+    /// Whether edge vectors are normalised before the SH (`_normalize_sph`;
+    /// checkpoints of sevenn ≤ 0.9 without the key use raw vectors).
+    pub normalize_sh: bool,
+    /// Node irreps: entry t is the input of layer t, entry t+1 its output.
+    pub node_irreps: Vec<Irreps>,
+    /// Modality names by modality index (`_modal_map`); empty when the
+    /// checkpoint is not multi-fidelity.
+    pub modals: Vec<String>,
+    /// Which Linears read the modality one-hot.
+    pub modal_inputs: ModalInputs,
+    /// `use_modal_wise_shift`: the shift has one row per modality.
+    pub modal_wise_shift: bool,
+    /// `use_modal_wise_scale`: the scale has one row per modality.
+    pub modal_wise_scale: bool,
+}
+
+fn unsupported(key: &str, value: impl std::fmt::Display, reason: &str) -> E3nnError {
+    E3nnError::UnsupportedConfig {
+        key: key.to_string(),
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+fn show(v: &PyValue) -> String {
+    match v {
+        PyValue::Str(s) => format!("{s:?}"),
+        PyValue::Bool(b) => if *b { "True" } else { "False" }.into(),
+        PyValue::Int(i) => i.to_string(),
+        PyValue::Float(x) => x.to_string(),
+        other => other.type_name(),
+    }
+}
+
+/// Reads config keys with sevenn's model defaults for absent ones.
+struct Cfg<'a> {
+    root: &'a PyValue,
+}
+
+impl<'a> Cfg<'a> {
+    fn get(&self, key: &str) -> Option<&'a PyValue> {
+        self.root.get(key)
+    }
+    fn required(&self, key: &str) -> Result<&'a PyValue, E3nnError> {
+        self.get(key)
+            .ok_or_else(|| unsupported(key, "missing", "the config has no such key"))
+    }
+    fn bool_or(&self, key: &str, default: bool) -> Result<bool, E3nnError> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| unsupported(key, show(v), "expected True or False")),
+        }
+    }
+    fn int(&self, key: &str) -> Result<i64, E3nnError> {
+        let v = self.required(key)?;
+        v.as_i64()
+            .ok_or_else(|| unsupported(key, show(v), "expected an integer"))
+    }
+    fn int_or(&self, key: &str, default: i64) -> Result<i64, E3nnError> {
+        if self.get(key).is_some() {
+            self.int(key)
+        } else {
+            Ok(default)
+        }
+    }
+    fn str_or(&self, key: &str, default: &'a str) -> Result<&'a str, E3nnError> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .as_str()
+                .ok_or_else(|| unsupported(key, show(v), "expected a string")),
+        }
+    }
+}
+
+/// `(major, minor, patch)` of a sevenn version string like `0.9.1` or `0.11.0.dev0`.
+fn version_triple(v: &str) -> Option<(u32, u32, u32)> {
+    let mut it = v.split('.').map(|p| p.parse::<u32>().ok());
+    Some((it.next()??, it.next()??, it.next()??))
+}
+
+impl SevenNetConfig {
+    /// The configuration of SevenNet-0 (11Jul2024), for state dicts given
+    /// without a config.
+    pub fn sevennet_0() -> Self {
+        let parse = |s: &str| Irreps::parse(s).unwrap_or_default();
+        Self {
+            version: "0.9.1".into(),
+            species: crate::sevennet::SPECIES.iter().map(|s| s.1).collect(),
+            cutoff: crate::sevennet::CUTOFF,
+            envelope: CutoffFunction::Xplor {
+                cutoff_on: crate::sevennet::CUTOFF_ON,
+            },
+            n_basis: 8,
+            trainable_bessel: true,
+            radial_hidden: vec![64, 64],
+            lmax_sh: 2,
+            normalize_sh: true,
+            node_irreps: crate::sevennet::NODE_IRREPS
+                .iter()
+                .map(|s| parse(s))
+                .collect(),
+            modals: Vec::new(),
+            modal_inputs: ModalInputs::default(),
+            modal_wise_shift: false,
+            modal_wise_scale: false,
+        }
+    }
+
+    /// Number of interaction layers.
+    pub fn n_layers(&self) -> usize {
+        self.node_irreps.len() - 1
+    }
+
+    /// True for checkpoints written before sevenn 0.11, whose radial-MLP
+    /// output columns are in TP creation order and whose CG buffers may
+    /// carry the old e3nn sign (`sort_old_convolution`).
+    pub fn is_pre_0_11(&self) -> bool {
+        match version_triple(&self.version) {
+            Some(v) => v < (0, 11, 0) || (v == (0, 11, 0) && self.version.ends_with("dev0")),
+            None => false,
+        }
+    }
+
+    /// Index of a modality name, or [`E3nnError::Modal`] listing the valid
+    /// names (also when `modal` is `None` on a multi-fidelity model, or given
+    /// to a model without modalities).
+    pub fn modal_index(&self, modal: Option<&str>) -> Result<Option<usize>, E3nnError> {
+        match (modal, self.modals.is_empty()) {
+            (None, true) => Ok(None),
+            (Some(m), false) => match self.modals.iter().position(|x| x == m) {
+                Some(i) => Ok(Some(i)),
+                None => Err(E3nnError::Modal {
+                    given: Some(m.to_string()),
+                    valid: self.modals.clone(),
+                }),
+            },
+            (given, _) => Err(E3nnError::Modal {
+                given: given.map(str::to_string),
+                valid: self.modals.clone(),
+            }),
+        }
+    }
+
+    /// Reads and checks the `config` of a SevenNet checkpoint.
+    pub fn from_checkpoint(ckpt: &Checkpoint) -> Result<Self, E3nnError> {
+        let root = ckpt.config()?;
+        if root.as_dict().is_none() {
+            return Err(unsupported("config", root.type_name(), "expected a dict"));
+        }
+        let c = Cfg { root };
+        let version = c.str_or("version", "")?.to_string();
+        if version.is_empty() {
+            return Err(unsupported(
+                "version",
+                "missing",
+                "sevenn refuses configs without a version",
+            ));
+        }
+        let old = version_triple(&version).is_some_and(|v| v < (0, 10, 0));
+        let model_type = c.str_or("_model_type", "E3_equivariant_model")?;
+        if model_type != "E3_equivariant_model" {
+            return Err(unsupported(
+                "_model_type",
+                model_type,
+                "only E3_equivariant_model exists in sevenn 0.13",
+            ));
+        }
+        let interaction = c.str_or("interaction_type", "nequip")?;
+        if interaction != "nequip" {
+            return Err(unsupported(
+                "interaction_type",
+                interaction,
+                "only `nequip` is implemented",
+            ));
+        }
+        if c.bool_or("is_parity", true)? {
+            return Err(unsupported(
+                "is_parity",
+                "True",
+                "only SO(3) models (is_parity: False, all irreps even) are implemented",
+            ));
+        }
+        match c.get("self_connection_type") {
+            Some(PyValue::Str(s)) if s == "linear" => {}
+            Some(v @ (PyValue::List(_) | PyValue::Tuple(_)))
+                if v.as_seq()
+                    .is_some_and(|s| s.iter().all(|x| x.as_str() == Some("linear"))) => {}
+            Some(v) => {
+                let shown = match v.as_seq() {
+                    Some(s) => format!("{:?}", s.iter().map(show).collect::<Vec<_>>()),
+                    None => show(v),
+                };
+                return Err(unsupported(
+                    "self_connection_type",
+                    shown,
+                    "only `linear` self-connections are implemented",
+                ));
+            }
+            None => {
+                return Err(unsupported(
+                    "self_connection_type",
+                    "missing (sevenn default `nequip`)",
+                    "only `linear` self-connections are implemented",
+                ))
+            }
+        }
+        if c.bool_or("use_bias_in_linear", false)? {
+            return Err(unsupported(
+                "use_bias_in_linear",
+                "True",
+                "Linears with biases are not implemented",
+            ));
+        }
+        if c.bool_or("readout_as_fcn", false)? {
+            return Err(unsupported(
+                "readout_as_fcn",
+                "True",
+                "only the two-Linear readout is implemented",
+            ));
+        }
+        let act_radial = c.str_or("act_radial", "silu")?;
+        if act_radial != "silu" {
+            return Err(unsupported(
+                "act_radial",
+                act_radial,
+                "only `silu` is implemented",
+            ));
+        }
+        for key in ["act_scalar", "act_gate"] {
+            if let Some(v) = c.get(key) {
+                let even = v.get("e").and_then(PyValue::as_str);
+                if even != Some("silu") {
+                    return Err(unsupported(
+                        key,
+                        even.map_or_else(|| show(v), |s| format!("e: {s}")),
+                        "only `silu` on even scalars is implemented",
+                    ));
+                }
+            }
+        }
+        // Species: `_type_map` (Z → index) is what sevenn's graph uses.
+        let type_map = ckpt.config_int_map("_type_map").map_err(|_| {
+            unsupported(
+                "_type_map",
+                c.get("_type_map").map_or("missing".into(), show),
+                "expected a dict of atomic number to type index",
+            )
+        })?;
+        let n_species = type_map.len();
+        let mut species = vec![0u32; n_species];
+        let mut seen = vec![false; n_species];
+        for &(z, idx) in &type_map {
+            let (Ok(z), Ok(idx)) = (u32::try_from(z), usize::try_from(idx)) else {
+                return Err(unsupported(
+                    "_type_map",
+                    format!("{z}: {idx}"),
+                    "atomic numbers and indices must be non-negative",
+                ));
+            };
+            if idx >= n_species || seen[idx] || z == 0 || z > 118 {
+                return Err(unsupported(
+                    "_type_map",
+                    format!("{z}: {idx}"),
+                    "type indices must be 0..n without repeats, atomic numbers 1..=118",
+                ));
+            }
+            seen[idx] = true;
+            species[idx] = z;
+        }
+        if let Some(n) = c.get("_number_of_species").and_then(PyValue::as_i64) {
+            if usize::try_from(n).ok() != Some(n_species) {
+                return Err(unsupported(
+                    "_number_of_species",
+                    n,
+                    "does not match `_type_map`",
+                ));
+            }
+        }
+        let cutoff = c.required("cutoff")?;
+        let cutoff = cutoff
+            .as_f64()
+            .filter(|r| r.is_finite() && *r > 0.0)
+            .ok_or_else(|| unsupported("cutoff", show(cutoff), "expected a positive number (Å)"))?;
+        // Radial basis.
+        let rb = c.required("radial_basis")?;
+        let rb_name = rb
+            .get("radial_basis_name")
+            .and_then(PyValue::as_str)
+            .unwrap_or("missing");
+        if rb_name != "bessel" {
+            return Err(unsupported(
+                "radial_basis.radial_basis_name",
+                rb_name,
+                "only `bessel` exists in sevenn 0.13",
+            ));
+        }
+        let n_basis = match rb.get("bessel_basis_num") {
+            None => 8,
+            Some(v) => v
+                .as_i64()
+                .and_then(|n| usize::try_from(n).ok())
+                .filter(|&n| n > 0)
+                .ok_or_else(|| {
+                    unsupported(
+                        "radial_basis.bessel_basis_num",
+                        show(v),
+                        "expected a positive integer",
+                    )
+                })?,
+        };
+        let trainable_bessel = match rb.get("trainable_coeff") {
+            None => true,
+            Some(v) => v.as_bool().ok_or_else(|| {
+                unsupported(
+                    "radial_basis.trainable_coeff",
+                    show(v),
+                    "expected True or False",
+                )
+            })?,
+        };
+        // Cutoff function.
+        let cf = c.required("cutoff_function")?;
+        let cf_name = cf
+            .get("cutoff_function_name")
+            .and_then(PyValue::as_str)
+            .unwrap_or("missing");
+        let envelope = match cf_name {
+            "XPLOR" => {
+                let on = cf.get("cutoff_on");
+                let r_on = on
+                    .and_then(PyValue::as_f64)
+                    .filter(|&r| r > 0.0 && r < cutoff)
+                    .ok_or_else(|| {
+                        unsupported(
+                            "cutoff_function.cutoff_on",
+                            on.map_or("missing".into(), show),
+                            "XPLOR needs 0 < cutoff_on < cutoff",
+                        )
+                    })?;
+                CutoffFunction::Xplor { cutoff_on: r_on }
+            }
+            "poly_cut" => {
+                let p = match cf.get("poly_cut_p_value") {
+                    None => 6,
+                    Some(v) => v
+                        .as_f64()
+                        .filter(|p| p.fract() == 0.0 && *p >= 1.0 && *p <= 64.0)
+                        .map(|p| p as u32)
+                        .ok_or_else(|| {
+                            unsupported(
+                                "cutoff_function.poly_cut_p_value",
+                                show(v),
+                                "only integer exponents 1..=64 are implemented",
+                            )
+                        })?,
+                };
+                CutoffFunction::Polynomial { p }
+            }
+            other => {
+                return Err(unsupported(
+                    "cutoff_function.cutoff_function_name",
+                    other,
+                    "implemented: `poly_cut`, `XPLOR`",
+                ));
+            }
+        };
+        let radial_hidden: Vec<usize> = match c.get("weight_nn_hidden_neurons") {
+            None => vec![64, 64],
+            Some(v) => v
+                .as_seq()
+                .and_then(|s| {
+                    s.iter()
+                        .map(|x| {
+                            x.as_i64()
+                                .and_then(|n| usize::try_from(n).ok())
+                                .filter(|&n| n > 0)
+                        })
+                        .collect::<Option<Vec<_>>>()
+                })
+                .ok_or_else(|| {
+                    unsupported(
+                        "weight_nn_hidden_neurons",
+                        show(v),
+                        "expected a list of positive integers",
+                    )
+                })?,
+        };
+        // Degrees.
+        let lmax = c.int("lmax")?;
+        let lmax_edge = c.int_or("lmax_edge", -1)?;
+        let lmax_node = c.int_or("lmax_node", -1)?;
+        let lmax_sh = if lmax_edge > 0 { lmax_edge } else { lmax };
+        let lmax_node = if lmax_node > 0 { lmax_node } else { lmax };
+        let lmax_sh = usize::try_from(lmax_sh)
+            .ok()
+            .filter(|&l| l <= SH_LMAX)
+            .ok_or_else(|| {
+                unsupported(
+                    if lmax_edge > 0 { "lmax_edge" } else { "lmax" },
+                    lmax_sh,
+                    "spherical harmonics of degree 0..=3 are implemented",
+                )
+            })?;
+        let lmax_node = usize::try_from(lmax_node)
+            .ok()
+            .filter(|&l| l <= SH_LMAX)
+            .ok_or_else(|| {
+                unsupported(
+                    "lmax_node",
+                    lmax_node,
+                    "node irreps of degree 0..=3 are implemented",
+                )
+            })?;
+        let normalize_sh = if old {
+            c.bool_or("_normalize_sph", false)?
+        } else {
+            c.bool_or("_normalize_sph", true)?
+        };
+        let n_layers = c.int("num_convolution_layer")?;
+        let n_layers = usize::try_from(n_layers)
+            .ok()
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| unsupported("num_convolution_layer", n_layers, "expected at least 1"))?;
+        let node_irreps = match c.get("irreps_manual") {
+            None | Some(PyValue::Bool(false)) => {
+                let channel = c.int("channel")?;
+                let channel = usize::try_from(channel)
+                    .ok()
+                    .filter(|&m| m > 0)
+                    .ok_or_else(|| {
+                        unsupported("channel", channel, "expected a positive integer")
+                    })?;
+                inferred_irreps(channel, n_layers, lmax_sh, lmax_node)
+            }
+            Some(v) => {
+                let list = v
+                    .as_seq()
+                    .and_then(|s| s.iter().map(|x| x.as_str()).collect::<Option<Vec<_>>>())
+                    .ok_or_else(|| {
+                        unsupported(
+                            "irreps_manual",
+                            show(v),
+                            "expected a list of irreps strings",
+                        )
+                    })?;
+                if list.len() != n_layers + 1 {
+                    return Err(unsupported(
+                        "irreps_manual",
+                        format!("{} entries", list.len()),
+                        "needs num_convolution_layer + 1 entries",
+                    ));
+                }
+                let mut out = Vec::with_capacity(list.len());
+                for s in list {
+                    let ir = Irreps::parse(s)
+                        .map_err(|e| unsupported("irreps_manual", s, &e.to_string()))?;
+                    if ir.blocks.iter().any(|b| b.ir.p != 1) {
+                        return Err(unsupported(
+                            "irreps_manual",
+                            s,
+                            "odd irreps need is_parity, which is not implemented",
+                        ));
+                    }
+                    if ir.lmax() > SH_LMAX {
+                        return Err(unsupported(
+                            "irreps_manual",
+                            s,
+                            "node irreps of degree 0..=3 are implemented",
+                        ));
+                    }
+                    out.push(ir);
+                }
+                out
+            }
+        };
+        if node_irreps[0].blocks.iter().any(|b| b.ir.l != 0) {
+            return Err(unsupported(
+                "irreps_manual",
+                node_irreps[0].to_string(),
+                "the first entry must be scalars",
+            ));
+        }
+        let last = &node_irreps[n_layers];
+        if last.blocks.iter().any(|b| b.ir.l != 0) {
+            return Err(unsupported(
+                "irreps_manual",
+                last.to_string(),
+                "the last layer must output scalars",
+            ));
+        }
+        // Modalities.
+        let use_modality = c.bool_or("use_modality", false)?;
+        let mut modals = Vec::new();
+        let mut modal_inputs = ModalInputs::default();
+        let (mut modal_wise_shift, mut modal_wise_scale) = (false, false);
+        if use_modality {
+            let map = c.required("_modal_map")?;
+            let items = map.as_dict().ok_or_else(|| {
+                unsupported("_modal_map", show(map), "expected a dict of name to index")
+            })?;
+            modals = vec![String::new(); items.len()];
+            for (k, v) in items {
+                let (Some(name), Some(idx)) =
+                    (k.as_str(), v.as_i64().and_then(|i| usize::try_from(i).ok()))
+                else {
+                    return Err(unsupported(
+                        "_modal_map",
+                        show(k),
+                        "expected a dict of name to index",
+                    ));
+                };
+                if idx >= modals.len() || !modals[idx].is_empty() {
+                    return Err(unsupported(
+                        "_modal_map",
+                        format!("{name}: {idx}"),
+                        "indices must be 0..n without repeats",
+                    ));
+                }
+                modals[idx] = name.to_string();
+            }
+            if let Some(n) = c.get("_number_of_modalities").and_then(PyValue::as_i64) {
+                if usize::try_from(n).ok() != Some(modals.len()) {
+                    return Err(unsupported(
+                        "_number_of_modalities",
+                        n,
+                        "does not match `_modal_map`",
+                    ));
+                }
+            }
+            if modals.len() > 1 {
+                modal_inputs = ModalInputs {
+                    node_embedding: c.bool_or("use_modal_node_embedding", false)?,
+                    self_inter_intro: c.bool_or("use_modal_self_inter_intro", false)?,
+                    self_inter_outro: c.bool_or("use_modal_self_inter_outro", false)?,
+                    output_block: c.bool_or("use_modal_output_block", false)?,
+                };
+            }
+            modal_wise_shift = c.bool_or("use_modal_wise_shift", false)?;
+            modal_wise_scale = c.bool_or("use_modal_wise_scale", false)?;
+        }
+        Ok(Self {
+            version,
+            species,
+            cutoff,
+            envelope,
+            n_basis,
+            trainable_bessel,
+            radial_hidden,
+            lmax_sh,
+            normalize_sh,
+            node_irreps,
+            modals,
+            modal_inputs,
+            modal_wise_shift,
+            modal_wise_scale,
+        })
+    }
+}
+
+/// sevenn's `infer_irreps_out` for SO(3) models without `irreps_manual`:
+/// layer outputs carry `channel` copies of every degree ≤ `lmax_node` that
+/// the product of the input with the SH reaches; the last layer keeps 0e.
+fn inferred_irreps(
+    channel: usize,
+    n_layers: usize,
+    lmax_sh: usize,
+    lmax_node: usize,
+) -> Vec<Irreps> {
+    let scalar = |m: usize| Irreps {
+        blocks: vec![MulIr {
+            mul: m,
+            ir: Irrep { l: 0, p: 1 },
+        }],
+    };
+    let mut out = vec![scalar(channel)];
+    let mut ls = vec![0usize];
+    for t in 0..n_layers {
+        if t + 1 == n_layers {
+            out.push(scalar(channel));
+            break;
+        }
+        let mut reach: Vec<usize> = Vec::new();
+        for &l1 in &ls {
+            for l2 in 0..=lmax_sh {
+                for l3 in l1.abs_diff(l2)..=l1 + l2 {
+                    if l3 <= lmax_node && !reach.contains(&l3) {
+                        reach.push(l3);
+                    }
+                }
+            }
+        }
+        reach.sort_unstable();
+        out.push(Irreps {
+            blocks: reach
+                .iter()
+                .map(|&l| MulIr {
+                    mul: channel,
+                    ir: Irrep { l, p: 1 },
+                })
+                .collect(),
+        });
+        ls = reach;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inferred_irreps_follow_sevenn() {
+        let ir = inferred_irreps(32, 3, 2, 2);
+        let s: Vec<String> = ir.iter().map(|i| i.to_string()).collect();
+        assert_eq!(
+            s,
+            ["32x0e", "32x0e+32x1e+32x2e", "32x0e+32x1e+32x2e", "32x0e"]
+        );
+        let ir = inferred_irreps(8, 1, 1, 1);
+        assert_eq!(ir.len(), 2);
+        assert_eq!(ir[1].to_string(), "8x0e");
+    }
+
+    #[test]
+    fn version_order() {
+        assert_eq!(version_triple("0.9.1"), Some((0, 9, 1)));
+        assert_eq!(version_triple("0.11.0.dev0"), Some((0, 11, 0)));
+        let mut c = SevenNetConfig::sevennet_0();
+        assert!(c.is_pre_0_11());
+        c.version = "0.11.2".into();
+        assert!(!c.is_pre_0_11());
+        c.version = "0.11.0.dev0".into();
+        assert!(c.is_pre_0_11());
+    }
+
+    #[test]
+    fn modal_lookup_lists_valid_names() {
+        let mut c = SevenNetConfig::sevennet_0();
+        assert_eq!(c.modal_index(None).unwrap(), None);
+        let e = c.modal_index(Some("PBE")).unwrap_err().to_string();
+        assert!(e.contains("PBE") && e.contains("no modal"), "{e}");
+        c.modals = vec!["R2SCAN".into(), "PBE".into()];
+        assert_eq!(c.modal_index(Some("PBE")).unwrap(), Some(1));
+        let e = c.modal_index(None).unwrap_err().to_string();
+        assert!(e.contains("R2SCAN, PBE"), "{e}");
+        let e = c.modal_index(Some("HSE")).unwrap_err().to_string();
+        assert!(e.contains("HSE") && e.contains("R2SCAN, PBE"), "{e}");
+    }
+}

@@ -1,0 +1,251 @@
+//! Bad SevenNet input: an architecture the loader does not implement, a
+//! truncated or corrupted `.pth`, a modality that does not exist, species
+//! outside the model's list. Each is a typed error naming the file and the
+//! config key, modality or species.
+
+use ddmlip_atoms::{Cell, System};
+use ddmlip_domain::runtime::{evaluate, EvalOptions};
+use ddmlip_e3nn::E3nnError;
+use ddmlip_models::{load_model_with_modal, ModelError, PRETRAINED_SEVENNETS};
+use std::path::{Path, PathBuf};
+
+/// The cached checkpoint of a built-in name, fetched when missing.
+fn checkpoint(name: &str) -> PathBuf {
+    let spec = PRETRAINED_SEVENNETS
+        .iter()
+        .find(|p| p.name == name)
+        .unwrap();
+    if let Ok(p) = ddmlip_models::pretrained_sevennet_path(spec) {
+        return p;
+    }
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/fetch-sevennet.sh"
+    );
+    let st = std::process::Command::new("bash")
+        .arg(script)
+        .status()
+        .unwrap();
+    assert!(st.success(), "could not fetch the SevenNet checkpoints");
+    ddmlip_models::pretrained_sevennet_path(spec).unwrap()
+}
+
+fn load_err(path: &Path, modal: Option<&str>) -> ModelError {
+    match load_model_with_modal(path.to_str().unwrap(), modal) {
+        Ok(_) => panic!("{} loaded", path.display()),
+        Err(e) => e,
+    }
+}
+
+fn u16_at(b: &[u8], o: usize) -> usize {
+    u16::from_le_bytes([b[o], b[o + 1]]) as usize
+}
+fn u32_at(b: &[u8], o: usize) -> usize {
+    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]) as usize
+}
+
+fn crc32(data: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for &b in data {
+        c ^= u32::from(b);
+        for _ in 0..8 {
+            c = if c & 1 != 0 {
+                (c >> 1) ^ 0xEDB8_8320
+            } else {
+                c >> 1
+            };
+        }
+    }
+    !c
+}
+
+/// Where `data.pkl`'s bytes lie in the archive, and the offsets of every
+/// CRC field that describes them (local header, data descriptor, central
+/// directory).
+fn pickle_entry(zip: &[u8]) -> (std::ops::Range<usize>, Vec<usize>) {
+    let eocd = (0..zip.len() - 21)
+        .rev()
+        .find(|&i| zip[i..i + 4] == *b"PK\x05\x06")
+        .expect("end of central directory");
+    let (count, mut at) = (u16_at(zip, eocd + 10), u32_at(zip, eocd + 16));
+    for _ in 0..count {
+        assert_eq!(&zip[at..at + 4], b"PK\x01\x02");
+        let (name_len, extra, comment) = (
+            u16_at(zip, at + 28),
+            u16_at(zip, at + 30),
+            u16_at(zip, at + 32),
+        );
+        let name = std::str::from_utf8(&zip[at + 46..at + 46 + name_len]).unwrap();
+        if name.ends_with("data.pkl") {
+            let size = u32_at(zip, at + 24);
+            let local = u32_at(zip, at + 42);
+            let start = local + 30 + u16_at(zip, local + 26) + u16_at(zip, local + 28);
+            let mut crcs = vec![at + 16, local + 14];
+            if u16_at(zip, local + 6) & 8 != 0 {
+                let d = start + size;
+                crcs.push(if zip[d..d + 4] == *b"PK\x07\x08" {
+                    d + 4
+                } else {
+                    d
+                });
+            }
+            return (start..start + size, crcs);
+        }
+        at += 46 + name_len + extra + comment;
+    }
+    panic!("no data.pkl")
+}
+
+/// A copy of `src` whose pickle has `from` replaced by `to` (same length)
+/// and valid CRCs: a well-formed checkpoint with another config.
+fn patched_checkpoint(src: &Path, from: &[u8], to: &[u8], dir: &Path) -> PathBuf {
+    assert_eq!(from.len(), to.len());
+    let mut zip = std::fs::read(src).unwrap();
+    let (range, crcs) = pickle_entry(&zip);
+    let pkl = &mut zip[range.clone()];
+    let at = pkl
+        .windows(from.len())
+        .position(|w| w == from)
+        .expect("pattern in the pickle");
+    pkl[at..at + to.len()].copy_from_slice(to);
+    let crc = crc32(&zip[range]).to_le_bytes();
+    for o in crcs {
+        zip[o..o + 4].copy_from_slice(&crc);
+    }
+    let out = dir.join("patched.pth");
+    std::fs::write(&out, zip).unwrap();
+    out
+}
+
+#[test]
+fn unsupported_architecture_names_the_file_and_config_key() {
+    let dir = tempfile::tempdir().unwrap();
+    // self_connection_type: 'linear' → 'nequip' (the species-dependent
+    // FullyConnectedTensorProduct, not implemented).
+    let path = patched_checkpoint(
+        &checkpoint("sevennet-0"),
+        b"X\x06\x00\x00\x00linear",
+        b"X\x06\x00\x00\x00nequip",
+        dir.path(),
+    );
+    let err = load_err(&path, None);
+    let msg = err.to_string();
+    match &err {
+        ModelError::SevenNet {
+            source: E3nnError::UnsupportedConfig { key, value, .. },
+            ..
+        } => {
+            assert_eq!(key, "self_connection_type");
+            assert!(value.contains("nequip"), "{value}");
+        }
+        other => panic!("expected an unsupported config key, got {other:?}"),
+    }
+    assert!(
+        msg.contains("patched.pth") && msg.contains("self_connection_type"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn truncated_checkpoint_names_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(checkpoint("sevennet-l3i5")).unwrap();
+    let path = dir.path().join("half.pth");
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    let err = load_err(&path, None);
+    assert!(
+        matches!(
+            &err,
+            ModelError::SevenNet {
+                source: E3nnError::CheckpointRead(_),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("half.pth"), "{err}");
+}
+
+#[test]
+fn corrupted_pickle_names_the_file_and_the_fault() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = checkpoint("sevennet-mf-0");
+    let mut zip = std::fs::read(&src).unwrap();
+    let (range, _) = pickle_entry(&zip);
+    // 0xff is no pickle opcode.
+    let mid = range.start + range.len() / 2;
+    zip[mid..mid + 16].fill(0xff);
+    let path = dir.path().join("corrupt.pth");
+    std::fs::write(&path, zip).unwrap();
+    let err = load_err(&path, Some("PBE"));
+    assert!(
+        matches!(
+            &err,
+            ModelError::SevenNet {
+                source: E3nnError::CheckpointRead(_),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("corrupt.pth"), "{err}");
+}
+
+#[test]
+fn modal_missing_or_unknown_lists_the_valid_names() {
+    let path = checkpoint("sevennet-mf-0");
+    for given in [None, Some("HSE06")] {
+        let err = load_err(&path, given);
+        match &err {
+            ModelError::SevenNet {
+                source: E3nnError::Modal { given: g, valid },
+                ..
+            } => {
+                assert_eq!(g.as_deref(), given);
+                assert_eq!(valid, &["R2SCAN".to_string(), "PBE".to_string()]);
+            }
+            other => panic!("expected a modal error, got {other:?}"),
+        }
+        let msg = err.to_string();
+        assert!(
+            msg.contains("R2SCAN, PBE") && msg.contains("checkpoint_sevennet_mf_0.pth"),
+            "{msg}"
+        );
+    }
+    // A modal for a single-fidelity checkpoint, or for a model that is no
+    // SevenNet, is refused too.
+    let err = load_err(&checkpoint("sevennet-l3i5"), Some("PBE"));
+    assert!(
+        matches!(&err, ModelError::SevenNet { source: E3nnError::Modal { valid, .. }, .. } if valid.is_empty()),
+        "{err:?}"
+    );
+    let err = load_model_with_modal("lj", Some("PBE")).err().unwrap();
+    assert!(
+        matches!(err, ModelError::ModalNotApplicable { .. }),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn species_outside_the_model_list_is_named() {
+    checkpoint("sevennet-l3i5");
+    let m = load_model_with_modal("sevennet-l3i5", None).unwrap();
+    // Og (Z = 118) is not one of the 89 species.
+    let sys = System::new(
+        vec![[0.0; 3], [0.0, 0.0, 2.5]],
+        vec![14, 118],
+        Some(Cell::new([
+            [10.0, 0.0, 0.0],
+            [0.0, 10.0, 0.0],
+            [0.0, 0.0, 10.0],
+        ])),
+        [true; 3],
+    );
+    let err = evaluate(m.as_ref(), &[sys], &EvalOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("Og (Z=118)") && err.contains("sevennet-l3i5"),
+        "{err}"
+    );
+}
