@@ -103,6 +103,12 @@ class Calculator(_AseCalculator):
         """Bytes of tensor memory kept for the next call, over all ranks."""
         return self._engine.held_bytes
 
+    @property
+    def last_seconds(self) -> float:
+        """Seconds the last calculation spent evaluating in Rust (array
+        conversions and ASE's bookkeeping excluded)."""
+        return self._engine.last_seconds
+
     def calculate(
         self,
         atoms: Any = None,

@@ -24,7 +24,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 self_cell::self_cell!(
     /// A loaded model and an [`Evaluator`] borrowing it, kept together so
@@ -196,6 +196,10 @@ struct Engine {
     opts: EvalOptions,
     model_name: String,
     cutoff: f64,
+    /// Wall-clock seconds of the last call's evaluation in Rust (without
+    /// the array conversions around it): the per-call overhead is a call's
+    /// time minus this.
+    last_seconds: Mutex<f64>,
 }
 
 #[pymethods]
@@ -236,6 +240,7 @@ impl Engine {
             opts,
             model_name,
             cutoff,
+            last_seconds: Mutex::new(0.0),
         })
     }
 
@@ -249,6 +254,13 @@ impl Engine {
     #[getter]
     fn cutoff(&self) -> f64 {
         self.cutoff
+    }
+
+    /// Seconds the last call spent evaluating in Rust, array conversions
+    /// excluded.
+    #[getter]
+    fn last_seconds(&self) -> f64 {
+        self.last_seconds.lock().map_or(f64::NAN, |s| *s)
     }
 
     /// Bytes of tensor memory the evaluator keeps for the next call.
@@ -315,9 +327,14 @@ impl Engine {
             *last = n;
         }
         let loaded = guard.as_mut().ok_or_else(poisoned)?;
-        loaded
+        let started = Instant::now();
+        let result = loaded
             .with_dependent_mut(|_, evaluator| evaluator.evaluate(batch))
-            .map_err(eval_error)
+            .map_err(eval_error);
+        if let Ok(mut seconds) = self.last_seconds.lock() {
+            *seconds = started.elapsed().as_secs_f64();
+        }
+        result
     }
 }
 
@@ -402,7 +419,10 @@ fn neighbor_list<'py>(
 )> {
     let positions = positions_of(positions)?;
     let cell = cell_of(cell)?;
-    let opts = ddmlip_neighbors::NeighborOptions { cutoff, half: !full };
+    let opts = ddmlip_neighbors::NeighborOptions {
+        cutoff,
+        half: !full,
+    };
     let nl = py
         .detach(|| ddmlip_neighbors::neighbor_list(&positions, cell.as_ref(), pbc, &opts))
         .map_err(value_error)?;

@@ -11,7 +11,6 @@ from ase import Atoms, units
 from ase.build import bulk, molecule
 from ase.calculators.fd import calculate_numerical_forces, calculate_numerical_stress
 from ase.io import read, write
-from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
 from ase.md.verlet import VelocityVerlet
 
 import ddmlip
@@ -170,7 +169,11 @@ def test_lj_equals_ase_lennard_jones():
 def total_energy_trace(calc, dt_fs: float, steps: int) -> np.ndarray:
     atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat((3, 3, 3))
     atoms.rattle(0.02, seed=11)
-    MaxwellBoltzmannDistribution(atoms, temperature_K=40, rng=np.random.default_rng(2))
+    # Maxwell–Boltzmann momenta at 40 K.
+    kt = 40 * units.kB
+    rng = np.random.default_rng(2)
+    masses = atoms.get_masses()[:, None]
+    atoms.set_momenta(rng.normal(size=(len(atoms), 3)) * np.sqrt(masses * kt))
     atoms.calc = calc
     dyn = VelocityVerlet(atoms, timestep=dt_fs * units.fs)
     totals = []
@@ -214,3 +217,24 @@ def test_evaluator_survives_changing_systems():
         assert max_rel(a.get_forces(), f) <= 1e-12
     assert calc.held_bytes > 0
     assert calc.model_name == "schnet-demo"
+
+
+def test_gil_is_released_while_rust_computes():
+    """Python keeps running in another thread during an evaluation: the
+    longest pause of a busy loop is a fraction of the evaluation's time."""
+    import threading
+    import time
+
+    atoms = bulk("Cu", "fcc", a=3.615, cubic=True).repeat((6, 6, 7))
+    atoms.rattle(0.02, seed=4)
+    atoms.calc = ddmlip.Calculator("schnet-demo")
+    worker = threading.Thread(target=atoms.get_forces)
+    worker.start()
+    last, longest_pause = time.perf_counter(), 0.0
+    while worker.is_alive():
+        now = time.perf_counter()
+        longest_pause, last = max(longest_pause, now - last), now
+    worker.join()
+    evaluation = atoms.calc.last_seconds
+    assert evaluation > 0.2, evaluation  # long enough for the comparison to mean something
+    assert longest_pause < 0.25 * evaluation, (longest_pause, evaluation)
