@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Installs what the tests need that cargo does not bring: ASE and vesin
-# (independent references) and the four SevenNet checkpoints (from the sevenn
-# wheel on PyPI; never committed).
+# (independent references), maturin and pytest (the Python package and its
+# tests) and the four SevenNet checkpoints (from the sevenn wheel on PyPI;
+# never committed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! python3 -c "import ase, vesin, numpy" >/dev/null 2>&1; then
   python3 -m pip install -q ase vesin numpy
+fi
+if ! { command -v maturin && python3 -c "import pytest"; } >/dev/null 2>&1; then
+  python3 -m pip install -q "maturin>=1.9,<2" pytest
 fi
 bash scripts/fetch-sevennet.sh >/dev/null
 
