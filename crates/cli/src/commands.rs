@@ -366,7 +366,7 @@ fn partition(a: PartitionArgs) -> Result<u8, CliError> {
 
 fn models() -> Result<u8, CliError> {
     for (name, desc) in ddmlip_models::model_names() {
-        println!("{name:<14} {desc}");
+        println!("{name:<20} {desc}");
     }
     Ok(0)
 }
