@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 if ! python3 -c "import ase, vesin, numpy" >/dev/null 2>&1; then
   python3 -m pip install -q ase vesin numpy
 fi
-if ! { command -v maturin && python3 -c "import pytest"; } >/dev/null 2>&1; then
+if ! python3 -c "import maturin, pytest" >/dev/null 2>&1; then
   python3 -m pip install -q "maturin>=1.9,<2" pytest
 fi
 bash scripts/fetch-sevennet.sh >/dev/null

@@ -107,8 +107,7 @@ fn parse_timeout(seconds: f64) -> PyResult<Duration> {
 /// Loads a built-in model, a model file or a SevenNet checkpoint (the
 /// command's `--model`).
 fn load_model(py: Python<'_>, model: &str) -> PyResult<Box<dyn Model>> {
-    py.detach(|| ddmlip::load_model(model))
-        .map_err(value_error)
+    py.detach(|| ddmlip::load_model(model)).map_err(value_error)
 }
 
 /// Positions (N×3, Å) as rows.
