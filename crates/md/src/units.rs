@@ -21,5 +21,6 @@ pub fn boltzmann() -> f64 {
 
 /// One GPa in eV/Å³ (`ase.units.GPa`).
 pub fn gpa() -> f64 {
-    1e9 / ELEMENTARY_CHARGE / 1e30
+    // ASE's order of operations: Pascal = (1/e)/1e30, GPa = 1e9·Pascal.
+    1e9 * ((1.0 / ELEMENTARY_CHARGE) / 1e30)
 }
