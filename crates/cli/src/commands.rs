@@ -35,6 +35,9 @@ pub enum Command {
     Validate(crate::validate_cmd::ValidateArgs),
     /// Benchmarks: model evaluation time and memory per rank count, GEMM rate.
     Bench(bench_cmd::BenchArgs),
+    /// Molecular dynamics (nve, langevin) split over ranks, with skin lists,
+    /// migration, trajectory, thermo log and checkpoints.
+    Md(crate::md_cmd::MdArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum, Debug, PartialEq)]
@@ -185,6 +188,7 @@ pub fn run(cmd: Command) -> Result<u8, CliError> {
         Command::Demo(a) => demo(a),
         Command::Validate(a) => crate::validate_cmd::validate(a),
         Command::Bench(a) => bench_cmd::run(a),
+        Command::Md(a) => crate::md_cmd::md(a),
     }
 }
 

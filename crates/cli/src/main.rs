@@ -3,6 +3,7 @@
 
 mod bench_cores;
 mod commands;
+mod md_cmd;
 mod output;
 mod validate_cmd;
 
