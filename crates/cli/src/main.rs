@@ -5,6 +5,7 @@ mod bench_cores;
 mod commands;
 mod md_cmd;
 mod output;
+mod relax_cmd;
 mod validate_cmd;
 
 use clap::{Parser, Subcommand};

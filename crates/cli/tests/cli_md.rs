@@ -458,3 +458,67 @@ fn sigint_writes_a_checkpoint_and_exits_130() {
     let summary: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(summary["last_step"].as_u64().unwrap(), step + 3);
 }
+
+#[test]
+fn relax_converges_writes_the_structure_and_rejects_bad_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = argon(dir.path(), false);
+    let out = dir.path().join("relaxed.xyz");
+    let o = Command::new(BIN)
+        .args([
+            "relax",
+            "--model",
+            "lj",
+            "--structure",
+            s(&st),
+            "--fmax",
+            "1e-3",
+            "--ranks",
+            "2",
+            "--output",
+            s(&out),
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["converged"], true);
+    let relaxed = read(&out).remove(0);
+    let fmax = relaxed
+        .forces()
+        .unwrap()
+        .iter()
+        .map(|f| (f[0] * f[0] + f[1] * f[1] + f[2] * f[2]).sqrt())
+        .fold(0.0, f64::max);
+    assert!(fmax < 1e-3, "written forces reach {fmax}");
+    assert!(relaxed.energy().unwrap() < v["initial_energy"].as_f64().unwrap());
+    let o = Command::new(BIN)
+        .args([
+            "relax",
+            "--model",
+            "lj",
+            "--structure",
+            s(&st),
+            "--fmax",
+            "1e-9",
+            "--max-steps",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--max-steps"));
+    for bad in [["--fmax", "0"], ["--fmax", "-1"], ["--max-steps", "0"]] {
+        let o = Command::new(BIN)
+            .args(["relax", "--model", "lj", "--structure", s(&st)])
+            .args(bad)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{bad:?}");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(bad[0]),
+            "{bad:?}"
+        );
+    }
+}

@@ -326,7 +326,7 @@ struct Reduced {
 
 /// Sums of `sums` and maxima of `maxes` over ranks, folded in rank order
 /// (the same bits on every rank).
-fn reduce(
+pub(crate) fn reduce(
     comm: &dyn Communicator,
     sums: &[f64],
     maxes: &[f64],
@@ -355,7 +355,7 @@ fn reduce(
 }
 
 /// The arrays of every rank's owned rows, by global id (complete on every rank).
-fn gather_rows(
+pub(crate) fn gather_rows(
     comm: &dyn Communicator,
     n_atoms: usize,
     gids: &[u64],
@@ -378,11 +378,11 @@ fn gather_rows(
     Ok(out)
 }
 
-fn periodic_volume(cell: &Cell, pbc: [bool; 3]) -> Option<f64> {
+pub(crate) fn periodic_volume(cell: &Cell, pbc: [bool; 3]) -> Option<f64> {
     (pbc == [true; 3] && cell.volume() > 1e-12).then(|| cell.volume())
 }
 
-fn stress_voigt(geps: &[f64; 9], volume: f64) -> [f64; 6] {
+pub(crate) fn stress_voigt(geps: &[f64; 9], volume: f64) -> [f64; 6] {
     let sym = |a: usize, b: usize| 0.5 * (geps[a * 3 + b] + geps[b * 3 + a]) / volume;
     [
         sym(0, 0),

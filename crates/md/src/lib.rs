@@ -16,6 +16,7 @@
 mod checkpoint;
 mod driver;
 pub mod rank_eval;
+mod relax;
 pub mod rng;
 mod state;
 mod threads;
@@ -27,8 +28,9 @@ pub use driver::{
     ThermoRow, ThermostatState,
 };
 pub use rank_eval::{LocalRows, RankEvaluator, RankForces};
+pub use relax::{relax_rank, RelaxConfig, RelaxSummary};
 pub use state::{gather_by_gid, BuildOptions, RankState, Rows, Share, Topology};
-pub use threads::run_threads;
+pub use threads::{relax_threads, run_threads};
 
 use ddmlip_engine::EngineError;
 use thiserror::Error;
