@@ -26,6 +26,8 @@ pub enum EnsembleArg {
     Nve,
     /// Langevin thermostat, BAOAB splitting (constant temperature).
     Langevin,
+    /// Nosé–Hoover chain thermostat (constant temperature, deterministic).
+    NoseHoover,
 }
 
 #[derive(Args)]
@@ -52,6 +54,12 @@ pub struct MdArgs {
     /// Langevin friction (1/ps).
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     friction: f64,
+    /// Nosé–Hoover time constant (fs) [default: 100 × --dt].
+    #[arg(long, allow_negative_numbers = true)]
+    tdamp: Option<f64>,
+    /// Thermostats in the Nosé–Hoover chain.
+    #[arg(long, default_value_t = 3)]
+    chain: usize,
     /// Draw initial momenta from Maxwell–Boltzmann at this temperature (K),
     /// with zero total momentum, when the structure has no `momenta`.
     #[arg(long, allow_negative_numbers = true)]
@@ -177,6 +185,13 @@ fn prepare(a: &MdArgs) -> Result<Prepared, CliError> {
                 CliError::input(anyhow!("--ensemble langevin needs --temperature K"))
             })?,
             friction_per_ps: a.friction,
+        },
+        EnsembleArg::NoseHoover => Ensemble::NoseHoover {
+            temperature: a.temperature.ok_or_else(|| {
+                CliError::input(anyhow!("--ensemble nose-hoover needs --temperature K"))
+            })?,
+            tdamp_fs: a.tdamp.unwrap_or(100.0 * a.dt),
+            chain: a.chain,
         },
     };
     let frames = crate::commands::read_structure(&a.structure)?;

@@ -28,6 +28,16 @@ pub enum Ensemble {
         temperature: f64,
         friction_per_ps: f64,
     },
+    /// Nosé–Hoover chain (Martyna–Tuckerman–Klein) of `chain` thermostats at
+    /// `temperature` (K) with time constant `tdamp_fs`: Q₁ = N_f·kT·τ²,
+    /// Qⱼ = kT·τ²; the chain is advanced for half a step (Trotter splitting)
+    /// around a velocity Verlet step. Conserved: E_total + Σ pⱼ²/2Qⱼ +
+    /// N_f·kT·η₁ + kT·Σⱼ₍≥₂₎ ηⱼ.
+    NoseHoover {
+        temperature: f64,
+        tdamp_fs: f64,
+        chain: usize,
+    },
 }
 
 impl Ensemble {
@@ -36,18 +46,24 @@ impl Ensemble {
         match self {
             Self::Nve => "nve",
             Self::Langevin { .. } => "langevin",
+            Self::NoseHoover { .. } => "nose-hoover",
         }
     }
 }
 
 /// Thermostat variables carried across steps and checkpoints.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ThermostatState {
     /// Energy the thermostat has taken out of the system so far (eV); the
     /// ensemble's conserved quantity is the total energy plus this.
     #[serde(with = "crate::checkpoint::scalar_bits")]
     pub heat_removed: f64,
+    /// Nosé–Hoover chain positions ηⱼ and momenta pⱼ (the same on every rank).
+    #[serde(default, with = "crate::checkpoint::vec_bits")]
+    pub chain_positions: Vec<f64>,
+    #[serde(default, with = "crate::checkpoint::vec_bits")]
+    pub chain_momenta: Vec<f64>,
 }
 
 /// Settings of a run.
@@ -119,6 +135,28 @@ impl MdConfig {
                 "--skin must be a non-negative distance in Å, got {}",
                 self.skin
             )));
+        }
+        if let Ensemble::NoseHoover {
+            temperature,
+            tdamp_fs,
+            chain,
+        } = self.ensemble
+        {
+            if !(temperature.is_finite() && temperature > 0.0) {
+                return Err(MdError::Input(format!(
+                    "--temperature must be a positive temperature in K for nose-hoover, got {temperature}"
+                )));
+            }
+            if !(tdamp_fs.is_finite() && tdamp_fs > 0.0) {
+                return Err(MdError::Input(format!(
+                    "--tdamp must be a positive time in fs, got {tdamp_fs}"
+                )));
+            }
+            if chain == 0 {
+                return Err(MdError::Input(
+                    "the chain needs at least one thermostat".into(),
+                ));
+            }
         }
         if let Ensemble::Langevin {
             temperature,
@@ -203,7 +241,7 @@ impl StartState {
             positions: ck.positions.clone(),
             momenta: ck.momenta.clone(),
             build_positions: ck.build_positions.clone(),
-            thermostat: ck.thermostat,
+            thermostat: ck.thermostat.clone(),
             restarted: true,
             rebuilds: ck.rebuilds,
             migrated: ck.migrated,
@@ -460,7 +498,7 @@ impl Run<'_> {
             potential: forces.energy,
             kinetic: red.kinetic,
             total,
-            conserved: total + red.heat_removed,
+            conserved: total + red.heat_removed + self.chain_energy(),
             pressure_gpa,
             volume,
             rebuilds: state.rebuilds,
@@ -486,11 +524,8 @@ impl Run<'_> {
             .stop
             .as_ref()
             .is_some_and(|s| s.load(Ordering::SeqCst));
-        let heat = if state.rank == 0 {
-            self.thermostat.heat_removed
-        } else {
-            0.0
-        };
+        // Each rank's share of the heat (rank 0's includes the restart's).
+        let heat = self.thermostat.heat_removed;
         let (s, m) = reduce(
             state.comm()?,
             &[Self::kinetic(state), bad, heat, state.migrated as f64],
@@ -589,11 +624,104 @@ impl Run<'_> {
             build_positions,
             thermostat: ThermostatState {
                 heat_removed: red.heat_removed,
+                chain_positions: self.thermostat.chain_positions.clone(),
+                chain_momenta: self.thermostat.chain_momenta.clone(),
             },
             ranks: state.size,
             rebuilds: state.rebuilds,
             migrated: red.migrated as u64,
         })
+    }
+
+    /// The chain's energy: Σ pⱼ²/2Qⱼ + N_f·kT·η₁ + kT·Σⱼ₍≥₂₎ ηⱼ (0 for
+    /// other ensembles).
+    fn chain_energy(&self) -> f64 {
+        let Some((kt, q, dof)) = self.chain_constants() else {
+            return 0.0;
+        };
+        let th = &self.thermostat;
+        let mut e = 0.0;
+        for (j, (&eta, &p)) in th.chain_positions.iter().zip(&th.chain_momenta).enumerate() {
+            e += p * p / (2.0 * q[j]) + if j == 0 { dof * kt * eta } else { kt * eta };
+        }
+        e
+    }
+
+    /// kT (eV), the chain masses Qⱼ and the degrees of freedom N_f = 3N.
+    fn chain_constants(&self) -> Option<(f64, Vec<f64>, f64)> {
+        let Ensemble::NoseHoover {
+            temperature,
+            tdamp_fs,
+            chain,
+        } = self.config.ensemble
+        else {
+            return None;
+        };
+        let kt = units::boltzmann() * temperature;
+        let tau = tdamp_fs * units::fs();
+        let dof = 3.0 * self.topology.len() as f64;
+        let q = (0..chain)
+            .map(|j| {
+                if j == 0 {
+                    dof * kt * tau * tau
+                } else {
+                    kt * tau * tau
+                }
+            })
+            .collect();
+        Some((kt, q, dof))
+    }
+
+    /// Advances the Nosé–Hoover chain by half a time step and scales the
+    /// momenta (Martyna–Tuckerman–Klein, one Trotter sweep each way). The
+    /// kinetic energy is reduced over ranks in rank order, so the chain
+    /// variables stay the same bits on every rank. Collective.
+    fn chain_half_step(&mut self, state: &mut RankState) -> Result<(), MdError> {
+        let Some((kt, q, dof)) = self.chain_constants() else {
+            return Ok(());
+        };
+        let m = q.len();
+        let (s, _) = reduce(state.comm()?, &[Self::kinetic(state)], &[])?;
+        let mut ke = s[0];
+        let th = &mut self.thermostat;
+        th.chain_positions.resize(m, 0.0);
+        th.chain_momenta.resize(m, 0.0);
+        let (eta, p) = (&mut th.chain_positions, &mut th.chain_momenta);
+        let delta = 0.5 * self.dt;
+        let force = |j: usize, p: &[f64], ke: f64| {
+            if j == 0 {
+                2.0 * ke - dof * kt
+            } else {
+                p[j - 1] * p[j - 1] / q[j - 1] - kt
+            }
+        };
+        // Inward: from the end of the chain to the first thermostat.
+        p[m - 1] += 0.5 * delta * force(m - 1, p, ke);
+        for j in (0..m - 1).rev() {
+            let aa = (-0.25 * delta * p[j + 1] / q[j + 1]).exp();
+            p[j] *= aa;
+            p[j] += 0.5 * delta * force(j, p, ke);
+            p[j] *= aa;
+        }
+        let scale = (-delta * p[0] / q[0]).exp();
+        for v in state.momenta.iter_mut() {
+            for x in v.iter_mut() {
+                *x *= scale;
+            }
+        }
+        ke *= scale * scale;
+        for j in 0..m {
+            eta[j] += delta * p[j] / q[j];
+        }
+        // Outward again.
+        for j in 0..m - 1 {
+            let aa = (-0.25 * delta * p[j + 1] / q[j + 1]).exp();
+            p[j] *= aa;
+            p[j] += 0.5 * delta * force(j, p, ke);
+            p[j] *= aa;
+        }
+        p[m - 1] += 0.5 * delta * force(m - 1, p, ke);
+        Ok(())
     }
 
     fn half_kick(&self, state: &mut RankState) {
@@ -720,10 +848,14 @@ pub fn run_rank(
         config,
         opts,
         dt: config.dt_fs * units::fs(),
-        thermostat: if rank == 0 {
-            start.thermostat
-        } else {
-            ThermostatState::default()
+        thermostat: ThermostatState {
+            // The heat is summed over ranks: rank 0 carries the restart's.
+            heat_removed: if rank == 0 {
+                start.thermostat.heat_removed
+            } else {
+                0.0
+            },
+            ..start.thermostat.clone()
         },
         started: Instant::now(),
         first_step: start.step,
@@ -752,6 +884,11 @@ pub fn run_rank(
                 run.half_kick(&mut state);
                 run.drift(&mut state, run.dt);
             }
+            Ensemble::NoseHoover { .. } => {
+                run.chain_half_step(&mut state)?;
+                run.half_kick(&mut state);
+                run.drift(&mut state, run.dt);
+            }
             Ensemble::Langevin {
                 temperature,
                 friction_per_ps,
@@ -772,6 +909,9 @@ pub fn run_rank(
         }
         forces = run.evaluate(&mut state, &mut evaluator)?;
         run.half_kick(&mut state);
+        if let Ensemble::NoseHoover { .. } = config.ensemble {
+            run.chain_half_step(&mut state)?;
+        }
         red = run.reduce_step(&state)?;
         Run::check_finite(step, &forces, &red)?;
         let row = run.thermo_row(step, &state, &forces, &red);

@@ -291,3 +291,63 @@ fn atoms_are_never_lost_or_duplicated() {
         );
     }
 }
+
+/// The Nosé–Hoover chain keeps its conserved quantity, pulls a system
+/// started hot towards the target temperature, and follows the one-rank
+/// trajectory on 4 ranks (its kinetic energy is reduced over ranks, so
+/// rank counts differ by rounding only).
+#[test]
+fn nose_hoover_chain_conserves_its_quantity_and_thermostats() {
+    let model = load_model("lj").unwrap();
+    let (pos, cell) = fcc_argon(3, 5.26, 0.05);
+    let topo = argon_topology(pos.len());
+    let target = 40.0;
+    let p = maxwell_boltzmann(&topo.masses, 3.0 * target, 4);
+    let start = StartState::fresh(cell, pos, p);
+    let ens = Ensemble::NoseHoover {
+        temperature: target,
+        tdamp_fs: 50.0,
+        chain: 3,
+    };
+    let mut config = MdConfig::new(ens, 2.0, 1500);
+    config.thermo_every = 1;
+    config.final_frame = true;
+    let (_, one) = run(model.as_ref(), &topo, &start, &config, 1);
+    let c0 = one.thermo[0].conserved;
+    let drift = one
+        .thermo
+        .iter()
+        .map(|r| (r.conserved - c0).abs())
+        .fold(0.0, f64::max);
+    let total_swing = one
+        .thermo
+        .iter()
+        .map(|r| (r.total - one.thermo[0].total).abs())
+        .fold(0.0, f64::max);
+    eprintln!("NHC: conserved moves {drift:e} eV while the total energy moves {total_swing:e} eV");
+    assert!(
+        total_swing > 0.1,
+        "the thermostat did nothing ({total_swing} eV)"
+    );
+    assert!(
+        drift < 1e-3 * total_swing,
+        "conserved quantity moved {drift:e} eV"
+    );
+    let late: Vec<f64> = one.thermo[750..].iter().map(|r| r.temperature).collect();
+    let mean = late.iter().sum::<f64>() / late.len() as f64;
+    eprintln!("NHC: mean temperature of the second half {mean:.2} K (target {target} K)");
+    assert!(
+        (mean - target).abs() < 0.15 * target,
+        "mean temperature {mean} K"
+    );
+    let mut short = config.clone();
+    short.steps = 300;
+    let (_, a) = run(model.as_ref(), &topo, &start, &short, 1);
+    let (_, b) = run(model.as_ref(), &topo, &start, &short, 4);
+    let dx = max_distance(
+        &a.last.unwrap().positions,
+        &b.last.unwrap().positions,
+        &cell,
+    );
+    assert!(dx < 1e-8, "4 ranks differ from 1 by {dx:e} Å");
+}
