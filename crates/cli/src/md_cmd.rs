@@ -108,6 +108,15 @@ pub struct MdArgs {
     /// Print one JSON summary on stdout.
     #[arg(long)]
     json: bool,
+    /// Trajectory validation: run the job on 1 rank and on --ranks, compare
+    /// positions and momenta per global atom id after every step, and report
+    /// where they first departed (exit 1 if they did). Writes no files.
+    #[arg(long)]
+    validate: bool,
+    /// Largest position difference (Å) and momentum difference (ASE units)
+    /// --validate accepts.
+    #[arg(long, default_value_t = 1e-8)]
+    validate_atol: f64,
 }
 
 fn md_error(e: MdError) -> CliError {
@@ -143,6 +152,24 @@ fn float_column<'a>(
 }
 
 fn prepare(a: &MdArgs) -> Result<Prepared, CliError> {
+    if a.validate {
+        if a.traj.is_some() || a.log.is_some() || a.checkpoint.is_some() || a.output.is_some() {
+            return Err(CliError::input(anyhow!(
+                "--validate writes no files: drop --traj, --log, --checkpoint and --output"
+            )));
+        }
+        if a.backend == Backend::Mpi {
+            return Err(CliError::input(anyhow!(
+                "--validate runs on thread ranks (--backend threads)"
+            )));
+        }
+        if !(a.validate_atol.is_finite() && a.validate_atol > 0.0) {
+            return Err(CliError::input(anyhow!(
+                "--validate-atol must be positive, got {}",
+                a.validate_atol
+            )));
+        }
+    }
     if !(a.dt.is_finite() && a.dt > 0.0) {
         return Err(CliError::input(anyhow!(
             "--dt must be a positive time step in fs, got {}",
@@ -496,6 +523,18 @@ pub fn md(a: MdArgs) -> Result<u8, CliError> {
         .map_err(|e| CliError::failed(anyhow!("cannot install the SIGINT handler: {e}")))?;
     let mut config = prepared.config.clone();
     config.stop = Some(stop);
+    if a.validate {
+        return crate::md_validate::validate_trajectory(
+            &a.model,
+            prepared.model.as_ref(),
+            &prepared.topology,
+            &prepared.start,
+            &config,
+            a.ranks.unwrap_or(1),
+            a.validate_atol,
+            a.json,
+        );
+    }
     match a.backend {
         Backend::Threads => {
             let ranks = a.ranks.unwrap_or(1);

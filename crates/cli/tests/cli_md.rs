@@ -522,3 +522,50 @@ fn relax_converges_writes_the_structure_and_rejects_bad_flags() {
         );
     }
 }
+
+#[test]
+fn validate_compares_trajectories_and_names_the_first_departure() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = argon(dir.path(), false);
+    let base = [
+        "--model",
+        "lj",
+        "--structure",
+        s(&st),
+        "--ensemble",
+        "langevin",
+        "--temperature",
+        "300",
+        "--init-temperature",
+        "600",
+        "--dt",
+        "2",
+        "--steps",
+        "60",
+        "--skin",
+        "0.3",
+        "--ranks",
+        "4",
+        "--validate",
+        "--json",
+    ];
+    let o = md(&base);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["ok"], true);
+    assert_eq!(v["frames_compared"], 61);
+    assert!(v["largest"]["position_diff"].as_f64().unwrap() < 1e-8);
+    // A tolerance below rounding: the report names where they first departed.
+    let mut strict = base.to_vec();
+    strict.extend(["--validate-atol", "1e-300"]);
+    let o = md(&strict);
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["ok"], false);
+    let first = &v["first_departure"];
+    assert!(first["step"].as_u64().unwrap() <= 60);
+    assert!(
+        first["position_diff"].as_f64().unwrap() > 0.0
+            || first["momentum_diff"].as_f64().unwrap() > 0.0
+    );
+}
