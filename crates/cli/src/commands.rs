@@ -35,6 +35,11 @@ pub enum Command {
     Validate(crate::validate_cmd::ValidateArgs),
     /// Benchmarks: model evaluation time and memory per rank count, GEMM rate.
     Bench(bench_cmd::BenchArgs),
+    /// Molecular dynamics (nve, langevin) split over ranks, with skin lists,
+    /// migration, trajectory, thermo log and checkpoints.
+    Md(crate::md_cmd::MdArgs),
+    /// Relax the positions with FIRE, split over ranks.
+    Relax(crate::relax_cmd::RelaxArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum, Debug, PartialEq)]
@@ -189,6 +194,8 @@ pub fn run(cmd: Command) -> Result<u8, CliError> {
         Command::Demo(a) => demo(a),
         Command::Validate(a) => crate::validate_cmd::validate(a),
         Command::Bench(a) => bench_cmd::run(a),
+        Command::Md(a) => crate::md_cmd::md(a),
+        Command::Relax(a) => crate::relax_cmd::relax(a),
     }
 }
 

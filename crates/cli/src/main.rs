@@ -3,7 +3,10 @@
 
 mod bench_cores;
 mod commands;
+mod md_cmd;
+mod md_validate;
 mod output;
+mod relax_cmd;
 mod validate_cmd;
 
 use clap::{Parser, Subcommand};

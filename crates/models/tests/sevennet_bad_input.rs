@@ -4,7 +4,7 @@
 //! config key, modality or species.
 
 use ddmlip_atoms::{Cell, System};
-use ddmlip_domain::runtime::{evaluate, EvalOptions};
+use ddmlip_runtime::{evaluate, EvalOptions};
 use ddmlip_e3nn::E3nnError;
 use ddmlip_models::{load_model_with_modal, ModelError, PRETRAINED_SEVENNETS};
 use std::path::{Path, PathBuf};

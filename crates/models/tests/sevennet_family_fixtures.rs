@@ -4,7 +4,7 @@
 //! (shared fixtures `sevennet-family`), single process and decomposed.
 
 use ddmlip_atoms::{Cell, System};
-use ddmlip_domain::runtime::{evaluate, EvalOptions, EvalResult};
+use ddmlip_runtime::{evaluate, EvalOptions, EvalResult};
 use ddmlip_engine::{DType, Model};
 use serde_json::Value;
 use std::path::PathBuf;

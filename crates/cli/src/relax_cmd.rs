@@ -1,0 +1,144 @@
+//! `ddmlip relax`: FIRE relaxation of the positions on a decomposed system
+//! (the numerics live in `ddmlip-md`).
+
+use crate::commands::{Backend, BalanceArg, Precision};
+use crate::{CliError, EXIT_FAILED};
+use anyhow::anyhow;
+use clap::Args;
+use ddmlip_atoms::System;
+use ddmlip_md::{MdError, RelaxConfig, RelaxSummary, Topology};
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct RelaxArgs {
+    /// Built-in model name (see `ddmlip models`) or a model file.
+    #[arg(long)]
+    model: String,
+    /// Fidelity of a multi-fidelity SevenNet checkpoint (e.g. `PBE`,
+    /// `R2SCAN` for sevennet-mf-0); required for those, refused for others.
+    #[arg(long)]
+    modal: Option<String>,
+    /// Extended XYZ structure (the last frame is used).
+    #[arg(long)]
+    structure: PathBuf,
+    /// Converged when the largest force on any atom is below this (eV/Å).
+    #[arg(long, default_value_t = 0.05, allow_negative_numbers = true)]
+    fmax: f64,
+    /// Give up (exit 1) after this many FIRE steps.
+    #[arg(long, default_value_t = 1000)]
+    max_steps: u64,
+    /// Verlet skin (Å) of the pair list.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    skin: f64,
+    /// Ranks to split the system over [default: 1].
+    #[arg(long)]
+    ranks: Option<usize>,
+    #[arg(long, value_enum, default_value_t = Backend::Threads)]
+    backend: Backend,
+    #[arg(long, value_enum, default_value_t = Precision::F64)]
+    dtype: Precision,
+    #[arg(long, value_enum, default_value_t = BalanceArg::Geometric)]
+    balance: BalanceArg,
+    /// The relaxed structure with energy, forces and stress (extended XYZ).
+    #[arg(long)]
+    output: Option<PathBuf>,
+    /// Print one JSON summary on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+fn md_error(e: MdError) -> CliError {
+    match e {
+        MdError::Input(_) => CliError::input(e),
+        _ => CliError::failed(e),
+    }
+}
+
+/// Runs `ddmlip relax`.
+pub fn relax(a: RelaxArgs) -> Result<u8, CliError> {
+    if a.backend == Backend::Mpi {
+        return Err(CliError::input(anyhow!(
+            "relax runs on thread ranks (--backend threads); `ddmlip md --backend mpi` runs under MPI"
+        )));
+    }
+    let frames = crate::commands::read_structure(&a.structure)?;
+    let system = frames
+        .into_iter()
+        .last()
+        .ok_or_else(|| CliError::input(anyhow!("{}: no frames", a.structure.display())))?;
+    let model = crate::commands::load_model(&a.model, a.modal.as_deref())?;
+    ddmlip_runtime::check_batch(model.as_ref(), std::slice::from_ref(&system))
+        .map_err(|e| CliError::input(anyhow!("{}: {e}", a.structure.display())))?;
+    let topology = Topology {
+        numbers: system.numbers.clone(),
+        // FIRE is mass-less; masses are not read.
+        masses: vec![1.0; system.len()],
+        pbc: system.pbc,
+    };
+    let config = RelaxConfig {
+        fmax: a.fmax,
+        max_steps: a.max_steps,
+        skin: a.skin,
+        dtype: a.dtype.into(),
+        even_counts: matches!(a.balance, BalanceArg::Atoms),
+        ..Default::default()
+    };
+    let s = ddmlip_md::relax_threads(
+        model.as_ref(),
+        &topology,
+        system.cell_or_zero(),
+        &system.positions,
+        &config,
+        a.ranks.unwrap_or(1),
+    )
+    .map_err(md_error)?;
+    if let (Some(path), Some(last)) = (&a.output, &s.last) {
+        let mut out = System::new(
+            last.positions.clone(),
+            system.numbers.clone(),
+            system.cell,
+            system.pbc,
+        );
+        out.properties = system.properties.clone();
+        out.properties.arrays.remove("momenta");
+        out.properties.arrays.remove("forces");
+        out.set_energy(last.energy);
+        out.set_forces(&last.forces);
+        if let Some(st) = last.stress {
+            out.set_stress_voigt(st);
+        }
+        ddmlip_atoms::extxyz::write_file(path, &[out]).map_err(CliError::failed)?;
+    }
+    report(&a, &s)?;
+    Ok(if s.converged { 0 } else { EXIT_FAILED })
+}
+
+fn report(a: &RelaxArgs, s: &RelaxSummary) -> Result<(), CliError> {
+    if a.json {
+        println!("{}", serde_json::to_string(s).map_err(CliError::failed)?);
+        return Ok(());
+    }
+    println!(
+        "relax {} | model {} | {} atoms | {} rank(s) | FIRE, fmax {} eV/Å",
+        if s.converged {
+            "converged"
+        } else {
+            "NOT converged"
+        },
+        a.model,
+        s.n_atoms,
+        s.ranks,
+        a.fmax
+    );
+    println!(
+        "{} steps: E {:.10} → {:.10} eV, max |F| = {:.3e} eV/Å | {} rebuilds | {:.3} s",
+        s.steps, s.initial_energy, s.energy, s.fmax, s.rebuilds, s.wall_s
+    );
+    if !s.converged {
+        eprintln!(
+            "error: max |F| = {:.3e} eV/Å is still above --fmax {} after --max-steps {}",
+            s.fmax, a.fmax, a.max_steps
+        );
+    }
+    Ok(())
+}

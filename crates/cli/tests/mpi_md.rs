@@ -1,0 +1,131 @@
+//! `ddmlip md --backend mpi` as a real 3-process job under `mpirun`,
+//! compared with the same job on 3 thread ranks of one process.
+#![cfg(feature = "mpi")]
+
+use ddmlip_atoms::{Cell, Column, System};
+use std::path::Path;
+use std::process::Command;
+
+fn argon(path: &Path) {
+    let basis = [
+        [0.0, 0.0, 0.0],
+        [0.5, 0.5, 0.0],
+        [0.5, 0.0, 0.5],
+        [0.0, 0.5, 0.5],
+    ];
+    let mut pos = Vec::new();
+    let mut k = 0.0f64;
+    for i in 0..3 {
+        for j in 0..3 {
+            for l in 0..3 {
+                for b in basis {
+                    k += 1.0;
+                    pos.push([
+                        (i as f64 + b[0]) * 5.3 + 0.1 * (k * 1.3).sin(),
+                        (j as f64 + b[1]) * 5.3 + 0.1 * (k * 2.1).cos(),
+                        (l as f64 + b[2]) * 5.3 + 0.1 * (k * 0.7).sin(),
+                    ]);
+                }
+            }
+        }
+    }
+    let n = pos.len();
+    let sys = System::new(
+        pos,
+        vec![18; n],
+        Some(Cell::orthorhombic(15.9, 15.9, 15.9)),
+        [true; 3],
+    );
+    ddmlip_atoms::extxyz::write_file(path, &[sys]).unwrap();
+}
+
+fn momenta(sys: &System) -> Vec<f64> {
+    match sys.properties.arrays.get("momenta") {
+        Some(Column::Float(v, 3)) => v.clone(),
+        other => panic!("no momenta: {other:?}"),
+    }
+}
+
+#[test]
+fn mpi_md_equals_thread_ranks() {
+    if Command::new("mpirun")
+        .arg("--version")
+        .output()
+        .map(|o| !o.status.success())
+        .unwrap_or(true)
+    {
+        panic!("mpirun is required for the MPI tests (scripts/ci-setup.sh installs OpenMPI)");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let st = dir.path().join("ar.xyz");
+    argon(&st);
+    let (a, b, ck) = (
+        dir.path().join("mpi.xyz"),
+        dir.path().join("thr.xyz"),
+        dir.path().join("mpi.ck"),
+    );
+    let args = |out: &Path| -> Vec<String> {
+        [
+            "md",
+            "--model",
+            "lj",
+            "--structure",
+            st.to_str().unwrap(),
+            "--ensemble",
+            "langevin",
+            "--temperature",
+            "500",
+            "--init-temperature",
+            "500",
+            "--seed",
+            "4",
+            "--dt",
+            "2",
+            "--steps",
+            "60",
+            "--skin",
+            "0.3",
+            "--output",
+            out.to_str().unwrap(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let o = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-n", "3"])
+        .arg(env!("CARGO_BIN_EXE_ddmlip"))
+        .args(args(&a))
+        .args(["--backend", "mpi", "--checkpoint", ck.to_str().unwrap()])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(ck.exists(), "rank 0 wrote no checkpoint");
+    let o = Command::new(env!("CARGO_BIN_EXE_ddmlip"))
+        .args(args(&b))
+        .args(["--ranks", "3"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (x, y) = (
+        ddmlip_atoms::extxyz::read_file(&a).unwrap().remove(0),
+        ddmlip_atoms::extxyz::read_file(&b).unwrap().remove(0),
+    );
+    // Same partition and ops; thread ranks may split a gradient into pieces
+    // that MPI sums in one pass, so the two agree to rounding.
+    let dx = x
+        .positions
+        .iter()
+        .zip(&y.positions)
+        .flat_map(|(p, q)| (0..3).map(move |k| (p[k] - q[k]).abs()))
+        .fold(0.0, f64::max);
+    assert!(dx < 1e-9, "MPI and threads differ by {dx:e} Å");
+    let dp = momenta(&x)
+        .iter()
+        .zip(momenta(&y))
+        .map(|(p, q)| (p - q).abs())
+        .fold(0.0, f64::max);
+    assert!(dp < 1e-9, "momenta differ by {dp:e}");
+}

@@ -1,0 +1,305 @@
+//! Evaluating a model on one rank's persistent local rows: owned atoms first,
+//! then ghost images, with a candidate pair list built with a skin.
+//!
+//! This is the rank-level entry point the MD driver needs: unlike
+//! `ddmlip_runtime::evaluate`, which partitions a whole batch on every
+//! call, it takes the rows, the halo plan and the pairs a rank keeps between
+//! steps. Per call it keeps only the candidate pairs closer than the model's
+//! cutoff, so a model sees exactly the pairs a fresh neighbour search would
+//! give it, whatever it does beyond its cutoff.
+
+use crate::MdError;
+use ddmlip_atoms::Cell;
+use ddmlip_domain::HaloRuntime;
+use ddmlip_engine::{Buffers, DType, EngineError, Graph, Model, ModelInputs, RowDomain, Scalar};
+use ddmlip_spec::MLIPSpec;
+use std::sync::Arc;
+
+/// One rank's local rows as the model sees them.
+pub struct LocalRows<'a> {
+    /// Owned positions then ghost positions (Å); ghosts are explicit images.
+    pub positions: &'a [[f64; 3]],
+    /// Atomic numbers of the same rows.
+    pub numbers: &'a [u32],
+    /// How many leading rows are owned.
+    pub n_owned: usize,
+    /// Candidate pairs (centre row, neighbour row), centres owned, listed
+    /// with cutoff + skin; the evaluation keeps those closer than the cutoff.
+    pub centers: &'a [u32],
+    pub neighbors: &'a [u32],
+    /// The system's cell (zero for a non-periodic system): the volume of the
+    /// stress and the model's `cell` input.
+    pub cell: Cell,
+}
+
+/// What one evaluation gives a rank.
+#[derive(Debug, Clone)]
+pub struct RankForces {
+    /// The system's potential energy (eV), the same on every rank.
+    pub energy: f64,
+    /// Forces on the owned rows (eV/Å).
+    pub forces: Vec<[f64; 3]>,
+    /// ∂E/∂ε of the whole system (eV, row-major 3×3), the same on every rank;
+    /// the stress is its symmetric part over the volume.
+    pub strain_gradient: [f64; 9],
+    /// Pairs within the cutoff this rank evaluated.
+    pub pairs: usize,
+}
+
+/// A model evaluator that keeps one rank's tensor memory between steps.
+pub struct RankEvaluator<'m> {
+    model: &'m dyn Model,
+    spec: MLIPSpec,
+    dtype: DType,
+    f64_buffers: Buffers<f64>,
+    f32_buffers: Buffers<f32>,
+    /// The model reads a per-system sum during its forward pass, so its
+    /// all-reduces cannot be deferred (learned on the first call).
+    eager_sums: bool,
+}
+
+impl<'m> RankEvaluator<'m> {
+    /// An evaluator of `model` following `spec` in precision `dtype`.
+    pub fn new(model: &'m dyn Model, spec: MLIPSpec, dtype: DType) -> Self {
+        Self {
+            model,
+            spec,
+            dtype,
+            f64_buffers: Buffers::default(),
+            f32_buffers: Buffers::default(),
+            eager_sums: false,
+        }
+    }
+
+    /// The spec decomposed evaluations follow.
+    pub fn spec(&self) -> &MLIPSpec {
+        &self.spec
+    }
+
+    /// The model.
+    pub fn model(&self) -> &'m dyn Model {
+        self.model
+    }
+
+    /// Evaluates energy, owned forces and the strain gradient. Collective:
+    /// every rank of `runtime`'s communicator calls it in the same step. The
+    /// runtime (communicator + halo plan) is lent to the graph for the call
+    /// and handed back.
+    pub fn evaluate(
+        &mut self,
+        rows: &LocalRows<'_>,
+        runtime: &mut Option<HaloRuntime>,
+    ) -> Result<RankForces, MdError> {
+        match self.dtype {
+            DType::F64 => {
+                let mut buffers = std::mem::take(&mut self.f64_buffers);
+                let out = self.evaluate_typed::<f64>(rows, runtime, &mut buffers);
+                self.f64_buffers = buffers;
+                out
+            }
+            DType::F32 => {
+                let mut buffers = std::mem::take(&mut self.f32_buffers);
+                let out = self.evaluate_typed::<f32>(rows, runtime, &mut buffers);
+                self.f32_buffers = buffers;
+                out
+            }
+        }
+    }
+
+    fn evaluate_typed<T: Scalar>(
+        &mut self,
+        rows: &LocalRows<'_>,
+        runtime: &mut Option<HaloRuntime>,
+        buffers: &mut Buffers<T>,
+    ) -> Result<RankForces, MdError> {
+        loop {
+            let halo = runtime
+                .take()
+                .ok_or_else(|| MdError::Internal("the rank's halo runtime is missing".into()))?;
+            let mut g = Graph::<T>::with_buffers(std::mem::take(buffers));
+            g.set_distributor(Box::new(halo));
+            g.defer_all_reduces(!self.eager_sums);
+            let outcome = self.body(&mut g, rows);
+            let halo = g
+                .take_distributor()
+                .and_then(|d| d.into_any().downcast::<HaloRuntime>().ok())
+                .map(|b| *b);
+            *buffers = g.into_buffers();
+            *runtime = halo;
+            match outcome {
+                // Every rank records the same ops, so every rank lands here at
+                // the same op, with no exchange half done.
+                Err(MdError::Engine(EngineError::DeferredSumRead { .. })) if !self.eager_sums => {
+                    self.eager_sums = true;
+                    continue;
+                }
+                Err(e) => {
+                    if let Some(h) = runtime.as_ref() {
+                        if !matches!(e, MdError::Engine(EngineError::Comm { .. })) {
+                            h.comm.abort(&e.to_string());
+                        }
+                    }
+                    return Err(e);
+                }
+                Ok(r) => return Ok(r),
+            }
+        }
+    }
+
+    fn body<T: Scalar>(
+        &self,
+        g: &mut Graph<T>,
+        rows: &LocalRows<'_>,
+    ) -> Result<RankForces, MdError> {
+        let model = self.model;
+        let n_local = rows.positions.len();
+        let n_owned = rows.n_owned;
+        let with_graph = model.uses_runtime_graph();
+        let mut centers = g.take_indices();
+        let mut neighbors = g.take_indices();
+        if with_graph {
+            // Candidates from the skin list; keep what a fresh search at the
+            // cutoff would keep (the same strict `<` on the squared f64
+            // distance), in list order.
+            let cut2 = model.cutoff() * model.cutoff();
+            for (&c, &n) in rows.centers.iter().zip(rows.neighbors) {
+                let (a, b) = (rows.positions[c as usize], rows.positions[n as usize]);
+                let d = [b[0] - a[0], b[1] - a[1], b[2] - a[2]];
+                if d[0] * d[0] + d[1] * d[1] + d[2] * d[2] < cut2 {
+                    centers.push(c);
+                    neighbors.push(n);
+                }
+            }
+        }
+        let n_pairs = centers.len();
+        let positions: Vec<T> = rows
+            .positions
+            .iter()
+            .flat_map(|p| p.iter().map(|&x| T::of(x)))
+            .collect();
+        let pos = g.leaf(positions, n_local, 3, RowDomain::Atom);
+        let strain = g.leaf(vec![T::zero(); 9], 1, 9, RowDomain::System);
+        let cell_values: Vec<T> = rows
+            .cell
+            .matrix
+            .iter()
+            .flatten()
+            .map(|&x| T::of(x))
+            .collect();
+        let cell = g.constant(cell_values, 3, 3, RowDomain::System);
+        let atom_system = g.index(
+            Arc::new(vec![0u32; n_local]),
+            RowDomain::Atom,
+            RowDomain::System,
+            1,
+            "atom_system",
+        )?;
+        let cell_system = g.index(
+            Arc::new(vec![0u32; 3]),
+            RowDomain::System,
+            RowDomain::System,
+            1,
+            "cell_system",
+        )?;
+        let pos_s = g.apply_strain(pos, strain, atom_system)?;
+        let cell_s = g.apply_strain(cell, strain, cell_system)?;
+        let edges = if with_graph {
+            let mut edge_system = g.take_indices();
+            edge_system.resize(n_pairs, 0);
+            let c = g.index(
+                Arc::new(centers),
+                RowDomain::Edge,
+                RowDomain::Atom,
+                n_local,
+                "edge_center",
+            )?;
+            let n = g.index(
+                Arc::new(neighbors),
+                RowDomain::Edge,
+                RowDomain::Atom,
+                n_local,
+                "edge_neighbor",
+            )?;
+            let es = g.index(
+                Arc::new(edge_system),
+                RowDomain::Edge,
+                RowDomain::System,
+                1,
+                "edge_system",
+            )?;
+            Some(g.edges(pos_s, c, n, es, None)?)
+        } else {
+            g.give_indices(centers);
+            g.give_indices(neighbors);
+            None
+        };
+        let inputs = ModelInputs {
+            positions: pos_s,
+            cell: cell_s,
+            numbers: Arc::new(rows.numbers.to_vec()),
+            atom_system,
+            n_systems: 1,
+            // Ghost images are explicit atoms: no periodicity left to apply.
+            pbc: vec![[false; 3]],
+            edges,
+        };
+        let out = model.forward_any(g, &inputs)?;
+        if g.shape(out.energy) != (1, 1) {
+            return Err(MdError::Engine(EngineError::Shape {
+                op: "model output".into(),
+                message: format!("energy must be 1×1, got {:?}", g.shape(out.energy)),
+            }));
+        }
+        let rank = g.distributor().map_or(0, |d| d.rank());
+        let grads = if g.is_pending(out.energy) {
+            g.grad_replicated_seed(out.energy, Some(vec![T::one()]), &[pos, strain])?
+        } else {
+            // A replicated energy is seeded once so that the all-reduce
+            // adjoints do not count it world-size times.
+            let seed = if g.is_replicated(out.energy) && rank != 0 {
+                T::zero()
+            } else {
+                T::one()
+            };
+            g.grad(out.energy, Some(vec![seed]), &[pos, strain])?
+        };
+        let mut gpos = grads[0].clone();
+        let mut geps = grads[1].clone();
+        let dist = g
+            .distributor()
+            .ok_or_else(|| MdError::Internal("distributor missing".into()))?;
+        // Ghost rows are images of owned atoms: their force share goes home.
+        dist.reverse_sum(T::data_mut(&mut gpos), 3)?;
+        g.resolve_pending()?;
+        let mut energy = g.value(out.energy).to_vec();
+        let dist = g
+            .distributor()
+            .ok_or_else(|| MdError::Internal("distributor missing".into()))?;
+        if self.spec.all_reduce_outputs.iter().any(|o| o == "stress") {
+            dist.all_reduce_sum(T::data_mut(&mut geps))?;
+        }
+        if self.spec.all_reduce_outputs.iter().any(|o| o == "energy") {
+            dist.all_reduce_sum(T::data_mut(&mut energy))?;
+        }
+        let forces = gpos[..n_owned * 3]
+            .chunks_exact(3)
+            .map(|c| {
+                [
+                    -c[0].to_f64_lossless(),
+                    -c[1].to_f64_lossless(),
+                    -c[2].to_f64_lossless(),
+                ]
+            })
+            .collect();
+        let mut strain_gradient = [0.0; 9];
+        for (dst, src) in strain_gradient.iter_mut().zip(&geps) {
+            *dst = src.to_f64_lossless();
+        }
+        Ok(RankForces {
+            energy: energy[0].to_f64_lossless(),
+            forces,
+            strain_gradient,
+            pairs: n_pairs,
+        })
+    }
+}
