@@ -8,7 +8,7 @@ mod properties;
 mod system;
 
 pub use cell::to_fractional;
-pub use cell::{Cell, CellError};
+pub use cell::{Cell, CellError, MAX_ABS_LENGTH};
 pub use extxyz::{FrameReader, ParseErrorKind, XyzError};
 pub use properties::{Column, InfoValue, Properties};
 pub use system::{Batch, System, SystemError};
