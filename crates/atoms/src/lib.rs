@@ -1,9 +1,12 @@
 //! Atomic systems and batches: positions (Å), atomic numbers, cell, pbc and
-//! per-atom / per-system properties, plus the element table and extended XYZ IO.
+//! per-atom / per-system properties, plus the element table and structure
+//! file IO: extended XYZ and VASP POSCAR, optionally gzip-compressed.
 
 mod cell;
 pub mod elements;
 pub mod extxyz;
+pub mod formats;
+pub mod poscar;
 mod properties;
 mod system;
 
@@ -13,8 +16,4 @@ pub use extxyz::{FrameReader, ParseErrorKind, XyzError};
 pub use properties::{Column, InfoValue, Properties};
 pub use system::{Batch, System, SystemError};
 
-/// Reads every structure (frame) of a structure file as a batch. Every file
-/// is read as extended XYZ (plain XYZ included), whatever its extension.
-pub fn read_structure(path: impl AsRef<std::path::Path>) -> Result<Vec<System>, XyzError> {
-    extxyz::read_file(path)
-}
+pub use formats::{read_structure, write_structure, Format, StructureError};

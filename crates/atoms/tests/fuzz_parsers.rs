@@ -1,8 +1,9 @@
-//! Mutated valid inputs never panic the extended XYZ reader: every result is
-//! `Ok` or a typed error, quickly. The edits splice in the tokens that broke
+//! Mutated valid inputs never panic the extended XYZ and POSCAR readers:
+//! every result is `Ok` or a typed error, quickly. The edits splice in the tokens that broke
 //! readers before (huge or tiny numbers, quotes, brackets, newlines).
 
 use ddmlip_atoms::extxyz::read_str;
+use ddmlip_atoms::poscar;
 use proptest::prelude::*;
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,8 @@ H 2.0 0.5 6.0 0.0 0.0 0.1 3\n\
 Properties=species:S:1:pos:R:3 pbc=\"F F F\"\n\
 Ar 0 0 0\n\
 Ar 3.4 0 0\n";
+
+const VALID_POSCAR: &str = "Na Cl Si\n 1.0\n 5.6 0.0 0.0\n 0.8 5.4 0.0\n -0.6 0.9 5.9\nNa Cl Si\n2 1 1\nSelective dynamics\nDirect\n0.1 0.2 0.3 T T F\n0.5 0.5 0.5 T T T\n0.2 0.7 0.1 F F F\n0.9 0.1 0.6 T T T\n";
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
@@ -37,4 +40,26 @@ proptest! {
         }
         prop_assert!(started.elapsed() < Duration::from_secs(2));
     }
+
+    #[test]
+    fn mutated_poscars_are_ok_or_a_typed_error(e in edits()) {
+        let bytes = mutate(VALID_POSCAR.as_bytes(), &e);
+        let text = String::from_utf8_lossy(&bytes);
+        let started = Instant::now();
+        match poscar::read_str(&text) {
+            Ok(system) => {
+                let _ = system.validate();
+            }
+            Err(err) => prop_assert!(!err.to_string().is_empty()),
+        }
+        prop_assert!(started.elapsed() < Duration::from_secs(2));
+    }
+}
+
+/// The unmutated inputs are valid, so the mutations start from real files.
+#[test]
+fn the_seed_inputs_parse() {
+    assert_eq!(read_str(VALID).unwrap().len(), 2);
+    let system = poscar::read_str(VALID_POSCAR).unwrap();
+    assert_eq!(system.numbers, vec![11, 11, 17, 14]);
 }
