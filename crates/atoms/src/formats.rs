@@ -1,5 +1,6 @@
-//! Structure files by format: extended XYZ (plain XYZ included) and VASP
-//! POSCAR / CONTCAR, each optionally gzip-compressed.
+//! Structure files by format: extended XYZ (plain XYZ included), VASP
+//! POSCAR / CONTCAR and LAMMPS data files (read), each optionally
+//! gzip-compressed.
 //!
 //! The format is chosen from the name with any `.gz` removed (`POSCAR`,
 //! `CONTCAR`, `*.vasp`, `*.poscar` are POSCAR), then from the content (an
@@ -27,6 +28,16 @@ pub enum StructureError {
         #[source]
         source: PoscarError,
     },
+    /// A LAMMPS data file problem.
+    #[error("{}: {source}", .file.display())]
+    Lammps {
+        file: PathBuf,
+        #[source]
+        source: crate::lammps::LammpsError,
+    },
+    /// A format that cannot be written.
+    #[error("{}: {what}", .file.display())]
+    Unsupported { file: PathBuf, what: String },
     /// Opening, decompressing or writing failed.
     #[error("{}: {source}", .file.display())]
     Io {
@@ -43,6 +54,8 @@ pub enum Format {
     ExtendedXyz,
     /// VASP POSCAR / CONTCAR (one periodic frame).
     Poscar,
+    /// LAMMPS data file (`*.data`, `*.lmp`, `data.*`; read only).
+    LammpsData,
 }
 
 /// The format a file name implies, ignoring a `.gz` suffix; `None` when the
@@ -52,6 +65,8 @@ pub fn format_from_name(path: &Path) -> Option<Format> {
     let name = name.strip_suffix(".gz").unwrap_or(&name);
     if name.contains("poscar") || name.contains("contcar") || name.ends_with(".vasp") {
         Some(Format::Poscar)
+    } else if name.ends_with(".data") || name.ends_with(".lmp") || name.starts_with("data.") {
+        Some(Format::LammpsData)
     } else if name.ends_with(".xyz") || name.ends_with(".extxyz") {
         Some(Format::ExtendedXyz)
     } else {
@@ -121,6 +136,16 @@ pub fn read_structure(path: impl AsRef<Path>) -> Result<Vec<System>, StructureEr
             })?;
             Ok(vec![system])
         }
+        Format::LammpsData => {
+            let mut text = String::new();
+            input.read_to_string(&mut text).map_err(io_err(path))?;
+            let system =
+                crate::lammps::read_str(&text).map_err(|source| StructureError::Lammps {
+                    file: path.to_path_buf(),
+                    source,
+                })?;
+            Ok(vec![system])
+        }
     }
 }
 
@@ -151,6 +176,12 @@ pub fn write_structure(path: impl AsRef<Path>, frames: &[System]) -> Result<(), 
                 )))
             }
         },
+        Format::LammpsData => {
+            return Err(StructureError::Unsupported {
+                file: path.to_path_buf(),
+                what: "LAMMPS data files are read, not written".into(),
+            })
+        }
     };
     let file = std::fs::File::create(path).map_err(io_err(path))?;
     let gz = path

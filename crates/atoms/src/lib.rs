@@ -6,6 +6,7 @@ mod cell;
 pub mod elements;
 pub mod extxyz;
 pub mod formats;
+pub mod lammps;
 pub mod poscar;
 mod properties;
 mod system;

@@ -126,3 +126,37 @@ print(json.dumps(out))
     // A POSCAR holds one frame.
     assert!(write_structure(dir.path().join("two.vasp"), &[system.clone(), system]).is_err());
 }
+
+#[test]
+fn ase_written_lammps_data_reads_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!(
+        "{BUILD}
+from ase.io import write
+atoms.set_initial_charges([0.5, -0.5, 0.5, -0.5, 0.0, 0.0])
+write(d + '/atomic.data', atoms, format='lammps-data', masses=True, atom_style='atomic')
+write(d + '/charge.lmp', atoms, format='lammps-data', masses=True, atom_style='charge')
+from ase.io import read
+back = read(d + '/atomic.data', format='lammps-data', atom_style='atomic')
+print(json.dumps(dict(numbers=atoms.numbers.tolist(), positions=back.positions.tolist(), cell=back.cell.tolist(), charges=atoms.get_initial_charges().tolist())))
+"
+    );
+    let reference: serde_json::Value = serde_json::from_str(&python(&script, dir.path())).unwrap();
+    // ASE rotates a triclinic cell into LAMMPS's lower-triangular form; its
+    // own reading of the file is the reference for cell and positions.
+    for name in ["atomic.data", "charge.lmp"] {
+        let frames = read_structure(dir.path().join(name)).unwrap();
+        assert_eq!(frames.len(), 1);
+        assert_close(&frames[0], &reference, 1e-6);
+    }
+    let charged = read_structure(dir.path().join("charge.lmp")).unwrap();
+    let charges: Vec<f64> = serde_json::from_value(reference["charges"].clone()).unwrap();
+    match charged[0].properties.arrays.get("initial_charges") {
+        Some(ddmlip_atoms::Column::Float(q, 1)) => {
+            for (a, b) in q.iter().zip(&charges) {
+                assert!((a - b).abs() < 1e-9);
+            }
+        }
+        other => panic!("{other:?}"),
+    }
+}
