@@ -9,7 +9,25 @@ pub enum CellError {
     Singular { volume: f64 },
     #[error("lattice vector {axis} is zero but axis {axis} is periodic")]
     ZeroPeriodicVector { axis: usize },
+    /// A periodic lattice vector has an entry far outside any physical length.
+    #[error(
+        "cell entry [{row}][{col}] of periodic lattice vector {row} is {value:e} Å, \
+         beyond the supported {limit:e} Å; lengths are probably in the wrong unit"
+    )]
+    OutOfRange {
+        row: usize,
+        col: usize,
+        value: f64,
+        limit: f64,
+    },
 }
+
+/// Largest magnitude (Å) of a coordinate or of a periodic lattice-vector
+/// entry that systems may have: 1e10 Å is one metre. Beyond it the work and
+/// memory that a neighbour search or a partition derive from the geometry
+/// (rounding margins, bin and image counts) stop being meaningful, and such
+/// values are unit mistakes or corrupted files, so they are rejected.
+pub const MAX_ABS_LENGTH: f64 = 1.0e10;
 
 /// A 3×3 cell whose **rows** are the lattice vectors a, b, c (Å), as in ASE.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -94,7 +112,8 @@ impl Cell {
         Ok(inv)
     }
 
-    /// Checks the cell is finite and, when any axis is periodic, non-singular.
+    /// Checks the cell is finite and, when any axis is periodic, non-singular
+    /// with periodic entries within [`MAX_ABS_LENGTH`].
     pub fn validate(&self, pbc: [bool; 3]) -> Result<(), CellError> {
         for &x in self.matrix.iter().flatten() {
             if !x.is_finite() {
@@ -102,6 +121,18 @@ impl Cell {
             }
         }
         if pbc.iter().any(|&p| p) {
+            for (row, values) in self.matrix.iter().enumerate() {
+                for (col, &value) in values.iter().enumerate() {
+                    if pbc[row] && value.abs() > MAX_ABS_LENGTH {
+                        return Err(CellError::OutOfRange {
+                            row,
+                            col,
+                            value,
+                            limit: MAX_ABS_LENGTH,
+                        });
+                    }
+                }
+            }
             for (axis, &p) in pbc.iter().enumerate() {
                 if p && self.length(axis) == 0.0 {
                     return Err(CellError::ZeroPeriodicVector { axis });

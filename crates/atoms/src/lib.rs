@@ -1,21 +1,21 @@
 //! Atomic systems and batches: positions (Å), atomic numbers, cell, pbc and
-//! per-atom / per-system properties, plus the element table and extended XYZ IO.
+//! per-atom / per-system properties, plus the element table and structure
+//! file IO: extended XYZ and VASP POSCAR, optionally gzip-compressed.
 
 pub mod build;
 mod cell;
 pub mod elements;
 pub mod extxyz;
+pub mod formats;
+pub mod lammps;
+pub mod poscar;
 mod properties;
 mod system;
 
 pub use cell::to_fractional;
-pub use cell::{Cell, CellError};
+pub use cell::{Cell, CellError, MAX_ABS_LENGTH};
 pub use extxyz::{FrameReader, ParseErrorKind, XyzError};
 pub use properties::{Column, InfoValue, Properties};
 pub use system::{Batch, System, SystemError};
 
-/// Reads every structure (frame) of a structure file as a batch. Every file
-/// is read as extended XYZ (plain XYZ included), whatever its extension.
-pub fn read_structure(path: impl AsRef<std::path::Path>) -> Result<Vec<System>, XyzError> {
-    extxyz::read_file(path)
-}
+pub use formats::{read_structure, write_structure, Format, StructureError};

@@ -9,6 +9,17 @@ pub enum SystemError {
     LengthMismatch { positions: usize, numbers: usize },
     #[error("atom {atom} has a non-finite position {position:?}")]
     NonFinitePosition { atom: usize, position: [f64; 3] },
+    /// A coordinate beyond [`crate::MAX_ABS_LENGTH`]: a unit mistake or a corrupted file.
+    #[error(
+        "atom {atom} has coordinate {axis} = {value:e} Å, beyond the supported {limit:e} Å; \
+         positions are probably in the wrong unit"
+    )]
+    PositionOutOfRange {
+        atom: usize,
+        axis: usize,
+        value: f64,
+        limit: f64,
+    },
     #[error("axis {axis} is periodic but the system has no cell")]
     PeriodicWithoutCell { axis: usize },
     #[error(transparent)]
@@ -69,7 +80,8 @@ impl System {
         self.cell.unwrap_or_else(Cell::zero)
     }
 
-    /// Checks lengths, finiteness and that periodic axes have a valid cell.
+    /// Checks lengths, finiteness, that every coordinate is within
+    /// [`crate::MAX_ABS_LENGTH`], and that periodic axes have a valid cell.
     pub fn validate(&self) -> Result<(), SystemError> {
         if self.positions.len() != self.numbers.len() {
             return Err(SystemError::LengthMismatch {
@@ -80,6 +92,14 @@ impl System {
         for (atom, p) in self.positions.iter().enumerate() {
             if p.iter().any(|x| !x.is_finite()) {
                 return Err(SystemError::NonFinitePosition { atom, position: *p });
+            }
+            if let Some(axis) = p.iter().position(|x| x.abs() > crate::MAX_ABS_LENGTH) {
+                return Err(SystemError::PositionOutOfRange {
+                    atom,
+                    axis,
+                    value: p[axis],
+                    limit: crate::MAX_ABS_LENGTH,
+                });
             }
         }
         match &self.cell {

@@ -5,7 +5,10 @@
 //! the central directory (with its zip64 extensions) and the local-header
 //! lengths to find each payload. That is ~150 lines with no dependency, no
 //! decompression code paths, and full control over bounds checking of
-//! untrusted input. Compressed entries are reported as unsupported.
+//! untrusted input. Compressed entries are reported as unsupported. Every
+//! stored member's CRC-32 (`crc32fast`) is checked against the central
+//! directory, as zip readers do, so a header that points the reader at the
+//! wrong bytes, or a flipped payload byte, is an error, not a model.
 
 use crate::CheckpointError;
 
@@ -29,6 +32,9 @@ pub(crate) struct ZipEntry {
     /// Payload length in bytes (compressed size; equal to the size when stored).
     pub size: usize,
 }
+
+/// CRC-32 field of a central directory record.
+const CENTRAL_CRC_AT: usize = 16;
 
 /// Why an input was rejected before its central directory could be read.
 pub(crate) enum ZipOpenError {
@@ -158,6 +164,7 @@ fn read_central_record(
     let field16 = |o: usize| u16_at(header, o).unwrap_or(0);
     let field32 = |o: usize| u32_at(header, o).unwrap_or(0);
     let method = field16(10);
+    let crc = field32(CENTRAL_CRC_AT);
     let mut comp_size = u64::from(field32(20));
     let mut uncomp_size = u64::from(field32(24));
     let name_len = usize::from(field16(28));
@@ -227,6 +234,19 @@ fn read_central_record(
             at,
             format!("stored entry `{name}` has unequal sizes"),
         ));
+    }
+    if method == 0 {
+        // Bounds were checked just above.
+        let actual = crc32fast::hash(&bytes[data_offset..data_offset + size]);
+        if actual != crc {
+            return Err(corrupt(
+                data_offset,
+                format!(
+                    "CRC-32 of `{name}` is {actual:08x} but the directory records {crc:08x}: \
+                     the member or its local header is corrupted"
+                ),
+            ));
+        }
     }
     Ok((
         ZipEntry {

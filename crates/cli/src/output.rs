@@ -283,7 +283,10 @@ pub fn degenerate_warning(
             degenerate.len() - WARNED_FRAMES
         ));
     }
-    s.push_str("  The results are exact all the same. Use fewer ranks or a larger system");
+    s.push_str(&format!(
+        "  The results are exact all the same. {}",
+        first.advice().trim_end_matches('.')
+    ));
     match partition_flags {
         Some(flags) => s.push_str(&format!(
             "; `ddmlip partition {flags} --ranks {} --cutoff {:.3}` shows the split rank by rank.\n",

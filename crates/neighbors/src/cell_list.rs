@@ -12,10 +12,21 @@
 //! centre visits only the bin rows its cutoff sphere reaches.
 
 use crate::frame::{pair_vector, Frame};
-use crate::{keep_in_half, prepare, NeighborError, NeighborList, NeighborOptions, PairList};
+use crate::{
+    check_pairs_fit, keep_in_half, memory_budget_bytes, prepare, NeighborError, NeighborList,
+    NeighborOptions, PairList, MAX_ESTIMATED_PAIRS, MAX_STENCIL_VISITS,
+};
 use ddmlip_atoms::Cell;
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+
+/// Most pair slots a chunk reserves up front (its vectors grow beyond).
+const MAX_CHUNK_RESERVE: usize = 1 << 22;
+
+/// Largest stencil half-width along one axis (bins). Far beyond what
+/// [`MAX_STENCIL_VISITS`] allows; it keeps index arithmetic in range.
+const MAX_STENCIL_REACH: f64 = (1u64 << 40) as f64;
 
 /// Bins per cutoff length, between these bounds. Finer bins let the
 /// trimmed stencil follow the cutoff sphere more closely (half-cutoff bins
@@ -301,7 +312,28 @@ fn search_chunks<'s>(
         .sum::<f64>();
     let search_radius = opts.cutoff * (1.0 + 1e-9) + 1e-12 * (max_coordinate + max_lattice);
 
+    // Memory: the pairs of the centres searched, at the size of what this
+    // search stores per pair, before anything per pair is allocated.
+    let n_centers = n_centers.min(n_atoms);
+    let half_factor = if opts.half { 0.5 } else { 1.0 };
+    let expected_pairs =
+        prepared.estimated_pairs * half_factor * (n_centers as f64 / n_atoms as f64);
+    let bytes_per_pair =
+        8.0 + if fields.shifts { 12.0 } else { 0.0 } + if fields.geometry { 32.0 } else { 0.0 };
+    check_pairs_fit(opts.cutoff, expected_pairs, bytes_per_pair)?;
+
     let grid = Grid::new(frame, &prepared, search_radius, n_atoms);
+    // Time: the (bin, image) cells the stencils visit, bounded before the
+    // stencil tables are built from them.
+    let visits = grid.stencil_cells() * n_centers as f64;
+    if visits.is_nan() || visits > MAX_STENCIL_VISITS.max(64.0 * expected_pairs) {
+        return Err(NeighborError::SearchTooCostly {
+            cutoff: opts.cutoff,
+            heights: frame.heights,
+            visits,
+            limit: MAX_STENCIL_VISITS.max(64.0 * expected_pairs),
+        });
+    }
     let bins = Bins::new(positions, &prepared, &grid, frame);
 
     let search = Search::new(
@@ -344,17 +376,39 @@ fn search_chunks<'s>(
     };
     let chunk_size = (n_search / (threads * per_thread)).clamp(64, 4096);
     let n_chunks = n_search.div_ceil(chunk_size);
-    let pairs_per_center = prepared.estimated_pairs / n_atoms as f64;
+    let pairs_per_center = expected_pairs / n_centers.max(1) as f64;
     if lists.len() < n_chunks {
         lists.resize_with(n_chunks, ChunkPairs::default);
     }
     let chunks = &mut lists[..n_chunks];
+    // Pairs found so far by all chunks: the estimate assumes a uniform
+    // density, so a search that finds far more (atoms crowded in one corner
+    // of a large cell) is stopped here rather than by a failed allocation.
+    let found = AtomicUsize::new(0);
+    let limit = (memory_budget_bytes() / bytes_per_pair).min(MAX_ESTIMATED_PAIRS) as usize;
     for_each_part(chunks.iter_mut().collect(), runner, |c, out| {
+        if found.load(Ordering::Relaxed) > limit {
+            return;
+        }
         let start = c * chunk_size;
         let end = (start + chunk_size).min(n_search);
-        let capacity = ((end - start) as f64 * (pairs_per_center * 1.1 + 8.0)) as usize;
+        // The estimate only sizes the first allocation, and never beyond a
+        // bound: a chunk grows like any vector when it finds more.
+        let capacity = ((end - start) as f64 * (pairs_per_center * 1.1 + 8.0))
+            .min(MAX_CHUNK_RESERVE as f64) as usize;
         search.run_into(&order[start..end], capacity, out);
+        found.fetch_add(out.neighbors.len(), Ordering::Relaxed);
     });
+    let found = found.into_inner();
+    if found > limit {
+        return Err(NeighborError::TooManyPairs {
+            cutoff: opts.cutoff,
+            estimated_pairs: found as f64,
+            estimated_bytes: found as f64 * bytes_per_pair,
+            limit_pairs: MAX_ESTIMATED_PAIRS,
+            budget_bytes: memory_budget_bytes(),
+        });
+    }
     Ok(Some(SearchedChunks {
         chunks,
         order,
@@ -367,6 +421,9 @@ fn search_chunks<'s>(
 struct Grid {
     nbins: [usize; 3],
     stencil: [i64; 3],
+    /// `Π (2·stencil_k + 1)`, the (bin, image) cells one centre may visit;
+    /// infinite when a stencil could not be represented.
+    stencil_cells: f64,
     /// Fractional coordinate of the lower edge of bin 0 (0 on periodic axes).
     origin: [f64; 3],
     /// Bins per unit of fractional coordinate.
@@ -409,6 +466,7 @@ impl Grid {
             nbins[widest] = nbins[widest].div_ceil(2);
         }
         let mut stencil = [0i64; 3];
+        let mut stencil_cells = 1.0;
         let mut bins_per_frac = [0.0; 3];
         for k in 0..3 {
             if extent[k] > 0.0 {
@@ -417,13 +475,19 @@ impl Grid {
             // Bin width along k is extent/nbins in fractional units, i.e.
             // height·extent/nbins in Å perpendicular to the bin faces.
             let reach = (search_radius * nbins[k] as f64 / (frame.heights[k] * extent[k])).ceil();
+            // Saturating conversions: a reach too large for i64 is refused by
+            // the caller (`stencil_cells`) before any table is built from it.
             stencil[k] = if frame.pbc[k] {
-                reach as i64
+                reach.min(MAX_STENCIL_REACH) as i64
             } else if nbins[k] == 1 {
                 0
             } else {
-                (reach as i64).min(nbins[k] as i64 - 1)
+                (reach.min(MAX_STENCIL_REACH) as i64).min(nbins[k] as i64 - 1)
             };
+            stencil_cells *= 2.0 * stencil[k] as f64 + 1.0;
+            if frame.pbc[k] && (reach.is_nan() || reach > MAX_STENCIL_REACH) {
+                stencil_cells = f64::INFINITY;
+            }
         }
         let mut width = [0.0; 3];
         for k in 0..3 {
@@ -434,6 +498,7 @@ impl Grid {
         Self {
             nbins,
             stencil,
+            stencil_cells,
             origin,
             bins_per_frac,
             pbc: frame.pbc,
@@ -458,6 +523,11 @@ impl Grid {
             hi = hi.min(self.nbins[axis] as i64 - 1);
         }
         (lo, hi)
+    }
+
+    /// The (bin, image) cells one centre's stencil may visit.
+    fn stencil_cells(&self) -> f64 {
+        self.stencil_cells
     }
 
     /// Distance (Å) along `axis` from bin coordinate `u` to bin `t`.

@@ -9,7 +9,7 @@
 //! Cartesian distances along that direction.
 
 use crate::NeighborError;
-use ddmlip_atoms::Cell;
+use ddmlip_atoms::{Cell, MAX_ABS_LENGTH};
 
 /// Below this normalised volume `|det| / (|a||b||c|)` the periodic lattice
 /// vectors are treated as linearly dependent.
@@ -28,6 +28,10 @@ pub(crate) struct Frame {
     pub heights: [f64; 3],
     /// Periodicity per axis.
     pub pbc: [bool; 3],
+    /// `|det(basis)|`: the volume (3 periodic axes), area (2) or length (1)
+    /// of the periodic lattice, since open rows are orthonormal to it; 1
+    /// without periodic axes.
+    pub measure: f64,
 }
 
 impl Frame {
@@ -47,6 +51,14 @@ impl Frame {
             for (col, &value) in values.iter().enumerate() {
                 if pbc[row] && !value.is_finite() {
                     return Err(NeighborError::NonFiniteCell { row, col, value });
+                }
+                if pbc[row] && value.abs() > MAX_ABS_LENGTH {
+                    return Err(NeighborError::CellOutOfRange {
+                        row,
+                        col,
+                        value,
+                        limit: MAX_ABS_LENGTH,
+                    });
                 }
             }
         }
@@ -106,6 +118,7 @@ impl Frame {
             inverse,
             heights,
             pbc,
+            measure: det.abs(),
         })
     }
 

@@ -10,8 +10,9 @@
 mod brute;
 mod cell_list;
 mod frame;
+mod memory;
 
-use ddmlip_atoms::{Cell, System};
+use ddmlip_atoms::{Cell, System, MAX_ABS_LENGTH};
 use thiserror::Error;
 
 pub use brute::brute_force_neighbor_list;
@@ -19,10 +20,26 @@ pub use cell_list::{
     neighbor_list, neighbor_list_for_centers, neighbor_list_into, pair_list_for_centers,
     pair_list_for_centers_into, ChunkRunner, PairScratch,
 };
+pub use memory::{format_bytes, memory_budget_bytes, FALLBACK_MEMORY_BUDGET};
 
 /// Inputs whose estimated pair count exceeds this are rejected with
-/// [`NeighborError::TooManyPairs`] instead of exhausting memory.
+/// [`NeighborError::TooManyPairs`], whatever the memory: per-chunk offsets
+/// are `u32`. A search that finds more pairs than this (atoms far denser
+/// somewhere than the uniform estimate assumed) stops with the same error.
 pub const MAX_ESTIMATED_PAIRS: f64 = 2_147_483_648.0; // 2^31
+
+/// Bytes per pair of a [`NeighborList`]: two `u32` indices, an `[i32; 3]`
+/// shift, an `[f64; 3]` vector and an `f64` distance.
+pub const NEIGHBOR_LIST_BYTES_PER_PAIR: f64 = 52.0;
+
+/// Bytes per pair of a [`PairList`] with shifts: two `u32` and an `[i32; 3]`.
+pub const PAIR_LIST_BYTES_PER_PAIR: f64 = 20.0;
+
+/// A search whose stencil would visit more than this many (bin, image)
+/// cells in total is refused with [`NeighborError::SearchTooCostly`]: a
+/// cell so skewed (or so small against the cutoff) that the search would
+/// run for minutes although the pairs themselves may be few.
+pub const MAX_STENCIL_VISITS: f64 = 1.0e8;
 
 /// Atoms farther than this many cell lengths from the cell along a periodic
 /// axis are rejected: their image shifts would not fit in `i32`.
@@ -137,6 +154,28 @@ pub enum NeighborError {
     /// A periodic axis was requested without a cell.
     #[error("axis {axis} is periodic but no cell was given")]
     MissingCell { axis: usize },
+    /// An atom coordinate beyond [`ddmlip_atoms::MAX_ABS_LENGTH`].
+    #[error(
+        "atom {atom} has coordinate {axis} = {value:e} Å, beyond the supported {limit:e} Å; \
+         positions are probably in the wrong unit"
+    )]
+    PositionOutOfRange {
+        atom: usize,
+        axis: usize,
+        value: f64,
+        limit: f64,
+    },
+    /// A periodic lattice-vector entry beyond [`ddmlip_atoms::MAX_ABS_LENGTH`].
+    #[error(
+        "cell entry [{row}][{col}] of periodic lattice vector {row} is {value:e} Å, \
+         beyond the supported {limit:e} Å; lengths are probably in the wrong unit"
+    )]
+    CellOutOfRange {
+        row: usize,
+        col: usize,
+        value: f64,
+        limit: f64,
+    },
     /// A lattice vector of a periodic axis contains NaN or infinity.
     #[error("cell entry [{row}][{col}] of periodic lattice vector {row} is not finite ({value})")]
     NonFiniteCell { row: usize, col: usize, value: f64 },
@@ -159,14 +198,33 @@ pub enum NeighborError {
     /// More atoms than `u32` indices can address.
     #[error("{0} atoms exceed the u32 index range")]
     TooManyAtoms(usize),
-    /// The requested list would be absurdly large.
+    /// The requested list would not fit in memory (or exceeds
+    /// [`MAX_ESTIMATED_PAIRS`]); refused before anything was allocated, or
+    /// as soon as the search found more pairs than that.
     #[error(
-        "cutoff {cutoff} Å would give about {estimated_pairs:.3e} pairs (limit {limit:.3e}); \
-         reduce the cutoff or check the cell"
+        "cutoff {cutoff} Å would give about {estimated_pairs:.3e} pairs, {} of memory \
+         (limit {limit_pairs:.3e} pairs and {} available); reduce the cutoff or check the cell",
+        crate::format_bytes(*.estimated_bytes),
+        crate::format_bytes(*.budget_bytes)
     )]
     TooManyPairs {
         cutoff: f64,
         estimated_pairs: f64,
+        estimated_bytes: f64,
+        limit_pairs: f64,
+        budget_bytes: f64,
+    },
+    /// The cell is so skewed, or so small against the cutoff, that the
+    /// search would visit absurdly many cells per atom.
+    #[error(
+        "cutoff {cutoff} Å against cell heights {heights:?} Å would make the search visit about \
+         {visits:.3e} cells (limit {limit:.1e}); the cell is too skewed or too small: \
+         reduce it (e.g. ase.build.niggli_reduce) or replicate it"
+    )]
+    SearchTooCostly {
+        cutoff: f64,
+        heights: [f64; 3],
+        visits: f64,
         limit: f64,
     },
 }
@@ -209,6 +267,17 @@ pub(crate) fn prepare(
         if !p.iter().all(|x| x.is_finite()) {
             return Err(NeighborError::NonFinitePosition { atom, position: *p });
         }
+        // The rounding margin of the search grows with the largest
+        // coordinate; beyond a physical range it would make the stencil, and
+        // the work and memory derived from it, explode.
+        if let Some(axis) = p.iter().position(|x| x.abs() > MAX_ABS_LENGTH) {
+            return Err(NeighborError::PositionOutOfRange {
+                atom,
+                axis,
+                value: p[axis],
+                limit: MAX_ABS_LENGTH,
+            });
+        }
     }
     let frame = frame::Frame::new(cell, pbc)?;
     let mut frac_range = [(f64::INFINITY, f64::NEG_INFINITY); 3];
@@ -230,38 +299,66 @@ pub(crate) fn prepare(
         fractional.push(f);
     }
 
-    // Uniform-density estimate: N² × (sphere / bounding cube) × Π (2·cutoff / extent_k),
-    // where a periodic axis repeats every `height` and an open axis spans the atoms.
-    let n = positions.len() as f64;
-    let mut fraction = std::f64::consts::PI / 6.0;
-    for axis in 0..3 {
-        let h = frame.heights[axis];
-        let factor = if pbc[axis] {
-            2.0 * cutoff / h
-        } else {
-            let extent = (frac_range[axis].1 - frac_range[axis].0) * h;
-            if extent > 0.0 {
-                (2.0 * cutoff / extent).min(1.0)
-            } else {
-                1.0
-            }
-        };
-        fraction *= factor;
-    }
-    let estimated_pairs = n * n * fraction;
-    if estimated_pairs.is_nan() || estimated_pairs > MAX_ESTIMATED_PAIRS {
-        return Err(NeighborError::TooManyPairs {
-            cutoff,
-            estimated_pairs,
-            limit: MAX_ESTIMATED_PAIRS,
-        });
-    }
+    let estimated_pairs = estimate_pairs(positions.len(), &frame, &frac_range, cutoff);
+    check_pairs_fit(cutoff, estimated_pairs, NEIGHBOR_LIST_BYTES_PER_PAIR)?;
     Ok(Prepared {
         frame,
         fractional,
         frac_range,
         estimated_pairs,
     })
+}
+
+/// Uniform-density estimate of the number of pairs of a full list:
+/// `N · N · V_sphere / V_region`, with the sphere clipped to the atoms'
+/// extent along open axes. The region is the periodic cell (the measure of
+/// the periodic lattice vectors, `|det|` of the frame) times the atoms'
+/// extent along each open axis; an open axis thinner than the cutoff sphere
+/// counts the sphere's slice of that thickness. For cells smaller than the
+/// cutoff this is the number of lattice points in the sphere up to surface
+/// terms; skewed cells are measured by their volume, not by the box of their
+/// heights, which overestimates them by orders of magnitude.
+fn estimate_pairs(
+    n_atoms: usize,
+    frame: &frame::Frame,
+    frac_range: &[(f64, f64); 3],
+    cutoff: f64,
+) -> f64 {
+    let n = n_atoms as f64;
+    let sphere = 4.0 / 3.0 * std::f64::consts::PI * cutoff.powi(3);
+    let mut per_atom_density = n * sphere / frame.measure;
+    for (&(lo, hi), periodic) in frac_range.iter().zip(frame.pbc) {
+        if !periodic {
+            // Open basis rows are unit vectors: fractional extent is Å.
+            let extent = hi - lo;
+            per_atom_density /= extent.max(2.0 * cutoff);
+        }
+    }
+    n * per_atom_density
+}
+
+/// Refuses `estimated_pairs` of `bytes_per_pair` each beyond
+/// [`MAX_ESTIMATED_PAIRS`] or the memory budget.
+pub(crate) fn check_pairs_fit(
+    cutoff: f64,
+    estimated_pairs: f64,
+    bytes_per_pair: f64,
+) -> Result<(), NeighborError> {
+    let estimated_bytes = estimated_pairs * bytes_per_pair;
+    let budget_bytes = memory_budget_bytes();
+    if estimated_pairs.is_nan()
+        || estimated_pairs > MAX_ESTIMATED_PAIRS
+        || estimated_bytes > budget_bytes
+    {
+        return Err(NeighborError::TooManyPairs {
+            cutoff,
+            estimated_pairs,
+            estimated_bytes,
+            limit_pairs: MAX_ESTIMATED_PAIRS,
+            budget_bytes,
+        });
+    }
+    Ok(())
 }
 
 /// The half-list rule: keep `(i, j, S)` when `i < j`, or `i == j` and `S > 0`

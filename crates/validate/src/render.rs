@@ -18,13 +18,13 @@ fn degenerate_note(report: &TraceReport) -> Option<String> {
         .map(String::as_str)
         .collect();
     Some(format!(
-        "the partition is degenerate ({} finding(s), e.g. {}). Rule of thumb: an axis split k ways \
-         only develops remote atoms once box_axis / k > 2·ghost_width (2·{:.3} = {:.3} Å here). \
-         Use a larger system (replicate the cell) or fewer ranks.",
+        "the partition is degenerate ({} finding(s), e.g. {}). Along an axis split k ways every \
+         domain has remote atoms once box > 2·ghost_width·k/(k−1) when periodic, \
+         box > ghost_width·k/⌊k/2⌋ otherwise (ghost width {:.3} Å here). {}",
         first.degenerate.len(),
         findings.join("; "),
         first.ghost_width,
-        2.0 * first.ghost_width
+        first.advice()
     ))
 }
 

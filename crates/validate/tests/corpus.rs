@@ -331,7 +331,7 @@ fn pass_on_degenerate_partition_is_a_warning() {
     assert!(degenerate.next_action.contains("not evidence"));
     assert!(degenerate
         .next_action
-        .contains("box_axis / k > 2·ghost_width"));
+        .contains("box > 2·ghost_width·k/(k−1)"));
 }
 
 #[test]

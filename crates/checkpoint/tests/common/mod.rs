@@ -74,7 +74,7 @@ pub fn stored_zip(entries: &[(&str, &[u8], u16)]) -> Vec<u8> {
             h.extend_from_slice(&0u16.to_le_bytes()); // flags
             h.extend_from_slice(&method.to_le_bytes());
             h.extend_from_slice(&[0; 4]); // time, date
-            h.extend_from_slice(&[0; 4]); // crc32 (not checked by the reader)
+            h.extend_from_slice(&crc32fast::hash(data).to_le_bytes());
             h.extend_from_slice(&(data.len() as u32).to_le_bytes());
             h.extend_from_slice(&(data.len() as u32).to_le_bytes());
             h.extend_from_slice(&(name.len() as u16).to_le_bytes());

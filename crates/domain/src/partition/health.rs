@@ -22,7 +22,19 @@ pub struct RankHealth {
     pub remote: usize,
 }
 
-/// The rule of thumb applied to one axis of the grid.
+/// The remote-atom rule applied to one axis of the grid.
+///
+/// A rank holds as ghosts the atoms within `ghost_width` of its domain, so
+/// along one axis it sees an interval `w + 2·g` wide (`w = box / k` the
+/// domain width, `g` the ghost width), and atoms outside that interval are
+/// remote to it. On a periodic axis the interval wraps around a period of
+/// `box`, so remote atoms exist when `w + 2g < box`, i.e.
+/// `box · (k − 1) / k > 2g`: for two splits `box / 2 > 2g`, for three
+/// `box > 3g`, and more splits make it easier (never beyond `box > 2g`). On
+/// a non-periodic axis the interval is cut by the atoms' extent; domain `d`
+/// (0-based) sees remote atoms when `d·w > g` or `(k − 1 − d)·w > g`, and
+/// the middle domain is the last to: every domain does when
+/// `⌊k/2⌋ · box / k > g`. These hold for atoms filling the split region.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AxisHealth {
     /// Axis index (0, 1, 2 = a, b, c).
@@ -38,11 +50,27 @@ pub struct AxisHealth {
     pub domain_width: f64,
     /// `2 · ghost_width` (Å).
     pub two_ghost_width: f64,
-    /// Smallest box width (Å) for which remote atoms appear along this axis
-    /// with the same number of splits: `splits · 2 · ghost_width`.
+    /// Smallest box width (Å) above which every domain along this axis has
+    /// remote atoms with the same number of splits:
+    /// `2·ghost_width · k / (k − 1)` when periodic,
+    /// `ghost_width · k / ⌊k/2⌋` otherwise.
     pub min_box_for_remote: f64,
-    /// `domain_width > 2 · ghost_width`.
+    /// `box_width > min_box_for_remote`: every domain along this axis has
+    /// atoms beyond its ghosts along this axis alone.
     pub develops_remote: bool,
+}
+
+/// The box width above which every one of `splits` domains along an axis
+/// has remote atoms (see [`AxisHealth`]); infinite for one split.
+pub fn min_box_for_remote(splits: usize, periodic: bool, ghost_width: f64) -> f64 {
+    let k = splits as f64;
+    if splits < 2 {
+        f64::INFINITY
+    } else if periodic {
+        2.0 * ghost_width * k / (k - 1.0)
+    } else {
+        ghost_width * k / (splits / 2) as f64
+    }
 }
 
 /// Health summary of a partition (serialisable for `--json`).
@@ -70,6 +98,16 @@ impl PartitionHealth {
     /// True when no degenerate finding was made.
     pub fn is_healthy(&self) -> bool {
         self.degenerate.is_empty()
+    }
+
+    /// What to do about the findings (empty when healthy): a larger system,
+    /// and fewer ranks only when some rank owns no atoms.
+    pub fn advice(&self) -> &'static str {
+        if self.degenerate.is_empty() {
+            ""
+        } else {
+            advice_for(&self.degenerate)
+        }
     }
 
     /// Explanation text: the rule of thumb per split axis, with the domain
@@ -117,6 +155,7 @@ pub fn partition_health(partition: &Partition, system: &System) -> PartitionHeal
             let splits = partition.grid[k];
             let box_width = partition.axis_widths[k];
             let domain_width = box_width / splits as f64;
+            let min_box = min_box_for_remote(splits, partition.periodic[k], partition.ghost_width);
             AxisHealth {
                 axis: k,
                 periodic: partition.periodic[k],
@@ -124,8 +163,8 @@ pub fn partition_health(partition: &Partition, system: &System) -> PartitionHeal
                 box_width,
                 domain_width,
                 two_ghost_width: two_gw,
-                min_box_for_remote: two_gw * splits as f64,
-                develops_remote: domain_width > two_gw,
+                min_box_for_remote: min_box,
+                develops_remote: box_width > min_box,
             }
         })
         .collect();
@@ -181,8 +220,10 @@ fn explain(partition: &Partition, axes: &[AxisHealth], degenerate: &[String]) ->
     );
     let _ = writeln!(
         text,
-        "Rule of thumb: an axis split k ways only develops remote atoms once box_axis / k > 2 · ghost_width ({:.3} Å).",
-        2.0 * partition.ghost_width
+        "Rule: a rank sees its domain plus ghost_width ({:.3} Å) on each side; along an axis split k ways \
+         every domain has remote atoms once box > 2·ghost_width·k/(k−1) (periodic) or \
+         box > ghost_width·k/⌊k/2⌋ (non-periodic).",
+        partition.ghost_width
     );
     if axes.is_empty() {
         let _ = writeln!(text, "No axis is split: a single domain holds every atom.");
@@ -194,21 +235,19 @@ fn explain(partition: &Partition, axes: &[AxisHealth], degenerate: &[String]) ->
             "non-periodic, atoms' extent"
         };
         let verdict = if a.develops_remote {
-            "remote atoms can appear along this axis".to_string()
+            "remote atoms appear along this axis".to_string()
         } else {
-            let fewer = match max_splits(a.box_width, a.two_ghost_width) {
-                Some(k) => format!("at most {k} split(s) of this box"),
-                None => "no split of this axis".to_string(),
-            };
             format!(
-                "too thin: no remote atoms along this axis; needs box > {:.3} Å with {} splits, or {fewer}",
-                a.min_box_for_remote, a.splits
+                "too thin: no remote atoms along this axis; needs box > {:.3} Å with {} splits{}",
+                a.min_box_for_remote,
+                a.splits,
+                split_advice(a, partition.ghost_width)
             )
         };
         let _ = writeln!(
             text,
-            "axis {} ({kind}): box {:.3} Å / {} = domain {:.3} Å vs 2·ghost_width {:.3} Å: {verdict}.",
-            AXIS_NAMES[a.axis], a.box_width, a.splits, a.domain_width, a.two_ghost_width
+            "axis {} ({kind}): box {:.3} Å / {} = domain {:.3} Å, ghost width {:.3} Å: {verdict}.",
+            AXIS_NAMES[a.axis], a.box_width, a.splits, a.domain_width, partition.ghost_width
         );
     }
     if degenerate.is_empty() {
@@ -217,21 +256,47 @@ fn explain(partition: &Partition, axes: &[AxisHealth], degenerate: &[String]) ->
             "Healthy: every rank owns atoms, holds ghosts and has remote atoms."
         );
     } else {
+        let advice = advice_for(degenerate);
         let _ = writeln!(
             text,
-            "Degenerate: {} finding(s); a validation that passes on this split is weak evidence. \
-             Use a larger system (replicate the cell) or fewer ranks.",
+            "Degenerate: {} finding(s); a validation that passes on this split is weak evidence. {advice}",
             degenerate.len()
         );
     }
     text
 }
 
-/// Largest `k >= 1` with `box / k > two_gw`, if any.
-fn max_splits(box_width: f64, two_gw: f64) -> Option<usize> {
-    if !(two_gw > 0.0 && box_width.is_finite()) {
-        return None;
+/// What to do about degenerate findings. More ranks never take remote
+/// atoms away along an axis (domains only get narrower), so fewer ranks are
+/// advised only when some rank owns nothing.
+fn advice_for(degenerate: &[String]) -> &'static str {
+    if degenerate.iter().any(|m| m.contains("owns no atoms")) {
+        "Use fewer ranks, or a larger system (replicate the cell)."
+    } else {
+        "Use a larger system (replicate the cell)."
     }
-    let k = (box_width / two_gw).ceil() - 1.0;
-    (k >= 1.0).then_some(k as usize)
+}
+
+/// What else would make remote atoms appear along a too-thin axis with the
+/// same box: the fewest splits that do, or that none does.
+fn split_advice(a: &AxisHealth, ghost_width: f64) -> String {
+    if !(ghost_width > 0.0 && a.box_width.is_finite()) {
+        return String::new();
+    }
+    // Both thresholds fall towards box > 2·ghost_width as splits grow
+    // (periodic: for every k; non-periodic: for even k), never below it.
+    if a.box_width <= 2.0 * ghost_width {
+        return format!(
+            "; no number of splits gives remote atoms in a box under 2·ghost_width = {:.3} Å",
+            2.0 * ghost_width
+        );
+    }
+    let fewest = (2..=a.splits.max(2) * 64)
+        .find(|&k| a.box_width > min_box_for_remote(k, a.periodic, ghost_width));
+    match fewest {
+        Some(k) if k > a.splits => format!(", or at least {k} splits of this box"),
+        Some(k) if a.periodic || k % 2 == 0 => format!(", or {k} splits of this box"),
+        Some(_) => ", or an even number of splits of this box".to_string(),
+        None => String::new(),
+    }
 }

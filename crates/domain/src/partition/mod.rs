@@ -34,6 +34,12 @@ use thiserror::Error;
 /// than the cell) and would exhaust memory.
 pub const MAX_GHOST_ENTRIES: f64 = 2.5e8;
 
+/// Bytes a partition holds per ghost entry at its peak: the candidate
+/// `(rank, (atom, shift))` (32 bytes) and the sorted [`Ghost`] (40 bytes)
+/// live together while the ghosts are ordered, and a run then keeps a
+/// position and a halo-plan row per ghost.
+pub const BYTES_PER_GHOST: f64 = 96.0;
+
 /// Upper bound on the number of ranks of one partition. Far beyond any real
 /// job; it keeps the grid search (linear in the rank count) and the per-rank
 /// tables from hanging or exhausting memory on a mistyped `--ranks`.
@@ -81,17 +87,25 @@ pub enum PartitionError {
         fractional: f64,
     },
     /// The ghost width is so large compared with the cell that the ghost set
-    /// would not fit in memory.
+    /// would not fit in memory; refused before any ghost is made.
     #[error(
-        "too many ghost images: about {estimated:.3e} ghost entries (limit {limit:.1e}); \
-         ghost width {ghost_width} Å against cell heights {heights:?} Å"
+        "too many ghost images: about {estimated:.3e} ghost entries, {} of memory \
+         (limit {limit:.1e} entries and {} available); ghost width {ghost_width} Å against \
+         cell heights {heights:?} Å: use fewer ranks or a smaller cutoff",
+        ddmlip_neighbors::format_bytes(*.estimated_bytes),
+        ddmlip_neighbors::format_bytes(*.budget_bytes)
     )]
     TooManyGhosts {
         estimated: f64,
+        estimated_bytes: f64,
         limit: f64,
+        budget_bytes: f64,
         ghost_width: f64,
         heights: [f64; 3],
     },
+    /// An atom coordinate beyond [`ddmlip_atoms::MAX_ABS_LENGTH`].
+    #[error("{0}")]
+    PositionOutOfRange(#[source] SystemError),
 }
 
 /// One ghost row of a rank: periodic image `S` of global atom `global`,
@@ -567,6 +581,7 @@ pub fn partition_system_balanced(
         }
         SystemError::PeriodicWithoutCell { axis } => PartitionError::PeriodicWithoutCell { axis },
         SystemError::Cell(c) => PartitionError::InvalidCell(c),
+        e @ SystemError::PositionOutOfRange { .. } => PartitionError::PositionOutOfRange(e),
     })?;
     let periodic = system.pbc;
     let frame = Frame::of(system)?;
@@ -670,10 +685,14 @@ pub fn partition_system_balanced(
             .iter()
             .map(|l| l.mean_images())
             .product::<f64>();
-    if estimated.is_nan() || estimated > MAX_GHOST_ENTRIES {
+    let estimated_bytes = estimated * BYTES_PER_GHOST;
+    let budget_bytes = ddmlip_neighbors::memory_budget_bytes();
+    if estimated.is_nan() || estimated > MAX_GHOST_ENTRIES || estimated_bytes > budget_bytes {
         return Err(PartitionError::TooManyGhosts {
             estimated,
+            estimated_bytes,
             limit: MAX_GHOST_ENTRIES,
+            budget_bytes,
             ghost_width,
             heights: frame.heights,
         });
@@ -712,8 +731,11 @@ pub fn partition_system_balanced(
     let chunks: Vec<Vec<(usize, GhostImage)>> = (0..n_atoms.div_ceil(ATOM_CHUNK))
         .into_par_iter()
         .map(|c| {
+            // Sized for the atoms this chunk holds (all of them when the
+            // system is smaller than a chunk), not for a full chunk.
+            let atoms_here = ATOM_CHUNK.min(n_atoms - c * ATOM_CHUNK);
             let mut out =
-                Vec::with_capacity((ATOM_CHUNK as f64 * estimated / n_atoms as f64) as usize);
+                Vec::with_capacity((atoms_here as f64 * estimated / n_atoms as f64) as usize);
             let mut axis_images: [Vec<(i32, usize)>; 3] = Default::default();
             for j in c * ATOM_CHUNK..((c + 1) * ATOM_CHUNK).min(n_atoms) {
                 let f = wrapped[j];

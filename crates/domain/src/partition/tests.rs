@@ -653,3 +653,111 @@ fn largest_gap_of(coords: &[f64]) -> f64 {
     let points: Vec<[f64; 3]> = coords.iter().map(|&x| [x, 0.0, 0.0]).collect();
     largest_gap_in(&axis_histogram(&points, 0, 0.0, 1.0))
 }
+
+/// SplitMix64 for the randomised rule test.
+struct Mix(u64);
+
+impl Mix {
+    fn next(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// The remote-atom rule of `AxisHealth` against counted remote atoms: over
+/// random box lengths, split counts 2–7, periodic and open axes, a split
+/// along `a` alone develops remote atoms on every rank exactly when the rule
+/// says so. Atoms fill the box densely, and boxes within 4 % of the
+/// threshold are skipped (there the outcome depends on where the nearest
+/// atom falls).
+#[test]
+fn remote_rule_matches_counted_remote_atoms() {
+    let mut rng = Mix(20);
+    let gw = 5.0;
+    let (mut checked, mut with_remote, mut without) = (0, 0, 0);
+    for case in 0..240 {
+        let k = 2 + case % 6;
+        let periodic = case % 2 == 0;
+        let threshold = health::min_box_for_remote(k, periodic, gw);
+        let length = gw * (1.0 + 7.0 * rng.next());
+        if (length / threshold - 1.0).abs() < 0.04 {
+            continue;
+        }
+        // A long thin box, so that only `a` is split.
+        let (thin, n) = (3.0, 1500);
+        let positions: Vec<[f64; 3]> = (0..n)
+            .map(|i| {
+                // Both ends of the open extent are occupied exactly.
+                let x = match i {
+                    0 => 0.0,
+                    1 => length,
+                    _ => length * rng.next(),
+                };
+                [x, thin * rng.next(), thin * rng.next()]
+            })
+            .collect();
+        let pbc = [periodic, true, true];
+        let system = System::new(
+            positions,
+            vec![1; n],
+            Some(Cell::orthorhombic(length, thin, thin)),
+            pbc,
+        );
+        let part = partition_system(&system, k, gw).unwrap();
+        if part.grid != [k, 1, 1] {
+            continue;
+        }
+        let health = partition_health(&part, &system);
+        let axis = &health.axes[0];
+        assert_eq!(axis.min_box_for_remote, threshold);
+        let every_rank_remote = health.ranks.iter().all(|r| r.remote > 0);
+        assert_eq!(
+            axis.develops_remote,
+            every_rank_remote,
+            "k {k}, periodic {periodic}, box {length:.3}, threshold {threshold:.3}, remote {:?}",
+            health.ranks.iter().map(|r| r.remote).collect::<Vec<_>>()
+        );
+        // The old rule, box / k > 2·ghost_width, is wrong for k > 2.
+        if every_rank_remote {
+            with_remote += 1;
+        } else {
+            without += 1;
+        }
+        assert_eq!(health.is_healthy(), every_rank_remote);
+        checked += 1;
+    }
+    assert!(
+        checked > 150 && with_remote > 40 && without > 40,
+        "{checked} {with_remote} {without}"
+    );
+}
+
+/// The case: three splits of a periodic box 3.5 ghost widths wide
+/// have remote atoms on every rank (the old rule wanted 6), and the text
+/// says so, without advising fewer ranks.
+#[test]
+fn three_splits_of_a_periodic_box_have_remote_atoms() {
+    let gw = 10.2;
+    let system = lattice(18, 2.0); // 36 Å periodic box, 5832 atoms
+    let part = partition_system(&system, 3, gw).unwrap();
+    let health = partition_health(&part, &system);
+    let split: Vec<&AxisHealth> = health.axes.iter().collect();
+    assert_eq!(split.len(), 1, "{:?}", health.grid);
+    assert!(split[0].develops_remote);
+    assert!(health.ranks.iter().all(|r| r.remote > 0));
+    assert!(health.is_healthy());
+    assert!(!health.explanation().contains("too thin"));
+    let json = serde_json::to_value(&health).unwrap();
+    assert_eq!(json["axes"][0]["develops_remote"], true);
+    // Two splits of the same box do not (36 < 4·10.2): the advice names
+    // the fewest splits that would, not fewer ranks.
+    let part = partition_system(&system, 2, gw).unwrap();
+    let health = partition_health(&part, &system);
+    assert!(!health.is_healthy());
+    let text = health.explanation();
+    assert!(text.contains("at least 3 splits"), "{text}");
+    assert!(!text.contains("fewer ranks"), "{text}");
+}
