@@ -6,12 +6,14 @@ mod cell;
 pub mod elements;
 pub mod extxyz;
 mod properties;
+mod results;
 mod system;
 
 pub use cell::to_fractional;
 pub use cell::{Cell, CellError};
 pub use extxyz::{FrameReader, ParseErrorKind, XyzError};
 pub use properties::{Column, InfoValue, Properties};
+pub use results::{Results, ASE_PER_ATOM_RESULTS, ASE_PER_SYSTEM_RESULTS};
 pub use system::{Batch, System, SystemError};
 
 /// Reads every structure (frame) of a structure file as a batch. Every file
