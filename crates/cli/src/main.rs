@@ -3,6 +3,7 @@
 
 mod bench_cores;
 mod commands;
+mod eval_batch;
 mod output;
 mod validate_cmd;
 

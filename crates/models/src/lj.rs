@@ -55,8 +55,8 @@ impl LennardJones {
         let shift = self.pair_at_cutoff();
         if !(4.0 * self.epsilon).is_finite() || !shift.is_finite() {
             return Err(format!(
-                "`epsilon` = {} with `sigma` = {} and `cutoff` = {} overflows: 4ε(σ/rc)¹² must \
-                 be a finite number",
+                "`epsilon` = {:e} with `sigma` = {:e} and `cutoff` = {:e} overflows: 4ε(σ/rc)¹² \
+                 must be a finite number",
                 self.epsilon, self.sigma, self.cutoff
             ));
         }

@@ -25,6 +25,13 @@ pub enum SpecError {
     },
     #[error("invalid spec: {0}")]
     Invalid(String),
+    /// An error of the spec file at `path`.
+    #[error("spec file {path}: {source}")]
+    InFile {
+        path: String,
+        #[source]
+        source: Box<SpecError>,
+    },
 }
 
 /// Storage policy of the decomposition.
@@ -252,7 +259,10 @@ impl MLIPSpec {
             path: path.display().to_string(),
             source,
         })?;
-        Self::from_json(&text)
+        Self::from_json(&text).map_err(|e| SpecError::InFile {
+            path: path.display().to_string(),
+            source: Box::new(e),
+        })
     }
 
     /// Pretty JSON.
