@@ -308,22 +308,7 @@ pub fn report_split_health(
 // Used by the MPI backend (`--features mpi`) only.
 #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 fn write_results(path: &Path, frames: &[System], result: &EvalResult) -> Result<(), CliError> {
-    let forces = result.forces();
-    let stress = result.stress();
-    let energies = result.energy();
-    let mut out = frames.to_vec();
-    let atomic = result.atomic_energies();
-    let mut offset = 0;
-    for (s, sys) in out.iter_mut().enumerate() {
-        let n = sys.len();
-        sys.set_results(&ddmlip_atoms::Results {
-            energy: energies[s],
-            forces: &forces[offset..offset + n],
-            stress: stress.get(s).copied().flatten(),
-            energies: atomic.map(|a| &a[offset..offset + n]),
-        });
-        offset += n;
-    }
+    let out = result.annotate(frames);
     ddmlip_atoms::extxyz::write_file(path, &out)
         .with_context(|| format!("writing {}", path.display()))
         .map_err(CliError::input)

@@ -9,7 +9,7 @@ use crate::CliError;
 use anyhow::anyhow;
 use ddmlip_atoms::extxyz::FrameReader;
 use ddmlip_atoms::System;
-use ddmlip_domain::runtime::{EvalError, EvalOptions, EvalResult, Evaluator};
+use ddmlip_runtime::{EvalError, EvalOptions, EvalResult, Evaluator};
 use ddmlip_domain::PartitionHealth;
 use ddmlip_engine::Model;
 use serde_json::{json, Value};
