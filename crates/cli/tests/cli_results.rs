@@ -344,3 +344,39 @@ fn messages_name_the_file_and_negative_numbers_reach_the_checks() {
         assert!(!stderr.contains("unexpected argument"), "{stderr}");
     }
 }
+
+/// Atoms closer than the minimum distance are bad input on any rank count,
+/// whichever rank finds them (not a failed rank, exit 1, on split runs).
+#[test]
+fn close_atoms_are_bad_input_on_every_rank_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(examples("cu864.xyz")).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    // Put the last atom 5e-7 Å from the one before it (far from rank 0's
+    // domain: atoms are written in order of increasing x).
+    let prev: Vec<f64> = lines[lines.len() - 2]
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap())
+        .collect();
+    let n = lines.len();
+    lines[n - 1] = format!("Cu {} {} {}", prev[0] + 5e-7, prev[1], prev[2]);
+    let close = dir.path().join("close.xyz");
+    std::fs::write(&close, lines.join("\n") + "\n").unwrap();
+    for ranks in ["1", "2", "3", "4"] {
+        let (code, stdout, stderr) = run(&[
+            "eval",
+            "--model",
+            "lj",
+            "--structure",
+            close.to_str().unwrap(),
+            "--ranks",
+            ranks,
+        ]);
+        assert_eq!(code, 2, "--ranks {ranks}: {stdout}{stderr}");
+        assert!(
+            stderr.contains("atoms 862 and 863") && stderr.contains("apart"),
+            "--ranks {ranks}: {stderr}"
+        );
+    }
+}

@@ -199,6 +199,9 @@ fn run_rank<T: Scalar>(
                 }
                 Err(match e {
                     EvalError::Engine(EngineError::Comm { .. }) => e,
+                    // Bad input (close atoms, an element the model lacks) is
+                    // bad input whichever rank finds it, as in one process.
+                    EvalError::Input(_) | EvalError::Engine(EngineError::Input(_)) => e,
                     other => EvalError::RankFailed {
                         rank,
                         message: other.to_string(),
