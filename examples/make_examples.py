@@ -39,7 +39,7 @@ cluster = Icosahedron("Cu", noshells=6)
 cluster.cell = [40.0, 40.0, 40.0]
 cluster.pbc = True
 cluster.center()
-cluster.translate([6.0, 4.0, 2.0])
+cluster.translate([-5.0, -5.0, -5.0])
 write("cu_cluster.xyz", cluster)
 
 # Two argon atoms 2.5 Å apart, no cell.
