@@ -380,3 +380,40 @@ fn close_atoms_are_bad_input_on_every_rank_count() {
         );
     }
 }
+
+/// `--structure -` reads stdin; an energy far outside any physical range
+/// (atoms much closer than the model was made for) comes with a warning.
+#[test]
+fn stdin_input_and_absurd_energies_are_warned_about() {
+    use std::io::Write;
+    let mut child = Command::new(BIN)
+        .args(["eval", "--model", "lj", "--structure", "-", "--json"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Two argon atoms 0.5 Å apart: lj's σ is 3.4 Å.
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"2\nProperties=species:S:1:pos:R:3\nAr 0 0 0\nAr 0.5 0 0\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(out.status.success(), "{stderr}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let e = v["energy"][0].as_f64().unwrap();
+    // 4ε[(σ/r)¹² − (σ/r)⁶] for one pair, shifted by its value at the cutoff.
+    let pair = |r: f64| {
+        let s6 = (3.4f64 / r).powi(6);
+        4.0 * 0.0104 * (s6 * s6 - s6)
+    };
+    let want = pair(0.5) - pair(10.2);
+    assert!((e - want).abs() <= 1e-12 * want.abs(), "{e} vs {want}");
+    assert!(
+        stderr.contains("far outside any physical range"),
+        "{stderr}"
+    );
+}

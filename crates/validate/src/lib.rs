@@ -629,6 +629,13 @@ pub(crate) fn worst_failed_rel(a: &Attempt) -> f64 {
         .fold(0.0f64, |m, x| if x.is_nan() { f64::NAN } else { m.max(x) })
 }
 
+/// True when every failed output of `a` is off by rounding alone (a NaN or
+/// unknown difference is not rounding).
+pub(crate) fn within_rounding(a: &Attempt, dtype: DType) -> bool {
+    let worst = worst_failed_rel(a);
+    worst.is_finite() && worst <= rounding_level(dtype)
+}
+
 /// Relative tolerance of the op-by-op comparison (sums reorder across ranks).
 fn layer_tolerance(dtype: DType) -> f64 {
     match dtype {
@@ -731,7 +738,7 @@ fn run_attempt(
             );
             // A failure by rounding alone (tolerances tighter than the
             // arithmetic) has no divergent op to look for.
-            let beyond_rounding = !(worst_failed_rel(&attempt) <= rounding_level(options.dtype));
+            let beyond_rounding = !within_rounding(&attempt, options.dtype);
             if !attempt.passed && beyond_rounding {
                 attempt.diagnostics.layer_divergence = diagnose::layer_divergence(
                     layers.trace,

@@ -44,11 +44,10 @@ fn rounding_note(report: &TraceReport, a: &Attempt) -> Option<String> {
     if a.failed_outputs.is_empty() || a.error.is_some() {
         return None;
     }
-    let level = crate::rounding_level(report.dtype);
-    let worst = crate::worst_failed_rel(a);
-    if !(worst <= level) {
+    if !crate::within_rounding(a, report.dtype) {
         return None;
     }
+    let worst = crate::worst_failed_rel(a);
     // One decade above the worst difference, as a round number.
     let suggest = 10f64.powi((worst.max(f64::MIN_POSITIVE).log10().floor() as i32) + 1);
     let defaults = crate::ValidateOptions::for_dtype(report.dtype);

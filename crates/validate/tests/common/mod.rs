@@ -335,7 +335,6 @@ impl ModelForward for FusedMessageChain {
     ) -> Result<ModelOutputs, EngineError> {
         let edges = inputs
             .edges
-            .clone()
             .ok_or_else(|| EngineError::Input("no runtime graph".into()))?;
         let lengths = edges.lengths(g)?;
         let fc = g.radial(
