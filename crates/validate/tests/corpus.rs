@@ -294,7 +294,7 @@ fn failing_rank_is_named_without_hanging() {
     );
     assert!(!r.ok);
     let e = &r.diagnostics.errors[0];
-    assert_eq!(e.rank, Some(1));
+    assert_eq!(e.rank, Some(1), "{:?}", r.diagnostics.errors);
     assert_eq!(e.kind, "rank_failed");
     assert!(r.next_action.contains("rank 1"), "{}", r.next_action);
     assert!(
