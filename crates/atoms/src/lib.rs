@@ -10,12 +10,14 @@ pub mod formats;
 pub mod lammps;
 pub mod poscar;
 mod properties;
+mod results;
 mod system;
 
 pub use cell::to_fractional;
 pub use cell::{Cell, CellError, MAX_ABS_LENGTH};
 pub use extxyz::{FrameReader, ParseErrorKind, XyzError};
 pub use properties::{Column, InfoValue, Properties};
+pub use results::{Results, ASE_PER_ATOM_RESULTS, ASE_PER_SYSTEM_RESULTS};
 pub use system::{Batch, System, SystemError};
 
 pub use formats::{read_structure, write_structure, Format, StructureError};

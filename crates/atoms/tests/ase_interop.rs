@@ -507,3 +507,89 @@ fn ase_reads_what_we_write() {
     std::fs::remove_file(&path).ok();
     std::fs::remove_file(&source).ok();
 }
+
+/// ASE saves a structure after a Lennard-Jones calculation with every result it has
+/// (energy, free_energy, per-atom energies, stresses); replacing the results
+/// must leave none of them behind for ASE to read as current.
+const STALE_PY: &str = r#"
+import sys
+import ase.io
+from ase.build import bulk
+from ase.calculators.lj import LennardJones
+a = bulk("Cu", "fcc", a=3.6, cubic=True).repeat((2, 1, 1))
+a.rattle(0.05, seed=3)
+a.calc = LennardJones(sigma=2.3, epsilon=0.1, rc=5.0)
+a.get_potential_energy()
+assert {"energies", "stresses", "free_energy"} <= set(a.calc.results)
+a.calc.results["free_energy"] = a.calc.results["energy"] - 0.25
+ase.io.write(sys.argv[1], a, format="extxyz")
+"#;
+
+const CHECK_PY: &str = r#"
+import json, sys
+import ase.io
+a = ase.io.read(sys.argv[1], format="extxyz")
+r = a.calc.results
+print(json.dumps({
+    "energy": a.get_potential_energy(),
+    "free_energy": a.get_potential_energy(force_consistent=True),
+    "energies": a.get_potential_energies().tolist(),
+    "forces": a.get_forces().tolist(),
+    "stress": a.get_stress().tolist(),
+    "keys": sorted(r.keys()),
+}))
+"#;
+
+#[test]
+fn replaced_results_leave_nothing_stale_for_ase() {
+    let path = temp_path("stale_results.xyz");
+    python(STALE_PY, &path);
+    let mut frames = read_file(&path).unwrap();
+    let sys = &mut frames[0];
+    let n = sys.len();
+    // The file really carries stale results of every kind ASE writes.
+    for key in ["energy", "free_energy", "stress"] {
+        assert!(sys.properties.info.contains_key(key), "{key}");
+    }
+    for key in ["energies", "stresses", "forces"] {
+        assert!(sys.properties.arrays.contains_key(key), "{key}");
+    }
+    let forces: Vec<[f64; 3]> = (0..n).map(|i| [i as f64, -0.5, 0.25]).collect();
+    let energies: Vec<f64> = (0..n).map(|i| -1.0 - 0.125 * i as f64).collect();
+    let energy: f64 = energies.iter().sum();
+    let stress = [0.1, 0.2, 0.3, 0.04, 0.05, 0.06];
+    sys.set_results(&ddmlip_atoms::Results {
+        energy,
+        forces: &forces,
+        stress: Some(stress),
+        energies: Some(&energies),
+    });
+    write_file(&path, &frames).unwrap();
+    let back: Value = serde_json::from_str(&python(CHECK_PY, &path)).unwrap();
+    assert_eq!(back["energy"].as_f64(), Some(energy));
+    assert_eq!(back["free_energy"].as_f64(), Some(energy));
+    let e: Vec<f64> = serde_json::from_value(back["energies"].clone()).unwrap();
+    assert_eq!(e, energies);
+    let f: Vec<[f64; 3]> = serde_json::from_value(back["forces"].clone()).unwrap();
+    assert_eq!(f, forces);
+    let s: Vec<f64> = serde_json::from_value(back["stress"].clone()).unwrap();
+    assert_eq!(s, stress);
+    let keys: Vec<String> = serde_json::from_value(back["keys"].clone()).unwrap();
+    assert_eq!(
+        keys,
+        ["energies", "energy", "forces", "free_energy", "stress"]
+    );
+    // Without stress or per-atom energies, the old ones are dropped, not kept.
+    frames[0].set_results(&ddmlip_atoms::Results {
+        energy,
+        forces: &forces,
+        stress: None,
+        energies: None,
+    });
+    for key in ["stress", "free_energy"] {
+        let present = frames[0].properties.info.contains_key(key);
+        assert_eq!(present, key == "free_energy", "{key}");
+    }
+    assert!(!frames[0].properties.arrays.contains_key("energies"));
+    assert!(!frames[0].properties.arrays.contains_key("stresses"));
+}

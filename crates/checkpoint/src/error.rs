@@ -85,6 +85,20 @@ pub enum CheckpointError {
     #[error("unsupported: {0}")]
     Unsupported(String),
 
+    /// A weight tensor holds a NaN or an infinity.
+    #[error(
+        "weight tensor `{tensor}` holds a non-finite value ({value} at flat index {index}): \
+         the checkpoint is corrupted or comes from a diverged training run"
+    )]
+    NonFinite {
+        /// Name of the tensor in `model_state_dict`.
+        tensor: String,
+        /// Row-major position of the first non-finite value.
+        index: usize,
+        /// The value (NaN or ±inf).
+        value: f32,
+    },
+
     /// A key expected in a dictionary of the checkpoint is absent.
     #[error("missing key `{0}` in the checkpoint")]
     MissingKey(String),

@@ -296,11 +296,25 @@ impl Checkpoint {
     }
 
     /// The `model_state_dict` as (name, dense row-major f32 tensor), in file
-    /// order, with strides applied.
+    /// order, with strides applied. Every value is finite: a NaN or infinite
+    /// weight (a diverged training run, a corrupted file) would make every
+    /// result NaN, so it is an error naming the tensor.
     pub fn state_dict(&self) -> Result<Vec<(String, Tensor)>, CheckpointError> {
         self.state_dict_refs()?
             .into_iter()
-            .map(|(name, view)| Ok((name, self.tensor(view)?)))
+            .map(|(name, view)| {
+                let t = self.tensor(view)?;
+                if let Some((index, &value)) =
+                    t.data.iter().enumerate().find(|(_, v)| !v.is_finite())
+                {
+                    return Err(CheckpointError::NonFinite {
+                        tensor: name,
+                        index,
+                        value,
+                    });
+                }
+                Ok((name, t))
+            })
             .collect()
     }
 

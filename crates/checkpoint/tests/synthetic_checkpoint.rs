@@ -120,3 +120,67 @@ fn invalid_archives_give_clear_errors() {
     bad[n - 6..n - 2].copy_from_slice(&u32::MAX.to_le_bytes());
     assert!(matches!(open(bad), Err(CheckpointError::Zip { .. })));
 }
+
+/// `{'model_state_dict': {'layer.weight': <2×2 view of storage '0'>}}`, the
+/// view as in `torch_style_pickle` (offset 1, stride (1, 2)).
+fn state_dict_pickle() -> Vec<u8> {
+    common::P::default()
+        .op(b"\x80\x02}(")
+        .str("model_state_dict")
+        .op(b"}(")
+        .str("layer.weight")
+        .global("torch._utils", "_rebuild_tensor_v2")
+        .op(b"(")
+        .op(b"(")
+        .str("storage")
+        .global("torch", "FloatStorage")
+        .str("0")
+        .str("cpu")
+        .int1(6)
+        .op(b"tQ")
+        .int1(1)
+        .int1(2)
+        .int1(2)
+        .op(b"\x86")
+        .int1(1)
+        .int1(2)
+        .op(b"\x86\x89")
+        .global("collections", "OrderedDict")
+        .op(b")R")
+        .op(b"tR")
+        .op(b"u")
+        .op(b"u.")
+        .0
+}
+
+#[test]
+fn non_finite_weights_are_an_error_naming_the_tensor() {
+    let open_with = |storage: &[u8]| {
+        let pkl = state_dict_pickle();
+        open(stored_zip(&[
+            ("m/data.pkl", &pkl, 0),
+            ("m/data/0", storage, 0),
+            ("m/version", b"3\n", 0),
+        ]))
+        .unwrap()
+    };
+    let c = open_with(&ramp(6));
+    let sd = c.state_dict().unwrap();
+    assert_eq!(sd[0].0, "layer.weight");
+    assert_eq!(sd[0].1.data, [1.0, 3.0, 2.0, 4.0]);
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        // Storage value 3 is element (0, 1), flat index 1 of the view.
+        let mut storage = ramp(6);
+        storage[12..16].copy_from_slice(&bad.to_le_bytes());
+        let e = open_with(&storage).state_dict().unwrap_err();
+        assert!(
+            matches!(&e, CheckpointError::NonFinite { tensor, index: 1, .. } if tensor == "layer.weight"),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("`layer.weight`"), "{e}");
+    }
+    // A value outside the view is never read, so it cannot poison the model.
+    let mut storage = ramp(6);
+    storage[20..24].copy_from_slice(&f32::NAN.to_le_bytes());
+    assert!(open_with(&storage).state_dict().is_ok());
+}

@@ -2,7 +2,7 @@
 //! renders the result; no numerics live here.
 
 use crate::output::{self, fmt_e};
-use crate::CliError;
+use crate::{eval_batch, CliError};
 use anyhow::{anyhow, Context};
 use clap::{Args, Subcommand, ValueEnum};
 use ddmlip_atoms::System;
@@ -136,7 +136,7 @@ pub struct NeighborsArgs {
     #[arg(long)]
     structure: PathBuf,
     /// Cutoff radius (Å).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     cutoff: f64,
     /// Half list: each pair once instead of both directions.
     #[arg(long)]
@@ -155,10 +155,10 @@ pub struct PartitionArgs {
     #[arg(long)]
     ranks: usize,
     /// Interaction cutoff (Å); the ghost width is cutoff + skin.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     cutoff: f64,
     /// Extra ghost width (Å).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     skin: f64,
     /// How domain boundaries are placed.
     #[arg(long, value_enum, default_value_t = BalanceArg::Geometric)]
@@ -234,45 +234,72 @@ fn eval(a: EvalArgs) -> Result<u8, CliError> {
         return mpi_cmd::eval_mpi(a);
     }
     let ranks = a.ranks.unwrap_or(1);
-    let frames = read_structure(&a.structure)?;
+    if let Some(out) = &a.output {
+        eval_batch::check_writable(out)?;
+    }
     let model = load_model(&a.model, a.modal.as_deref())?;
+    let spec = load_spec(&a.spec)?;
+    if let (Some(spec), Some(path)) = (&spec, &a.spec) {
+        if ranks > 1 {
+            eval_batch::warn_unvalidated_spec(
+                spec,
+                path,
+                model.as_ref(),
+                &a.model,
+                &a.structure,
+                ranks,
+            );
+        }
+    }
     let opts = EvalOptions {
         dtype: a.dtype.into(),
         ranks,
-        spec: load_spec(&a.spec)?,
+        spec,
         balance: a.balance.into(),
         ..Default::default()
     };
-    let started = std::time::Instant::now();
-    // Name the structure file: a species the model lacks is an error of the input.
-    let result = evaluate(model.as_ref(), &frames, &opts).map_err(|e| {
-        let CliError { status, error } = eval_error(e);
-        CliError {
-            status,
-            error: error.context(a.structure.display().to_string()),
-        }
-    })?;
-    let seconds = started.elapsed().as_secs_f64();
-    if let Some(out) = &a.output {
-        write_results(out, &frames, &result)?;
+    let to_stdout = a.output.as_deref().is_some_and(eval_batch::is_stdio);
+    let run = eval_batch::run_batch(
+        model.as_ref(),
+        opts,
+        &a.structure,
+        a.output.as_deref(),
+        true,
+    )?;
+    let health = run.health();
+    let mut flags = format!("--structure {}", a.structure.display());
+    if let BalanceArg::Atoms = a.balance {
+        flags.push_str(" --balance atoms");
     }
-    let health = report_split_health(&a, &frames, &result);
-    if a.json {
-        println!("{}", output::eval_json(&result, &health));
+    if let Some(warning) = output::degenerate_warning(&health, Some(&flags)) {
+        eprint!("{warning}");
+    }
+    if let Some(warning) = eval_batch::absurd_energy_warning(&run) {
+        eprint!("{warning}");
+    }
+    let dtype = DType::from(a.dtype).to_string();
+    let report = if a.json {
+        eval_batch::batch_json(model.as_ref(), &run, ranks, &dtype).to_string() + "\n"
     } else {
-        print!(
-            "{}",
-            output::eval_text(model.as_ref(), &frames, &result, ranks, seconds)
-        );
-        if let Some(out) = &a.output {
-            println!("wrote {}", out.display());
+        let mut text = eval_batch::batch_text(model.as_ref(), &run, ranks);
+        if let Some(out) = a.output.as_ref().filter(|_| !to_stdout) {
+            text.push_str(&format!("wrote {}\n", out.display()));
         }
+        text
+    };
+    // With `--output -` the structure owns stdout; the summary goes to stderr.
+    if to_stdout {
+        eprint!("{report}");
+    } else {
+        print!("{report}");
     }
     Ok(0)
 }
 
 /// The health of each frame's split, after warning on stderr about splits
 /// that leave ranks idle or holding the whole system.
+// Used by the MPI backend (`--features mpi`) only.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub fn report_split_health(
     a: &EvalArgs,
     frames: &[System],
@@ -289,20 +316,10 @@ pub fn report_split_health(
     health
 }
 
+// Used by the MPI backend (`--features mpi`) only.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 fn write_results(path: &Path, frames: &[System], result: &EvalResult) -> Result<(), CliError> {
-    let forces = result.forces();
-    let stress = result.stress();
-    let energies = result.energy();
-    let mut out = frames.to_vec();
-    let mut offset = 0;
-    for (s, sys) in out.iter_mut().enumerate() {
-        sys.set_energy(energies[s]);
-        sys.set_forces(&forces[offset..offset + sys.len()]);
-        if let Some(st) = stress.get(s).copied().flatten() {
-            sys.set_stress_voigt(st);
-        }
-        offset += sys.len();
-    }
+    let out = result.annotate(frames);
     ddmlip_atoms::extxyz::write_file(path, &out)
         .with_context(|| format!("writing {}", path.display()))
         .map_err(CliError::input)

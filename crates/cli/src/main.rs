@@ -5,6 +5,7 @@ mod bench_cores;
 mod commands;
 mod md_cmd;
 mod md_validate;
+mod eval_batch;
 mod output;
 mod relax_cmd;
 mod validate_cmd;

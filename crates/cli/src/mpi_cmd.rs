@@ -127,6 +127,9 @@ pub(crate) mod with_mpi {
     }
 
     fn prepare(a: &EvalArgs, size: usize) -> Result<Prepared, CliError> {
+        if let Some(out) = &a.output {
+            crate::eval_batch::check_writable(out)?;
+        }
         let frames = read_structure(&a.structure)?;
         let model = load_model(&a.model, a.modal.as_deref())?;
         let opts = EvalOptions {
@@ -232,6 +235,16 @@ pub(crate) mod with_mpi {
             // agree_on_input returned Ok only if this rank's verdict is Ok.
             return Err(abort(&comm, "inconsistent input verdict".into()));
         };
+        if let (0, Some(spec), Some(path)) = (rank, &opts.spec, &a.spec) {
+            crate::eval_batch::warn_unvalidated_spec(
+                spec,
+                path,
+                model.as_ref(),
+                &a.model,
+                &a.structure,
+                size,
+            );
+        }
 
         let started = Instant::now();
         let handle = comm.handle();

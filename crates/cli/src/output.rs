@@ -12,6 +12,8 @@ pub fn fmt_e(x: f64) -> String {
     format!("{x:.2e}")
 }
 
+// Used by the MPI backend (`--features mpi`) only.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 fn nan_to_null(v: f64) -> Value {
     if v.is_finite() {
         json!(v)
@@ -23,6 +25,8 @@ fn nan_to_null(v: f64) -> Value {
 /// The `eval --json` object (DESIGN.md §6).
 /// `health` is [`eval_health`]'s answer, reported as `partition_health`
 /// when the run was split.
+// Used by the MPI backend (`--features mpi`) only.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub fn eval_json(r: &EvalResult, health: &[PartitionHealth]) -> String {
     let mut obj = serde_json::Map::new();
     if !health.is_empty() {
@@ -59,6 +63,8 @@ pub fn eval_json(r: &EvalResult, health: &[PartitionHealth]) -> String {
 }
 
 /// The human summary of an evaluation.
+// Used by the MPI backend (`--features mpi`) only.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub fn eval_text(
     model: &dyn Model,
     frames: &[System],

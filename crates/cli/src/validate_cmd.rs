@@ -39,12 +39,16 @@ pub struct ValidateArgs {
     /// Prior spec (JSON), kept verbatim as the first candidate; default: the model's own.
     #[arg(long)]
     spec: Option<PathBuf>,
-    /// Absolute tolerance per output.
-    #[arg(long, default_value_t = 1e-8)]
-    atol: f64,
-    /// Relative tolerance per output (relative to the output's largest |reference| entry).
-    #[arg(long, default_value_t = 1e-10)]
-    rtol: f64,
+    /// Precision of both runs.
+    #[arg(long, value_enum, default_value_t = crate::commands::Precision::F64)]
+    dtype: crate::commands::Precision,
+    /// Absolute tolerance per output [default: 1e-8 with f64, 1e-4 with f32].
+    #[arg(long, allow_negative_numbers = true)]
+    atol: Option<f64>,
+    /// Relative tolerance per output, relative to the output's largest
+    /// |reference| entry [default: 1e-10 with f64, 1e-5 with f32].
+    #[arg(long, allow_negative_numbers = true)]
+    rtol: Option<f64>,
     /// Report the first spec's verdict without trying fixes.
     #[arg(long)]
     no_autofix: bool,
@@ -58,7 +62,7 @@ pub struct ValidateArgs {
     #[arg(long)]
     json: bool,
     /// Deadline (s) of every blocking communication call.
-    #[arg(long, default_value_t = 120.0)]
+    #[arg(long, default_value_t = 120.0, allow_negative_numbers = true)]
     timeout: f64,
 }
 
@@ -85,15 +89,16 @@ fn prepare(a: &ValidateArgs, ranks: usize) -> Result<Prepared, CliError> {
         .transpose()?;
     let model = load_model(&a.model, a.modal.as_deref())?;
     let frames = read_structure(&a.structure)?;
+    let defaults = ValidateOptions::for_dtype(a.dtype.into());
     let options = ValidateOptions {
         ranks,
-        atol: a.atol,
-        rtol: a.rtol,
+        atol: a.atol.unwrap_or(defaults.atol),
+        rtol: a.rtol.unwrap_or(defaults.rtol),
         prior,
         autofix: !a.no_autofix,
         max_attempts: a.max_attempts,
         timeout: Duration::from_secs_f64(a.timeout),
-        ..Default::default()
+        ..defaults
     };
     Ok(Prepared {
         model,
@@ -119,8 +124,18 @@ fn finish(a: &ValidateArgs, report: &TraceReport) -> Result<u8, CliError> {
         println!("{}", report.to_json());
     } else {
         print!("{}", report.render());
-        if let Some(out) = &a.spec_out {
-            println!("wrote {}", out.display());
+        match &a.spec_out {
+            Some(out) => println!(
+                "wrote {} (with what it was validated for: {}, {} rank(s), {})",
+                out.display(),
+                report.model,
+                report.ranks,
+                if report.ok { "passed" } else { "FAILED" }
+            ),
+            None => println!(
+                "(--spec-out FILE saves report.spec with what it was validated for; `ddmlip \
+                 eval --spec FILE` then knows it is validated)"
+            ),
         }
     }
     Ok(if report.ok { 0 } else { crate::EXIT_FAILED })
@@ -132,8 +147,11 @@ pub fn validate(a: ValidateArgs) -> Result<u8, CliError> {
         return validate_mpi(a);
     }
     let p = prepare(&a, a.ranks.unwrap_or(DEFAULT_RANKS))?;
-    let report =
-        trace_and_validate(p.model.as_ref(), &p.frames, &p.options).map_err(validate_error)?;
+    let report = trace_and_validate(p.model.as_ref(), &p.frames, &p.options).map_err(|e| {
+        let mut e = validate_error(e);
+        e.error = e.error.context(a.structure.display().to_string());
+        e
+    })?;
     finish(&a, &report)
 }
 

@@ -558,6 +558,14 @@ impl SevenNetWeights {
             c.modal_inputs.self_inter_outro,
         );
         let denominator = dict.get(&format!("{prefix}.denominator"), &[1])?[0];
+        // Messages are divided by it: a zero is a broken checkpoint, caught
+        // here rather than as a kernel failure at the first evaluation.
+        if !(denominator.is_finite() && denominator != 0.0) {
+            return Err(E3nnError::Checkpoint(format!(
+                "tensor \"{prefix}.denominator\" is {denominator}; it divides every message \
+                 and must be finite and non-zero"
+            )));
+        }
         Ok(LayerWeights {
             self_connection: dict.get(
                 &format!("{t}_self_connection_intro.linear.weight"),

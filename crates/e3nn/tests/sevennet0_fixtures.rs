@@ -536,3 +536,30 @@ fn unknown_element_is_reported() {
     let err = types_from_numbers(&[14, 118]).unwrap_err().to_string();
     assert!(err.contains("118"), "{err}");
 }
+
+/// A zero or NaN message denominator is a broken checkpoint: the loader
+/// refuses it, naming the tensor, instead of failing at the first evaluation.
+#[test]
+fn zero_or_nan_denominator_is_refused_at_load() {
+    let ckpt = ddmlip_checkpoint::load(checkpoint_path()).unwrap();
+    let entries: Vec<(String, Vec<usize>, Vec<f32>)> = ckpt
+        .state_dict()
+        .unwrap()
+        .into_iter()
+        .map(|(name, t)| (name, t.shape, t.data))
+        .collect();
+    assert!(SevenNetWeights::from_state_dict(&entries).is_ok());
+    for bad in [0.0f32, f32::NAN, f32::INFINITY] {
+        let mut broken = entries.clone();
+        let slot = broken
+            .iter_mut()
+            .find(|(name, _, _)| name == "2_convolution.denominator")
+            .expect("SevenNet-0 stores each layer's denominator");
+        slot.2[0] = bad;
+        let e = SevenNetWeights::from_state_dict(&broken).unwrap_err();
+        assert!(
+            e.to_string().contains("2_convolution.denominator"),
+            "{bad}: {e}"
+        );
+    }
+}

@@ -50,6 +50,16 @@ impl LennardJones {
                 ));
             }
         }
+        // 4ε and the shift 4ε[(σ/rc)¹² − (σ/rc)⁶] must be numbers: an
+        // overflow there turns every energy into inf − inf = NaN.
+        let shift = self.pair_at_cutoff();
+        if !(4.0 * self.epsilon).is_finite() || !shift.is_finite() {
+            return Err(format!(
+                "`epsilon` = {:e} with `sigma` = {:e} and `cutoff` = {:e} overflows: 4ε(σ/rc)¹² \
+                 must be a finite number",
+                self.epsilon, self.sigma, self.cutoff
+            ));
+        }
         Ok(())
     }
 
@@ -121,5 +131,30 @@ impl ModelForward for LennardJones {
             atomic_energies: Some(atomic),
             extra: vec![],
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LennardJones;
+
+    #[test]
+    fn overflowing_parameters_are_rejected() {
+        let lj = |epsilon: f64, sigma: f64, cutoff: f64| LennardJones {
+            epsilon,
+            sigma,
+            cutoff,
+            shift: true,
+        };
+        assert!(LennardJones::argon().check().is_ok());
+        assert!(lj(1e300, 3.4, 10.2).check().is_ok());
+        for bad in [
+            lj(1e308, 3.4, 10.2),
+            lj(1.0, 1e30, 1.0),
+            lj(f64::MAX, 1.0, 2.0),
+        ] {
+            let e = bad.check().unwrap_err();
+            assert!(e.contains("overflows"), "{bad:?}: {e}");
+        }
     }
 }

@@ -18,13 +18,21 @@ pub(crate) fn combine_rank_results(
     batch: &[System],
     parts: Vec<Partition>,
 ) -> Result<EvalResult, EvalError> {
-    // A rank's own error comes first; a peer's `PeerFailed` only echoes it.
-    let errors: Vec<&EvalError> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
-    let first_err = errors
+    // The root cause comes first, whichever rank saw it: bad input (close
+    // atoms, an element the model lacks) is bad input on any rank count,
+    // then a failed rank, then a model error; a peer's communication error
+    // only echoes one of those.
+    let rank_of = |e: &EvalError| match e {
+        EvalError::Input(_) | EvalError::Engine(EngineError::Input(_)) => 0,
+        EvalError::RankFailed { .. } => 1,
+        EvalError::Engine(EngineError::Comm { .. }) => 3,
+        EvalError::Engine(_) => 2,
+    };
+    let first_err = outcomes
         .iter()
-        .find(|e| matches!(e, EvalError::RankFailed { .. }))
-        .or_else(|| errors.first())
-        .map(|e| (*e).clone());
+        .filter_map(|o| o.as_ref().err())
+        .min_by_key(|e| rank_of(e))
+        .cloned();
     if let Some(e) = first_err {
         return Err(e);
     }

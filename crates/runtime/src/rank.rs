@@ -170,6 +170,9 @@ fn run_rank<T: Scalar>(
                 (start, clock),
             )
         }));
+        // A panic is the model's (or this code's) failure on this rank, not
+        // bad input: it becomes a failed rank below.
+        let panicked = outcome.is_err();
         let outcome = match outcome {
             Ok(r) => r,
             Err(p) => Err(EvalError::Input(panic_message(&*p))),
@@ -199,6 +202,11 @@ fn run_rank<T: Scalar>(
                 }
                 Err(match e {
                     EvalError::Engine(EngineError::Comm { .. }) => e,
+                    // Bad input (close atoms, an element the model lacks) is
+                    // bad input whichever rank finds it, as in one process.
+                    EvalError::Input(_) | EvalError::Engine(EngineError::Input(_)) if !panicked => {
+                        e
+                    }
                     other => EvalError::RankFailed {
                         rank,
                         message: other.to_string(),

@@ -131,25 +131,29 @@ impl EvalResult {
     }
 
     /// A copy of `batch` (the systems this result was computed for) with
-    /// each system's energy, forces and (periodic systems) stress set in
-    /// its `info` / `arrays`, ready to be written as extended XYZ.
+    /// each system's calculator results replaced as ASE reads them back
+    /// (`System::set_results`): energy and `free_energy` (equal), forces,
+    /// stress (periodic systems) and per-atom `energies` (models that have
+    /// them); results the input carried from another calculation are
+    /// dropped. Ready to be written as extended XYZ.
     pub fn annotate(&self, batch: &[System]) -> Vec<System> {
         let forces = self.forces();
         let stress = self.stress();
         let energies = self.energy();
+        let atomic = self.atomic_energies();
         let mut out = batch.to_vec();
         let mut offset = 0;
         for (s, sys) in out.iter_mut().enumerate() {
-            if let Some(&e) = energies.get(s) {
-                sys.set_energy(e);
+            let n = sys.len();
+            if let (Some(&energy), Some(f)) = (energies.get(s), forces.get(offset..offset + n)) {
+                sys.set_results(&ddmlip_atoms::Results {
+                    energy,
+                    forces: f,
+                    stress: stress.get(s).copied().flatten(),
+                    energies: atomic.and_then(|a| a.get(offset..offset + n)),
+                });
             }
-            if let Some(f) = forces.get(offset..offset + sys.len()) {
-                sys.set_forces(f);
-            }
-            if let Some(st) = stress.get(s).copied().flatten() {
-                sys.set_stress_voigt(st);
-            }
-            offset += sys.len();
+            offset += n;
         }
         out
     }

@@ -25,6 +25,13 @@ pub enum SpecError {
     },
     #[error("invalid spec: {0}")]
     Invalid(String),
+    /// An error of the spec file at `path`.
+    #[error("spec file {path}: {source}")]
+    InFile {
+        path: String,
+        #[source]
+        source: Box<SpecError>,
+    },
 }
 
 /// Storage policy of the decomposition.
@@ -123,6 +130,39 @@ pub struct OpAdapter {
     pub outputs: BTreeMap<String, OutputTransform>,
 }
 
+/// What a spec was validated for: written by `ddmlip validate --spec-out`
+/// beside the spec fields, read by `ddmlip eval --spec` to warn when a spec
+/// is used for a model it was never validated with. It records evidence and
+/// changes nothing about how the spec is applied.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Validation {
+    /// Model name (`ddmlip models`, or the name a model file declares).
+    pub model: String,
+    /// The model's one-line description (kind, parameters, layers, cutoff):
+    /// with the name, what identifies the model.
+    pub model_description: String,
+    /// Ranks of the decomposed run that was compared.
+    pub ranks: usize,
+    /// Precision of the runs (`f64` or `f32`).
+    pub dtype: String,
+    /// Absolute tolerance per output (output units).
+    pub atol: f64,
+    /// Relative tolerance per output.
+    pub rtol: f64,
+    /// True when every output matched the single-process run within tolerance.
+    pub passed: bool,
+    /// Largest relative difference over all outputs of the validated run
+    /// (`null` when that run did not complete).
+    pub max_rel_diff: Option<f64>,
+    /// Frames and atoms of the validated batch.
+    pub frames: usize,
+    pub atoms: usize,
+    /// False when the split was degenerate (a rank without remote atoms), so
+    /// that a pass is no evidence that the spec is right.
+    pub partition_healthy: bool,
+}
+
 /// The distribution spec of a model (DESIGN.md §2, version 1).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -146,6 +186,11 @@ pub struct MLIPSpec {
     /// Ghost region width in units of the cutoff (1 = one cutoff of ghosts).
     #[serde(default = "default_depth")]
     pub halo_depth: u32,
+    /// What the spec was validated for, when `validate` saved it. Absent in
+    /// hand-written specs; not part of the spec's meaning ([`MLIPSpec::signature`]
+    /// ignores it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validated: Option<Validation>,
 }
 
 fn default_true() -> bool {
@@ -167,6 +212,7 @@ impl Default for MLIPSpec {
             all_reduce_outputs: Vec::new(),
             op_adapters: Vec::new(),
             halo_depth: 1,
+            validated: None,
         }
     }
 }
@@ -213,7 +259,10 @@ impl MLIPSpec {
             path: path.display().to_string(),
             source,
         })?;
-        Self::from_json(&text)
+        Self::from_json(&text).map_err(|e| SpecError::InFile {
+            path: path.display().to_string(),
+            source: Box::new(e),
+        })
     }
 
     /// Pretty JSON.
@@ -247,6 +296,7 @@ impl MLIPSpec {
     /// A canonical string identifying the spec (for de-duplicating attempts).
     pub fn signature(&self) -> String {
         let mut s = self.clone();
+        s.validated = None;
         s.owned_only_outputs.sort();
         s.owned_only_outputs.dedup();
         s.all_reduce_outputs.sort();
@@ -298,6 +348,34 @@ mod tests {
         let e = MLIPSpec::from_json(r#"{"version": 1, "policy": {"scatter": "sideways"}}"#)
             .unwrap_err();
         assert!(e.to_string().contains("sideways"), "{e}");
+    }
+
+    #[test]
+    fn validation_record_round_trips_and_is_not_part_of_the_meaning() {
+        let plain = MLIPSpec::standard_energy_model();
+        // A hand-written spec has no record, and writing one adds no field.
+        assert!(!plain.to_json().contains("validated"));
+        let mut recorded = plain.clone();
+        recorded.validated = Some(Validation {
+            model: "lj".into(),
+            model_description: "Lennard-Jones".into(),
+            ranks: 4,
+            dtype: "f64".into(),
+            atol: 1e-8,
+            rtol: 1e-10,
+            passed: true,
+            max_rel_diff: Some(3e-15),
+            frames: 1,
+            atoms: 864,
+            partition_healthy: true,
+        });
+        let back = MLIPSpec::from_json(&recorded.to_json()).unwrap();
+        assert_eq!(back, recorded);
+        assert_eq!(back.signature(), plain.signature());
+        let mut text: serde_json::Value = serde_json::from_str(&recorded.to_json()).unwrap();
+        text["validated"]["bogus"] = serde_json::json!(1);
+        let e = MLIPSpec::from_json(&text.to_string()).unwrap_err();
+        assert!(e.to_string().contains("bogus"), "{e}");
     }
 
     #[test]

@@ -32,7 +32,8 @@ pub(crate) struct TraceFacts {
     pub system_reductions: usize,
     /// Seq of a System → Atom gather whose input derives from a reduction.
     pub reduction_feeds_atoms: Option<usize>,
-    /// Edge → Atom scatter-adds.
+    /// Edge → Atom scatter-adds, fused ones (pair sums, message passing)
+    /// included.
     pub edge_scatters: usize,
     /// Opaque op calls, first call of each name.
     pub opaque: Vec<OpaqueUse>,
@@ -83,6 +84,27 @@ pub(crate) fn trace_facts(trace: &Trace) -> TraceFacts {
             op if op.starts_with("pair_sum:") => {
                 f.edge_scatters += 1;
                 in_reach + 1
+            }
+            // A fused message-passing op is a gather at each edge's
+            // neighbour, a per-edge message and a scatter-add onto its centre
+            // in one kernel (DESIGN.md §2): count it as the Edge → Atom
+            // scatter it is, and let its node inputs, read one edge away,
+            // widen the receptive field by one cutoff.
+            op if op.starts_with("message:") => {
+                f.edge_scatters += 1;
+                e.input_ids
+                    .iter()
+                    .zip(&e.inputs)
+                    .map(|(id, shape)| {
+                        let r = reach.get(id).copied().unwrap_or(0);
+                        if shape.domain == RowDomain::Atom {
+                            r + 1
+                        } else {
+                            r
+                        }
+                    })
+                    .max()
+                    .unwrap_or(0)
             }
             "gather"
                 if e.inputs.first().map(|s| s.domain) == Some(RowDomain::Atom)

@@ -19,7 +19,7 @@ use ddmlip_atoms::System;
 use ddmlip_domain::{partition_health, partition_system, Partition, PartitionHealth};
 use ddmlip_engine::{DType, Model};
 use ddmlip_runtime::{evaluate, ghost_width, EvalError, EvalOptions, EvalResult};
-use ddmlip_spec::{MLIPSpec, ScatterMode};
+use ddmlip_spec::{MLIPSpec, ScatterMode, Validation};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
@@ -124,13 +124,47 @@ pub struct Attempt {
     pub error: Option<String>,
     /// Wall time of the decomposed run (s).
     pub seconds: f64,
+    /// True when the run completed and every output passed.
+    pub passed: bool,
+    /// What this attempt's run showed: its split, its halo, where it first
+    /// diverged, its translated error.
+    pub diagnostics: AttemptDiagnostics,
 }
 
 impl Attempt {
     /// True when the run completed and every output passed.
     pub fn passed(&self) -> bool {
-        self.error.is_none() && self.failed_outputs.is_empty() && !self.passed_outputs.is_empty()
+        self.passed
     }
+}
+
+/// The diagnostics of one attempt (its spec's ghost width and handlers).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct AttemptDiagnostics {
+    /// Health of every system's split under this attempt's spec.
+    pub partition_health: Vec<PartitionHealth>,
+    pub halo_completeness: Option<HaloCompleteness>,
+    /// The first op whose sum over ranks departs from the reference (failed
+    /// attempts that completed).
+    pub layer_divergence: Option<LayerDivergence>,
+    /// The run's error, translated (attempts that did not complete).
+    pub error: Option<TranslatedError>,
+}
+
+/// Why the search over specs ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// An attempt passed.
+    Passed,
+    /// Auto-fix was off: only the starting spec was run.
+    AutofixOff,
+    /// `max_attempts` specs were tried; a rule had more to try.
+    MaxAttempts,
+    /// No rule proposed a spec that had not been tried.
+    NoFurtherRule,
+    /// The single-process reference failed, so nothing was split.
+    ReferenceFailed,
 }
 
 /// One owned atom whose neighbour count differs from the reference.
@@ -208,9 +242,26 @@ pub struct Preflight {
     pub spec_delta: Option<serde_json::Value>,
 }
 
+/// How far the model reaches, read from the reference trace.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ReceptiveField {
+    /// Message-passing depth: hops along the model's edges (each up to one
+    /// graph radius) between an atom's deepest feature and the farthest
+    /// position it reads. Fused ops count as what they do: a message-passing
+    /// op reads its node inputs one edge away.
+    pub hops: u32,
+    /// Scope of the op where `hops` is attained.
+    pub scope: String,
+    /// Edge → Atom scatter-adds in the forward pass, fused ones (pair sums,
+    /// message passing) included.
+    pub edge_scatters: usize,
+}
+
 /// Diagnostics in causal order.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Diagnostics {
+    /// The model's receptive field (`None` when the reference run failed).
+    pub receptive_field: Option<ReceptiveField>,
     /// Health of every system's split under the reported spec.
     pub partition_health: Vec<PartitionHealth>,
     pub halo_completeness: Option<HaloCompleteness>,
@@ -228,6 +279,8 @@ pub struct TraceReport {
     pub ranks: usize,
     pub atol: f64,
     pub rtol: f64,
+    /// Precision of both runs.
+    pub dtype: DType,
     /// Where the starting spec came from: `--spec`, `model`, or `inferred`.
     pub prior_source: String,
     /// The working spec, or the best failing one.
@@ -235,6 +288,11 @@ pub struct TraceReport {
     pub attempts: Vec<Attempt>,
     /// Rationale of the fix that made it pass (null when the first spec passed or none did).
     pub fix_applied: Option<String>,
+    /// Why the search ended.
+    pub stop_reason: StopReason,
+    /// The fix a rule would try next, when the search ended before trying
+    /// it (auto-fix off, or `max_attempts` reached).
+    pub untried_fix: Option<String>,
     pub inferred: Vec<Inferred>,
     /// One actionable instruction.
     pub next_action: String,
@@ -255,12 +313,9 @@ impl TraceReport {
     }
 }
 
-/// What one attempt left behind for diagnostics.
+/// What one attempt left behind for the auto-fix rules.
 struct RunData {
-    result: Option<EvalResult>,
-    error: Option<EvalError>,
     comparison: Option<compare::Comparison>,
-    halo: Option<HaloCompleteness>,
 }
 
 /// Runs the reference, infers a spec, validates it on `options.ranks`
@@ -296,11 +351,16 @@ pub fn trace_and_validate_with(
 ) -> Result<TraceReport, ValidateError> {
     let started = Instant::now();
     check_options(options)?;
-    let (prior, prior_source) = match (&options.prior, model.declared_spec()) {
+    let (mut prior, prior_source) = match (&options.prior, model.declared_spec()) {
         (Some(p), _) => (Some(p.clone()), "--spec"),
         (None, Some(d)) => (Some(d), "model"),
         (None, None) => (None, "inferred"),
     };
+    // A record of an earlier validation is evidence about that run, not
+    // part of the spec: this run writes its own.
+    if let Some(p) = prior.as_mut() {
+        p.validated = None;
+    }
     let reference = evaluate(
         model,
         batch,
@@ -383,7 +443,12 @@ pub fn trace_and_validate_with(
         "model" => "the model's declared spec, kept verbatim (output kinds completed)".to_string(),
         _ => "spec inferred from the single-process trace".to_string(),
     };
-    loop {
+    let layers = LayerCheck {
+        trace: &trace,
+        compare_edges: model.uses_runtime_graph() && facts.model_graph_edges.is_none(),
+        tolerance: layer_tolerance(options.dtype),
+    };
+    let (stop_reason, untried_fix) = loop {
         tried.insert(spec.signature());
         let (attempt, run) = run_attempt(
             model,
@@ -394,12 +459,13 @@ pub fn trace_and_validate_with(
             rationale,
             &reference,
             halo_radius,
+            &layers,
+            attempts.len() + 1,
         );
         attempts.push(attempt);
         runs.push(run);
-        let last = attempts.len() - 1;
-        if attempts[last].passed() || !options.autofix || attempts.len() >= options.max_attempts {
-            break;
+        if attempts[attempts.len() - 1].passed {
+            break (StopReason::Passed, None);
         }
         // Mutate the best attempt so far; a rule that made things worse is
         // not built upon.
@@ -411,7 +477,11 @@ pub fn trace_and_validate_with(
                 spec: &attempts[k].spec,
                 comparison: runs[k].comparison.as_ref(),
                 handler_counts: &attempts[k].handler_counts,
-                halo_incomplete: runs[k].halo.as_ref().is_some_and(|h| !h.verified),
+                halo_incomplete: attempts[k]
+                    .diagnostics
+                    .halo_completeness
+                    .as_ref()
+                    .is_some_and(|h| !h.verified),
             };
             for (s, why) in autofix::candidates(&outcome, &evidence) {
                 if !tried.contains(&s.signature()) {
@@ -421,13 +491,23 @@ pub fn trace_and_validate_with(
             }
         }
         match next {
+            None => break (StopReason::NoFurtherRule, None),
+            Some((_, why)) if !options.autofix => break (StopReason::AutofixOff, Some(why)),
+            Some((_, why)) if attempts.len() >= options.max_attempts => {
+                break (StopReason::MaxAttempts, Some(why))
+            }
             Some((s, why)) => {
                 spec = s;
                 rationale = why;
             }
-            None => break,
         }
-    }
+    };
+    // Auto-fix off with no rule to propose is still "off" to the user.
+    let stop_reason = if stop_reason == StopReason::NoFurtherRule && !options.autofix {
+        StopReason::AutofixOff
+    } else {
+        stop_reason
+    };
 
     let winner = attempts.iter().position(Attempt::passed);
     let ok = winner.is_some();
@@ -439,43 +519,65 @@ pub fn trace_and_validate_with(
     let fix_applied = winner
         .filter(|&w| w > 0)
         .map(|w| attempts[w].rationale.clone());
-    let final_spec = attempts[pick].spec.clone();
-    // Diagnostics describe the last attempt on failure (the end of the
-    // search) and the winner on success.
+    let mut final_spec = attempts[pick].spec.clone();
+    // The top-level diagnostics describe the last attempt on failure (the
+    // end of the search) and the winner on success; every attempt keeps
+    // its own.
     let diag_k = if ok { pick } else { attempts.len() - 1 };
-    let mut diagnostics = Diagnostics {
-        partition_health: health(model, batch, options.ranks, &attempts[diag_k].spec),
-        halo_completeness: runs[diag_k].halo.clone(),
+    let shown = &attempts[diag_k].diagnostics;
+    let diagnostics = Diagnostics {
+        receptive_field: Some(ReceptiveField {
+            hops: facts.reach,
+            scope: facts.reach_scope.clone(),
+            edge_scatters: facts.edge_scatters,
+        }),
+        partition_health: shown.partition_health.clone(),
+        halo_completeness: shown.halo_completeness.clone(),
+        layer_divergence: if ok {
+            None
+        } else {
+            shown.layer_divergence.clone()
+        },
+        errors: attempts
+            .iter()
+            .filter_map(|a| a.diagnostics.error.clone())
+            .collect(),
         preflight,
-        ..Default::default()
     };
-    if !ok {
-        if let Some(res) = &runs[diag_k].result {
-            diagnostics.layer_divergence = diagnose::layer_divergence(
-                &trace,
-                &res.traces,
-                model.uses_runtime_graph() && facts.model_graph_edges.is_none(),
-                layer_tolerance(options.dtype),
-            );
-        }
-    }
-    for (k, r) in runs.iter().enumerate() {
-        if let Some(e) = &r.error {
-            diagnostics
-                .errors
-                .push(diagnose::translate_error(e, &format!("attempt {}", k + 1)));
-        }
-    }
+    let picked = &attempts[pick];
+    final_spec.validated = Some(Validation {
+        model: model.name(),
+        model_description: model.description(),
+        ranks: options.ranks,
+        dtype: options.dtype.to_string(),
+        atol: options.atol,
+        rtol: options.rtol,
+        passed: ok,
+        max_rel_diff: picked
+            .error
+            .is_none()
+            .then(|| picked.max_rel_diff.values().copied().fold(0.0f64, f64::max)),
+        frames: batch.len(),
+        atoms: batch.iter().map(System::len).sum(),
+        partition_healthy: picked
+            .diagnostics
+            .partition_health
+            .iter()
+            .all(|h| h.degenerate.is_empty()),
+    });
     let mut report = TraceReport {
         ok,
         model: model.name(),
         ranks: options.ranks,
         atol: options.atol,
         rtol: options.rtol,
+        dtype: options.dtype,
         prior_source: prior_source.to_string(),
         spec: final_spec,
         attempts,
         fix_applied,
+        stop_reason,
+        untried_fix,
         inferred,
         next_action: String::new(),
         diagnostics,
@@ -508,6 +610,32 @@ fn check_options(o: &ValidateOptions) -> Result<(), ValidateError> {
     Ok(())
 }
 
+/// Relative difference below which a decomposed output differs from the
+/// reference by rounding alone: sums taken in another order across ranks
+/// agree to a few hundred ulps.
+pub(crate) fn rounding_level(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => 1e3 * f64::EPSILON,
+        DType::F32 => 1e3 * f32::EPSILON as f64,
+    }
+}
+
+/// The largest relative difference among `a`'s failed outputs (NaN when one
+/// is NaN or unknown).
+pub(crate) fn worst_failed_rel(a: &Attempt) -> f64 {
+    a.failed_outputs
+        .iter()
+        .map(|o| a.max_rel_diff.get(o).copied().unwrap_or(f64::NAN))
+        .fold(0.0f64, |m, x| if x.is_nan() { f64::NAN } else { m.max(x) })
+}
+
+/// True when every failed output of `a` is off by rounding alone (a NaN or
+/// unknown difference is not rounding).
+pub(crate) fn within_rounding(a: &Attempt, dtype: DType) -> bool {
+    let worst = worst_failed_rel(a);
+    worst.is_finite() && worst <= rounding_level(dtype)
+}
+
 /// Relative tolerance of the op-by-op comparison (sums reorder across ranks).
 fn layer_tolerance(dtype: DType) -> f64 {
     match dtype {
@@ -531,6 +659,16 @@ fn score(a: &Attempt) -> f64 {
     a.failed_outputs.len() as f64 * 1e7 + worst
 }
 
+/// What the op-by-op comparison of a failed attempt needs.
+struct LayerCheck<'a> {
+    /// The reference trace.
+    trace: &'a ddmlip_engine::Trace,
+    /// Compare Edge rows too (runtime graph: owned-centred edges only).
+    compare_edges: bool,
+    /// Relative tolerance of an op's sum over ranks.
+    tolerance: f64,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_attempt(
     model: &dyn Model,
@@ -541,6 +679,8 @@ fn run_attempt(
     rationale: String,
     reference: &EvalResult,
     halo_radius: f64,
+    layers: &LayerCheck<'_>,
+    number: usize,
 ) -> (Attempt, RunData) {
     let t0 = Instant::now();
     let result = runner(&EvalOptions {
@@ -564,8 +704,20 @@ fn run_attempt(
         handler_counts: BTreeMap::new(),
         error: None,
         seconds,
+        passed: false,
+        diagnostics: AttemptDiagnostics::default(),
     };
     let partitions = partitions_for(model, batch, options.ranks, spec);
+    attempt.diagnostics.partition_health = partitions
+        .as_ref()
+        .map(|parts| {
+            parts
+                .iter()
+                .zip(batch)
+                .map(|(p, s)| partition_health(p, s))
+                .collect()
+        })
+        .unwrap_or_default();
     match result {
         Ok(res) => {
             let c = compare::compare(reference, &res, options.atol, options.rtol);
@@ -575,36 +727,40 @@ fn run_attempt(
             attempt.passed_outputs = c.passed.clone();
             attempt.failed_outputs = c.failed.clone();
             attempt.handler_counts = res.handler_counts.clone();
-            let halo = diagnose::halo_completeness(
+            attempt.passed =
+                attempt.failed_outputs.is_empty() && !attempt.passed_outputs.is_empty();
+            attempt.diagnostics.halo_completeness = diagnose::halo_completeness(
                 batch,
                 &res.partitions,
                 Some(&res),
                 halo_radius,
                 model.uses_runtime_graph(),
             );
+            // A failure by rounding alone (tolerances tighter than the
+            // arithmetic) has no divergent op to look for.
+            let beyond_rounding = !within_rounding(&attempt, options.dtype);
+            if !attempt.passed && beyond_rounding {
+                attempt.diagnostics.layer_divergence = diagnose::layer_divergence(
+                    layers.trace,
+                    &res.traces,
+                    layers.compare_edges,
+                    layers.tolerance,
+                );
+            }
             (
                 attempt,
                 RunData {
-                    result: Some(res),
-                    error: None,
                     comparison: Some(c),
-                    halo,
                 },
             )
         }
         Err(e) => {
             attempt.error = Some(e.to_string());
-            let halo = partitions
+            attempt.diagnostics.error =
+                Some(diagnose::translate_error(&e, &format!("attempt {number}")));
+            attempt.diagnostics.halo_completeness = partitions
                 .and_then(|p| diagnose::halo_completeness(batch, &p, None, halo_radius, false));
-            (
-                attempt,
-                RunData {
-                    result: None,
-                    error: Some(e),
-                    comparison: None,
-                    halo,
-                },
-            )
+            (attempt, RunData { comparison: None })
         }
     }
 }
@@ -620,23 +776,6 @@ fn partitions_for(
         .iter()
         .map(|s| partition_system(s, ranks, width).ok())
         .collect()
-}
-
-fn health(
-    model: &dyn Model,
-    batch: &[System],
-    ranks: usize,
-    spec: &MLIPSpec,
-) -> Vec<PartitionHealth> {
-    partitions_for(model, batch, ranks, spec)
-        .map(|parts| {
-            parts
-                .iter()
-                .zip(batch)
-                .map(|(p, s)| partition_health(p, s))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 fn preflight(spec: &MLIPSpec, facts: &infer::TraceFacts) -> Preflight {
@@ -674,10 +813,13 @@ fn reference_failed_report(
         ranks: options.ranks,
         atol: options.atol,
         rtol: options.rtol,
+        dtype: options.dtype,
         prior_source: prior_source.to_string(),
         spec: prior.unwrap_or_default(),
         attempts: Vec::new(),
         fix_applied: None,
+        stop_reason: StopReason::ReferenceFailed,
+        untried_fix: None,
         inferred: Vec::new(),
         next_action,
         diagnostics: Diagnostics {
@@ -700,4 +842,45 @@ pub(crate) fn graph_upper(radius: Option<(f64, f64)>, cutoff: f64) -> f64 {
 /// Whether `spec` leaves scatters unexchanged (used by rendering).
 pub(crate) fn is_local(spec: &MLIPSpec) -> bool {
     spec.policy.scatter == ScatterMode::Local
+}
+
+/// Why `spec` is no evidence for running `model` split over ranks, if it is
+/// not: it was never validated (no `validated` record, as in a hand-written
+/// spec), it was validated for another model (name or description differ),
+/// its validation failed, or it passed on a degenerate split. `None` when
+/// the spec passed validation for this model on a healthy split. The text
+/// says what the record says; the caller adds how to validate.
+pub fn spec_provenance_warning(spec: &MLIPSpec, model: &dyn Model) -> Option<String> {
+    let Some(v) = &spec.validated else {
+        return Some(
+            "was never validated (it has no \"validated\" record): a wrong spec gives wrong \
+             energies and forces without any error"
+                .to_string(),
+        );
+    };
+    let (name, description) = (model.name(), model.description());
+    if v.model != name || v.model_description != description {
+        return Some(format!(
+            "was validated for model `{}` ({}), not for `{name}` ({description})",
+            v.model, v.model_description
+        ));
+    }
+    if !v.passed {
+        return Some(format!(
+            "FAILED validation for `{name}` on {} rank(s){}: the split run did not match the \
+             single-process run",
+            v.ranks,
+            v.max_rel_diff
+                .map(|d| format!(" (max relative difference {d:.2e})"))
+                .unwrap_or_default()
+        ));
+    }
+    if !v.partition_healthy {
+        return Some(format!(
+            "passed validation for `{name}` only on a degenerate split ({} atoms on {} rank(s), \
+             some rank without remote atoms), which is no evidence that it is right",
+            v.atoms, v.ranks
+        ));
+    }
+    None
 }

@@ -1,6 +1,6 @@
 //! The one actionable `next_action` line and the human rendering of a report.
 
-use crate::{is_local, TraceReport};
+use crate::{is_local, Attempt, StopReason, TraceReport};
 use std::fmt::Write as _;
 
 fn degenerate_note(report: &TraceReport) -> Option<String> {
@@ -38,6 +38,28 @@ fn preflight_note(report: &TraceReport) -> Option<String> {
     ))
 }
 
+/// When every failing output of `a` is off by rounding only, the tolerance
+/// is tighter than floating point allows: say so and suggest one.
+fn rounding_note(report: &TraceReport, a: &Attempt) -> Option<String> {
+    if a.failed_outputs.is_empty() || a.error.is_some() {
+        return None;
+    }
+    if !crate::within_rounding(a, report.dtype) {
+        return None;
+    }
+    let worst = crate::worst_failed_rel(a);
+    // One decade above the worst difference, as a round number.
+    let suggest = 10f64.powi((worst.max(f64::MIN_POSITIVE).log10().floor() as i32) + 1);
+    let defaults = crate::ValidateOptions::for_dtype(report.dtype);
+    Some(format!(
+        "The differences (at most {worst:.1e} relative) are floating-point rounding: the ranks \
+         add the same terms in another order. atol {:e} / rtol {:e} is tighter than {} \
+         arithmetic allows; use --rtol {suggest:e} or more (the {} defaults are --atol {:e} \
+         --rtol {:e}). Nothing in the spec is wrong.",
+        report.atol, report.rtol, report.dtype, report.dtype, defaults.atol, defaults.rtol
+    ))
+}
+
 /// Builds `next_action`: what to do now, most important first.
 pub(crate) fn next_action(report: &TraceReport, winner: Option<usize>) -> String {
     let mut parts: Vec<String> = Vec::new();
@@ -58,13 +80,13 @@ pub(crate) fn next_action(report: &TraceReport, winner: Option<usize>) -> String
             Some(fix) => {
                 let _ = write!(
                     ok,
-                    " The starting spec ({}) failed; fix applied: {fix}. Save the fixed spec with \
-                     --spec-out and declare it in the model's declared_spec().",
+                    " The starting spec ({}) failed; fix applied: {fix}. Save the fixed spec \
+                     (report.spec) and declare it in the model's declared_spec().",
                     report.prior_source,
                     fix = fix.trim_end_matches('.')
                 );
             }
-            None => ok.push_str(" Save report.spec (--spec-out) to reuse it."),
+            None => ok.push_str(" The spec that passed is report.spec; save it to reuse it."),
         }
         parts.push(ok);
         if let Some(p) = preflight_note(report) {
@@ -95,16 +117,33 @@ pub(crate) fn next_action(report: &TraceReport, winner: Option<usize>) -> String
                 })
                 .collect::<Vec<_>>()
                 .join(", ");
-            let how = if n > 1 {
-                format!("after {n} attempts auto-fix has no further rule")
-            } else {
-                "auto-fix is off (--no-autofix) or had no rule to try".to_string()
+            let how = match report.stop_reason {
+                StopReason::AutofixOff => "auto-fix is off".to_string(),
+                StopReason::MaxAttempts => {
+                    format!("the limit of {n} attempt(s) was reached with fixes left to try")
+                }
+                _ if n > 1 => format!("after {n} attempts auto-fix has no further rule"),
+                _ => "auto-fix has no rule for this failure".to_string(),
             };
             parts.push(format!(
                 "FAIL — the {}-rank run differs from the single-process run ({how}); failing: \
                  {worst}. Best spec so far in report.spec.",
                 report.ranks
             ));
+            if let Some(fix) = &report.untried_fix {
+                let rerun = match report.stop_reason {
+                    StopReason::MaxAttempts => "raise the attempt limit (--max-attempts)",
+                    _ => "run again with auto-fix on (without --no-autofix)",
+                };
+                parts.push(format!(
+                    "Next fix to try: {}. To try it, {rerun}.",
+                    fix.trim_end_matches('.')
+                ));
+            }
+            if let Some(note) = rounding_note(report, a) {
+                parts.push(note);
+                return parts.join("\n");
+            }
         }
         (None, None) => parts.push("FAIL — nothing was run".to_string()),
     }
@@ -199,6 +238,25 @@ pub(crate) fn render(r: &TraceReport) -> String {
                 }
             );
         }
+        if let Some(l) = a
+            .diagnostics
+            .layer_divergence
+            .as_ref()
+            .filter(|l| l.first_divergent)
+        {
+            let _ = writeln!(
+                s,
+                "      first divergent op: #{} `{}`{} (rel {:.2e})",
+                l.seq,
+                l.op,
+                if l.scope.is_empty() {
+                    String::new()
+                } else {
+                    format!(" in `{}`", l.scope)
+                },
+                l.rel_diff
+            );
+        }
         if !a.handler_counts.is_empty() {
             let h: Vec<String> = a
                 .handler_counts
@@ -209,6 +267,19 @@ pub(crate) fn render(r: &TraceReport) -> String {
         }
     }
     let _ = writeln!(s, "\ndiagnostics:");
+    if let Some(f) = &r.diagnostics.receptive_field {
+        let _ = writeln!(
+            s,
+            "  receptive field: {} message-passing hop(s){}, {} Edge → Atom scatter(s)",
+            f.hops,
+            if f.scope.is_empty() {
+                String::new()
+            } else {
+                format!(" (deepest in `{}`)", f.scope)
+            },
+            f.edge_scatters
+        );
+    }
     for (k, h) in r.diagnostics.partition_health.iter().enumerate() {
         let _ = writeln!(
             s,

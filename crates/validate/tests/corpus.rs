@@ -8,7 +8,7 @@ use common::*;
 use ddmlip_engine::Model;
 use ddmlip_models::load_model;
 use ddmlip_spec::{MLIPSpec, ScatterMode};
-use ddmlip_validate::{trace_and_validate, TraceReport, ValidateOptions};
+use ddmlip_validate::{trace_and_validate, StopReason, TraceReport, ValidateOptions};
 use std::time::{Duration, Instant};
 
 fn options(ranks: usize, prior: Option<MLIPSpec>, autofix: bool) -> ValidateOptions {
@@ -294,7 +294,7 @@ fn failing_rank_is_named_without_hanging() {
     );
     assert!(!r.ok);
     let e = &r.diagnostics.errors[0];
-    assert_eq!(e.rank, Some(1));
+    assert_eq!(e.rank, Some(1), "{:?}", r.diagnostics.errors);
     assert_eq!(e.kind, "rank_failed");
     assert!(r.next_action.contains("rank 1"), "{}", r.next_action);
     assert!(
@@ -394,4 +394,213 @@ fn report_serialises_to_json() {
     }
     assert!(v["diagnostics"]["partition_health"].is_array());
     assert_eq!(v["spec"]["version"], 1);
+}
+
+/// A fused message-passing op is a gather at the neighbour and a scatter
+/// onto the centre: inference counts each as an Edge → Atom scatter and as
+/// one hop of the receptive field.
+#[test]
+fn fused_message_passing_counts_as_scatters_and_hops() {
+    let model = FusedMessageChain {
+        cutoff: 4.0,
+        layers: 3,
+    };
+    let r = run(&model, 4, 2, None, false);
+    assert!(r.ok, "{}", r.render());
+    let field = r.diagnostics.receptive_field.clone().unwrap();
+    // x₀ reads atoms one cutoff away, each of the 3 layers one more.
+    assert_eq!(field.hops, 4, "{field:?}");
+    assert_eq!(field.edge_scatters, 4, "{field:?}");
+    assert_eq!(field.scope, "interaction_2");
+    let scatter = r
+        .inferred
+        .iter()
+        .find(|i| i.field == "policy.scatter")
+        .unwrap();
+    assert_eq!(scatter.value, "halo_correction");
+    assert!(
+        scatter.evidence.starts_with("4 Edge → Atom scatter-add(s)"),
+        "{}",
+        scatter.evidence
+    );
+}
+
+/// `scatter: local, gather: local` on the runtime graph leaves ghost rows of
+/// every fused scatter unset; the rule that repairs it must see fused ops.
+#[test]
+fn fused_message_passing_with_local_prior_is_repaired() {
+    let model = FusedMessageChain {
+        cutoff: 4.0,
+        layers: 3,
+    };
+    let mut prior = MLIPSpec::standard_energy_model();
+    prior.policy.scatter = ScatterMode::Local;
+    prior.policy.gather = ddmlip_spec::GatherMode::Local;
+    let off = run(&model, 4, 2, Some(prior.clone()), false);
+    assert!(!off.ok, "{}", off.render());
+    // Auto-fix off still names the fix it would apply.
+    assert_eq!(off.stop_reason, StopReason::AutofixOff);
+    let untried = off.untried_fix.clone().unwrap_or_default();
+    assert!(untried.contains("halo_correction"), "{untried}");
+    assert!(
+        off.next_action.contains("Next fix to try"),
+        "{}",
+        off.next_action
+    );
+    assert!(
+        off.next_action.contains("halo_correction"),
+        "{}",
+        off.next_action
+    );
+    let r = wrong_prior_case(
+        &model,
+        4,
+        2,
+        prior,
+        &["4 Edge → Atom scatter(s)", "halo_correction"],
+    );
+    assert_eq!(r.spec.policy.scatter, ScatterMode::HaloCorrection);
+    assert_eq!(r.stop_reason, StopReason::Passed);
+}
+
+/// The attempt limit ends the search with fixes left: the report says so
+/// (not "no further rule") and names the fix that was not tried.
+#[test]
+fn exhausted_attempt_limit_is_reported_as_such() {
+    let model = load_model("rebuild-demo").unwrap();
+    let mut prior = MLIPSpec::standard_energy_model();
+    prior.policy.scatter = ScatterMode::HaloCorrection;
+    let batch = vec![fcc_cu(3)];
+    let options = ValidateOptions {
+        max_attempts: 1,
+        ..options(2, Some(prior), true)
+    };
+    let r = trace_and_validate(model.as_ref(), &batch, &options).unwrap();
+    assert!(!r.ok);
+    assert_eq!(r.attempts.len(), 1);
+    assert_eq!(r.stop_reason, StopReason::MaxAttempts);
+    assert!(
+        r.next_action.contains("limit of 1 attempt"),
+        "{}",
+        r.next_action
+    );
+    assert!(
+        !r.next_action.contains("no further rule"),
+        "{}",
+        r.next_action
+    );
+    assert!(
+        r.next_action.contains("--max-attempts"),
+        "{}",
+        r.next_action
+    );
+    assert!(r.untried_fix.unwrap().contains("scatter: local"));
+}
+
+/// Every attempt keeps its own verdict and diagnostics in the JSON.
+#[test]
+fn each_attempt_keeps_its_diagnostics_and_verdict() {
+    let model = load_model("schnet-demo").unwrap();
+    let mut prior = MLIPSpec::standard_energy_model();
+    prior.policy.scatter = ScatterMode::Local;
+    prior.policy.gather = ddmlip_spec::GatherMode::Local;
+    let r = run(model.as_ref(), 6, 2, Some(prior), true);
+    assert!(r.ok, "{}", r.render());
+    assert_eq!(r.attempts.len(), 2);
+    let v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+    let attempts = v["attempts"].as_array().unwrap();
+    assert_eq!(attempts[0]["passed"], false);
+    assert_eq!(attempts[1]["passed"], true);
+    // The failed attempt's own first divergent op, not the winner's.
+    let first = &attempts[0]["diagnostics"]["layer_divergence"];
+    assert_eq!(first["first_divergent"], true, "{first}");
+    assert!(first["scope"].as_str().unwrap().starts_with("interaction_"));
+    assert!(attempts[1]["diagnostics"]["layer_divergence"].is_null());
+    for a in attempts {
+        assert_eq!(
+            a["diagnostics"]["partition_health"]
+                .as_array()
+                .unwrap()
+                .len(),
+            1
+        );
+        assert_eq!(a["diagnostics"]["halo_completeness"]["verified"], true);
+    }
+    assert_eq!(v["stop_reason"], "passed");
+}
+
+/// With zero tolerances a correct split fails by rounding alone; the advice
+/// says so and suggests a tolerance instead of blaming the spec.
+#[test]
+fn rounding_differences_are_called_rounding() {
+    let model = load_model("lj").unwrap();
+    let batch = vec![fcc_cu(3)];
+    let options = ValidateOptions {
+        atol: 0.0,
+        rtol: 0.0,
+        ..options(2, None, true)
+    };
+    let r = trace_and_validate(model.as_ref(), &batch, &options).unwrap();
+    // Summation order differs across ranks, so some output differs in the
+    // last bits; if none did, there would be nothing to explain.
+    assert!(!r.ok, "{}", r.render());
+    let worst = r.attempts[0]
+        .max_rel_diff
+        .values()
+        .copied()
+        .fold(0.0, f64::max);
+    assert!(worst > 0.0 && worst < 1e-12, "{worst}");
+    assert!(r.next_action.contains("rounding"), "{}", r.next_action);
+    assert!(r.next_action.contains("--rtol"), "{}", r.next_action);
+    assert!(
+        !r.next_action.contains("consolidation"),
+        "{}",
+        r.next_action
+    );
+    assert!(r.attempts[0].diagnostics.layer_divergence.is_none());
+}
+
+/// A saved spec records what it was validated for, and the record tells a
+/// later run whether the spec is evidence for its model.
+#[test]
+fn saved_spec_records_its_validation() {
+    // 6³ cells, 21.7 Å: two slabs wider than 2 × the 5 Å cutoff (healthy).
+    let lj: Box<dyn Model> = Box::new(short_lj());
+    let r = run(lj.as_ref(), 6, 2, None, true);
+    assert!(r.ok);
+    // The advice names no flag of one front end (`demo` has no --spec-out).
+    assert!(!r.next_action.contains("--spec-out"), "{}", r.next_action);
+    let v = r.spec.validated.clone().expect("a validation record");
+    assert_eq!(v.model, "lj");
+    assert_eq!(v.model_description, lj.description());
+    assert!(v.partition_healthy);
+    assert_eq!((v.ranks, v.frames, v.atoms), (2, 1, 864));
+    assert_eq!((v.atol, v.rtol), (1e-8, 1e-10));
+    assert!(v.passed);
+    assert!(v.max_rel_diff.unwrap() < 1e-12);
+    // Round trip through the file format.
+    let saved = MLIPSpec::from_json(&r.spec.to_json()).unwrap();
+    use ddmlip_validate::spec_provenance_warning as warning;
+    assert_eq!(warning(&saved, lj.as_ref()), None);
+    let other = load_model("rebuild-demo").unwrap();
+    let w = warning(&saved, other.as_ref()).unwrap();
+    assert!(w.contains("validated for model `lj`"), "{w}");
+    let w = warning(&MLIPSpec::standard_energy_model(), lj.as_ref()).unwrap();
+    assert!(w.contains("never validated"), "{w}");
+    // A failed validation is recorded as failed.
+    let mut prior = MLIPSpec::standard_energy_model();
+    prior.policy.scatter = ScatterMode::HaloCorrection;
+    let failed = run(other.as_ref(), 3, 2, Some(prior), false);
+    assert!(!failed.ok);
+    assert!(!failed.spec.validated.as_ref().unwrap().passed);
+    let w = warning(&failed.spec, other.as_ref()).unwrap();
+    assert!(w.contains("FAILED"), "{w}");
+    // A prior's old record is not carried into a new validation.
+    let again = run(other.as_ref(), 3, 2, Some(saved), false);
+    assert_eq!(again.spec.validated.clone().unwrap().model, "rebuild-demo");
+    // A pass on a degenerate split (3³ cells over 4 ranks) is no evidence.
+    let tiny = run(lj.as_ref(), 3, 4, None, true);
+    assert!(tiny.ok);
+    let w = warning(&tiny.spec, lj.as_ref()).unwrap();
+    assert!(w.contains("degenerate"), "{w}");
 }

@@ -260,3 +260,112 @@ impl ModelForward for UndeclaredLj {
         short_lj().forward(g, inputs)
     }
 }
+
+/// `out[i] = Σ_{e: center[e] = i} w[e] · x[neighbor[e]]²`: a fused
+/// gather → message → scatter kernel on one-column node and edge inputs.
+pub struct SquareMessage;
+
+impl<T: Scalar> ddmlip_engine::MessageKernel<T> for SquareMessage {
+    fn name(&self) -> &str {
+        "square_message"
+    }
+    fn out_cols(&self) -> usize {
+        1
+    }
+    fn forward(
+        &self,
+        x: &ddmlip_engine::MessageInputs<'_, T>,
+        out: &mut [T],
+    ) -> Result<(), String> {
+        for (e, (&i, &j)) in x.center.iter().zip(x.neighbor).enumerate() {
+            let xj = x.nodes[0][j as usize];
+            out[i as usize] += x.edges[0][e] * xj * xj;
+        }
+        Ok(())
+    }
+    fn backward(
+        &self,
+        x: &ddmlip_engine::MessageInputs<'_, T>,
+        g: &[T],
+        grad_nodes: &mut [Vec<T>],
+        grad_edges: &mut [Vec<T>],
+    ) -> Result<(), String> {
+        for (e, (&i, &j)) in x.center.iter().zip(x.neighbor).enumerate() {
+            let (i, j) = (i as usize, j as usize);
+            let xj = x.nodes[0][j];
+            let w = x.edges[0][e];
+            grad_nodes[0][j] += g[i] * w * (xj + xj);
+            grad_edges[0][e] += g[i] * xj * xj;
+        }
+        Ok(())
+    }
+}
+
+/// A message-passing model on the runtime graph whose every layer is one
+/// fused `message_passing` op (as SevenNet-0's convolutions are), with no
+/// plain scatter-add at all: the coordination `x₀ = Σ_j fc(r_ij)·1²`, then
+/// `layers` times `x ← x + Σ_j 0.1·fc(r_ij)·x_j²`. Declares no spec. Its
+/// receptive field is `layers + 1` cutoffs, with `layers + 1` Edge → Atom
+/// scatters.
+pub struct FusedMessageChain {
+    pub cutoff: f64,
+    pub layers: usize,
+}
+
+impl ModelInfo for FusedMessageChain {
+    fn name(&self) -> String {
+        "fused-message-chain".into()
+    }
+    fn description(&self) -> String {
+        "message passing through fused message_passing ops".into()
+    }
+    fn cutoff(&self) -> f64 {
+        self.cutoff
+    }
+    fn species(&self) -> SpeciesSupport {
+        SpeciesSupport::UpTo(118)
+    }
+}
+
+impl ModelForward for FusedMessageChain {
+    fn forward<T: Scalar>(
+        &self,
+        g: &mut Graph<T>,
+        inputs: &ModelInputs,
+    ) -> Result<ModelOutputs, EngineError> {
+        let edges = inputs
+            .edges
+            .ok_or_else(|| EngineError::Input("no runtime graph".into()))?;
+        let lengths = edges.lengths(g)?;
+        let fc = g.radial(
+            lengths,
+            ddmlip_engine::ops::Radial::CosineCutoff {
+                cutoff: self.cutoff,
+            },
+        )?;
+        let weight = g.scale(fc, 0.1)?;
+        let kernel: Arc<dyn ddmlip_engine::MessageKernel<T>> = Arc::new(SquareMessage);
+        let n_local = inputs.numbers.len();
+        let ones = g.constant(vec![T::one(); n_local], n_local, 1, RowDomain::Atom);
+        let mut x =
+            g.message_passing(kernel.clone(), &[ones], &[fc], edges.center, edges.neighbor)?;
+        for layer in 0..self.layers {
+            g.push_scope(format!("interaction_{layer}"));
+            let m = g.message_passing(
+                kernel.clone(),
+                &[x],
+                &[weight],
+                edges.center,
+                edges.neighbor,
+            )?;
+            x = g.add(x, m)?;
+            g.pop_scope();
+        }
+        let energy = g.segment_sum(x, inputs.atom_system)?;
+        Ok(ModelOutputs {
+            energy,
+            atomic_energies: Some(x),
+            extra: vec![],
+        })
+    }
+}
