@@ -1,6 +1,8 @@
 //! Atomic systems and batches: positions (Å), atomic numbers, cell, pbc and
 //! per-atom / per-system properties, plus the element table and extended XYZ IO.
 
+#![forbid(unsafe_code)]
+
 pub mod build;
 mod cell;
 pub mod elements;

@@ -14,6 +14,7 @@ pub const NEIGHBOR_COUNTS: &str = "_neighbor_counts";
 /// One output of a run: rows are atoms (batch order) or systems.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutputData {
+    /// Whether rows are atoms, systems or one global row.
     pub kind: OutputKind,
     /// Values per row.
     pub width: usize,
