@@ -20,7 +20,7 @@ fn nan_to_null(v: f64) -> Value {
     }
 }
 
-/// The `eval --json` object (DESIGN.md §6).
+/// The `eval --json` object (docs/design.md §6).
 /// `health` is [`eval_health`]'s answer, reported as `partition_health`
 /// when the run was split.
 pub fn eval_json(r: &EvalResult, health: &[PartitionHealth]) -> String {
