@@ -4,7 +4,7 @@ use crate::ops::map_into;
 use crate::Scalar;
 
 /// Tensor buffers kept for reuse: gradients the backward pass has consumed,
-/// and (via [`Graph::into_buffers`] / [`Graph::with_buffers`]) every value of
+/// and (via [`Graph::into_buffers`](crate::Graph::into_buffers) / [`Graph::with_buffers`](crate::Graph::with_buffers)) every value of
 /// a finished evaluation for the next one. Large per-edge tensors then reuse
 /// memory that is already mapped instead of faulting in fresh pages for
 /// every op, which is what limits many ranks sharing one machine.
@@ -62,7 +62,7 @@ impl<T> Buffers<T> {
 
     /// An empty index array with the largest kept capacity (a fresh one when
     /// none is kept), for a caller that fills it, e.g. with a pair list, and
-    /// hands it to [`Graph::index`].
+    /// hands it to [`Graph::index`](crate::Graph::index).
     pub fn take_indices(&mut self) -> Vec<u32> {
         let largest = self
             .free_indices
