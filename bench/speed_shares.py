@@ -8,7 +8,7 @@ the atoms is set proportional to that speed, and the step takes the longest
 rank's work scaled by its share. Prints, per ALPHA, how many runs would
 have been slower than with equal shares, and the ratio of step times.
 
-Usage: python3 bench/speed_shares.py bench/results/host16_run*_lj.jsonl
+Usage: python3 bench/speed_shares.py bench/results/*_host16_run*_lj.jsonl
 """
 import json
 import statistics as st

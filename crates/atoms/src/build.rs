@@ -242,4 +242,39 @@ mod tests {
             SplitMix64::new(10).next_u64()
         );
     }
+
+    #[test]
+    fn rattled_silicon_has_the_diamond_shells() {
+        // Ideal diamond with a = 5.43 Å: 4 neighbours at a·√3/4 = 2.351 Å,
+        // then 12 at a/√2 = 3.840 Å; the rattle (σ = 0.05 Å per coordinate)
+        // moves distances by a few σ at most.
+        let n = 3;
+        let sys = rattled_silicon(n);
+        assert_eq!(sys.len(), 8 * n * n * n);
+        assert!(sys.numbers.iter().all(|&z| z == 14));
+        let len = 5.43 * n as f64;
+        let mut counts = [0usize; 2];
+        for (i, p) in sys.positions.iter().enumerate() {
+            for (j, q) in sys.positions.iter().enumerate() {
+                if i == j {
+                    continue;
+                }
+                let mut d2 = 0.0;
+                for ax in 0..3 {
+                    let mut d = q[ax] - p[ax];
+                    d -= len * (d / len).round();
+                    d2 += d * d;
+                }
+                let d = d2.sqrt();
+                if d < 3.0 {
+                    counts[0] += 1;
+                    assert!((d - 5.43 * 3f64.sqrt() / 4.0).abs() < 0.4, "d = {d}");
+                } else if d < 4.2 {
+                    counts[1] += 1;
+                }
+            }
+        }
+        assert_eq!(counts[0], 4 * sys.len());
+        assert_eq!(counts[1], 12 * sys.len());
+    }
 }

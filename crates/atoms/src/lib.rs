@@ -2,6 +2,8 @@
 //! per-atom / per-system properties, plus the element table and structure
 //! file IO: extended XYZ and VASP POSCAR, optionally gzip-compressed.
 
+#![forbid(unsafe_code)]
+
 pub mod build;
 mod cell;
 pub mod elements;

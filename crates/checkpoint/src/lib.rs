@@ -13,6 +13,7 @@
 //! numpy reconstruction functions is interpreted, every other object
 //! becomes [`PyValue::Opaque`].
 
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod error;

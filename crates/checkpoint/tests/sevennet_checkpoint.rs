@@ -5,15 +5,12 @@
 //! section 1 and appendix A), or Clebsch–Gordan coefficients recomputed
 //! here from the Racah formula (guide section 4.4).
 //!
-//! If the checkpoint is absent, `scripts/fetch-sevennet.sh` is run once.
+//! The checkpoint must be there (CI setup fetches it once); tests do not download.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use ddmlip_checkpoint::{
-    find_sevennet_checkpoint, load, Checkpoint, CheckpointError, PyValue, StorageDtype, Tensor,
-};
+use ddmlip_checkpoint::{load, Checkpoint, CheckpointError, PyValue, StorageDtype, Tensor};
 
 /// (key, shape, storage key, explicit stride or None for contiguous), copied from the
 /// SevenNet-0 architecture guide, section 1.5 (state dict table).
@@ -467,26 +464,7 @@ const STATE_DICT_TABLE: &[TableRow] = &[
 const STATE_DICT_NUMEL: usize = 863_456;
 
 fn checkpoint_path() -> PathBuf {
-    match find_sevennet_checkpoint() {
-        Ok(p) => p,
-        Err(CheckpointError::NotFound { .. }) => {
-            let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-            let out = Command::new("bash")
-                .arg(root.join("scripts/fetch-sevennet.sh"))
-                .output()
-                .expect("cannot run bash");
-            assert!(
-                out.status.success(),
-                "scripts/fetch-sevennet.sh failed:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            let printed = PathBuf::from(stdout.trim().lines().last().unwrap_or_default());
-            assert!(printed.is_file(), "fetch script printed {printed:?}");
-            find_sevennet_checkpoint().unwrap_or(printed)
-        }
-        Err(e) => panic!("{e}"),
-    }
+    ddmlip_testkit::sevennet_checkpoint()
 }
 
 fn ckpt() -> &'static Checkpoint {

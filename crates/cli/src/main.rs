@@ -1,47 +1,16 @@
 //! `ddmlip`: run machine-learned interatomic potentials split over ranks,
 //! and prove the split gives the single-process answer.
 
-mod bench_cores;
+mod args;
 mod commands;
-mod md_cmd;
-mod md_validate;
-mod eval_batch;
+mod error;
+mod input;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod output;
-mod relax_cmd;
-mod validate_cmd;
 
-use clap::{Parser, Subcommand};
+use clap::Parser;
 use std::process::ExitCode;
-
-/// Exit status for a failed validation (the run worked, the answer is "no").
-pub const EXIT_FAILED: u8 = 1;
-/// Exit status for bad input or usage.
-pub const EXIT_BAD_INPUT: u8 = 2;
-
-/// An error with the exit status it maps to.
-#[derive(Debug)]
-pub struct CliError {
-    pub status: u8,
-    pub error: anyhow::Error,
-}
-
-impl CliError {
-    /// Bad input or usage: exit status 2.
-    pub fn input(error: impl Into<anyhow::Error>) -> Self {
-        Self {
-            status: EXIT_BAD_INPUT,
-            error: error.into(),
-        }
-    }
-
-    /// The run itself failed: exit status 1.
-    pub fn failed(error: impl Into<anyhow::Error>) -> Self {
-        Self {
-            status: EXIT_FAILED,
-            error: error.into(),
-        }
-    }
-}
 
 #[derive(Parser)]
 #[command(
@@ -84,6 +53,3 @@ fn error_message(error: &anyhow::Error) -> String {
     }
     message
 }
-
-#[allow(dead_code)]
-fn _assert_subcommand<T: Subcommand>() {}

@@ -1,11 +1,11 @@
 //! Rendering results for humans and as JSON.
 
-use ddmlip_atoms::System;
-use ddmlip_domain::{Partition, PartitionHealth};
-use ddmlip_engine::Model;
+use crate::args::BalanceArg;
+use ddmlip::partition::{Partition, PartitionHealth};
+use ddmlip::{EvalResult, Model, System};
 use ddmlip_neighbors::NeighborList;
-use ddmlip_runtime::EvalResult;
 use serde_json::{json, Value};
+use std::path::Path;
 
 /// A float in compact scientific notation.
 pub fn fmt_e(x: f64) -> String {
@@ -22,7 +22,7 @@ fn nan_to_null(v: f64) -> Value {
     }
 }
 
-/// The `eval --json` object (DESIGN.md §6).
+/// The `eval --json` object (docs/design.md §6).
 /// `health` is [`eval_health`]'s answer, reported as `partition_health`
 /// when the run was split.
 // Used by the MPI backend (`--features mpi`) only.
@@ -226,7 +226,7 @@ pub fn eval_health(frames: &[System], r: &EvalResult) -> Vec<PartitionHealth> {
     r.partitions
         .iter()
         .zip(frames)
-        .map(|(p, sys)| ddmlip_domain::partition_health(p, sys))
+        .map(|(p, sys)| ddmlip::partition::partition_health(p, sys))
         .collect()
 }
 
@@ -303,34 +303,6 @@ pub fn degenerate_warning(
     Some(s)
 }
 
-/// Largest relative difference between two runs (energy, forces scaled by
-/// the largest force, stress scaled by its largest component).
-pub fn max_rel_difference(a: &EvalResult, b: &EvalResult) -> f64 {
-    let mut worst: f64 = 0.0;
-    for (x, y) in a.energy().iter().zip(b.energy()) {
-        worst = worst.max((x - y).abs() / x.abs().max(1e-300));
-    }
-    let (fa, fb) = (a.forces(), b.forces());
-    let scale = fa
-        .iter()
-        .flatten()
-        .fold(0.0f64, |m, v| m.max(v.abs()))
-        .max(1e-300);
-    for (x, y) in fa.iter().flatten().zip(fb.iter().flatten()) {
-        let d = (x - y).abs() / scale;
-        worst = worst.max(if d.is_nan() { f64::INFINITY } else { d });
-    }
-    for (sa, sb) in a.stress().iter().zip(b.stress()) {
-        if let (Some(sa), Some(sb)) = (sa, sb) {
-            let scale = sa.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-300);
-            for k in 0..6 {
-                worst = worst.max((sa[k] - sb[k]).abs() / scale);
-            }
-        }
-    }
-    worst
-}
-
 pub fn demo_text(
     sys: &System,
     single: &EvalResult,
@@ -372,4 +344,24 @@ pub fn demo_text(
         split.bytes_sent
     ));
     s
+}
+
+/// The health of each frame's split, after warning on stderr about splits
+/// that leave ranks idle or holding the whole system (`structure` and
+/// `balance` name the command line that shows the split).
+pub fn report_split_health(
+    structure: &Path,
+    balance: BalanceArg,
+    frames: &[System],
+    result: &EvalResult,
+) -> Vec<PartitionHealth> {
+    let health = eval_health(frames, result);
+    let mut flags = format!("--structure {}", structure.display());
+    if let BalanceArg::Atoms = balance {
+        flags.push_str(" --balance atoms");
+    }
+    if let Some(warning) = degenerate_warning(&health, Some(&flags)) {
+        eprint!("{warning}");
+    }
+    health
 }

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ddmlip");
 
-/// Equivalence tolerance of DESIGN.md §7 (f64, relative to the quantity's scale).
+/// Equivalence tolerance of docs/design.md §7 (f64, relative to the quantity's scale).
 const RTOL: f64 = 1e-10;
 
 /// Runs python3 with `script` and `args`; fails clearly when ASE is missing.

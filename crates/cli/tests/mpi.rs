@@ -166,13 +166,7 @@ mod with_mpi {
     use serde_json::Value;
     use std::time::{Duration, Instant};
 
-    fn mpirun_available() -> bool {
-        Command::new("mpirun")
-            .arg("--version")
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false)
-    }
+    use ddmlip_testkit::mpirun_available;
 
     /// `mpirun -n N ddmlip <args>`; allowed as root and oversubscribed, since
     /// test machines have fewer cores than ranks.
@@ -287,7 +281,6 @@ mod with_mpi {
 
     fn mpi_equals_single_process(model: &str) {
         if !mpirun_available() {
-            eprintln!("SKIPPED: mpirun is not on PATH");
             return;
         }
         let dir = tempfile::tempdir().unwrap();
@@ -354,7 +347,6 @@ mod with_mpi {
     #[test]
     fn rank_zero_alone_reports_and_writes() {
         if !mpirun_available() {
-            eprintln!("SKIPPED: mpirun is not on PATH");
             return;
         }
         let dir = tempfile::tempdir().unwrap();
@@ -413,7 +405,6 @@ mod with_mpi {
     #[test]
     fn unsupported_element_fails_fast_with_its_message() {
         if !mpirun_available() {
-            eprintln!("SKIPPED: mpirun is not on PATH");
             return;
         }
         let dir = tempfile::tempdir().unwrap();
@@ -446,7 +437,6 @@ mod with_mpi {
     #[test]
     fn a_rank_failing_during_the_run_aborts_the_job() {
         if !mpirun_available() {
-            eprintln!("SKIPPED: mpirun is not on PATH");
             return;
         }
         let dir = tempfile::tempdir().unwrap();

@@ -5,13 +5,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-fn mpirun_available() -> bool {
-    Command::new("mpirun")
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
+use ddmlip_testkit::mpirun_available;
 
 /// Path of the example binary, built on demand with the same profile.
 fn selftest_binary() -> PathBuf {
@@ -67,7 +61,6 @@ fn mpirun(n: usize, args: &[&str]) -> (Output, Duration) {
 #[test]
 fn selftest_passes_on_2_and_4_ranks() {
     if !mpirun_available() {
-        eprintln!("SKIPPED: mpirun is not on PATH");
         return;
     }
     for n in [2, 4] {
@@ -89,7 +82,6 @@ fn selftest_passes_on_2_and_4_ranks() {
 #[test]
 fn aborting_rank_ends_the_job_with_its_message() {
     if !mpirun_available() {
-        eprintln!("SKIPPED: mpirun is not on PATH");
         return;
     }
     // Build first so the timing below measures only the job.

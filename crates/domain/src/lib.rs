@@ -2,6 +2,8 @@
 //! periodic images each rank holds as ghosts, the halo plan that keeps ghost
 //! rows fresh, a health check of the split, and an SVG picture of it.
 
+#![forbid(unsafe_code)]
+
 pub mod partition;
 pub use partition::*;
 mod halo;

@@ -124,7 +124,10 @@ macro_rules! impl_real {
                 rsc: isize,
                 csc: isize,
             ) {
-                $gemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc)
+                // SAFETY: the caller upholds `gemm_raw`'s contract (every
+                // addressed element valid, `c` aliasing neither input), which
+                // is matrixmultiply's.
+                unsafe { $gemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc) }
             }
         }
     };

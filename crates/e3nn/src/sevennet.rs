@@ -1157,7 +1157,7 @@ impl<T: Real> SevenNet<T> {
         Ok(e)
     }
 
-    /// Gradient of Σ_i grad_e[i]·E_i w.r.t. the last block's output.
+    /// Gradient of Σ_i grad_e\[i\]·E_i w.r.t. the last block's output (N × 128).
     pub fn readout_backward(&self, grad_e: &[T], types: &[usize]) -> Result<Vec<T>, E3nnError> {
         let n = types.len();
         check_len("readout grad_e", n, grad_e.len())?;

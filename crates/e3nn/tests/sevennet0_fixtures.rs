@@ -15,23 +15,10 @@ const FIXTURE: &str = concat!(
     "/../../../shared/fixtures/sevennet0/sevennet0_public.json"
 );
 
-/// The checkpoint, fetched with the workspace script when it is not there yet.
-/// A missing checkpoint fails the test: it is the only source of the weights.
+/// The checkpoint (fetched once by CI setup; a missing one fails the test:
+/// it is the only source of the weights).
 fn checkpoint_path() -> std::path::PathBuf {
-    if let Ok(p) = ddmlip_checkpoint::find_sevennet_checkpoint() {
-        return p;
-    }
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
-    let status = std::process::Command::new("bash")
-        .arg("scripts/fetch-sevennet.sh")
-        .current_dir(root)
-        .status();
-    match ddmlip_checkpoint::find_sevennet_checkpoint() {
-        Ok(p) => p,
-        Err(e) => panic!(
-            "SevenNet-0 checkpoint unavailable after scripts/fetch-sevennet.sh ({status:?}): {e}"
-        ),
-    }
+    ddmlip_testkit::sevennet_checkpoint()
 }
 
 fn weights() -> &'static SevenNetWeights {

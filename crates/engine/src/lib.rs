@@ -8,6 +8,8 @@
 //! Tensors are row-major `rows × cols` blocks whose rows have a [`RowDomain`]:
 //! `Atom` (local atoms: owned rows first, then ghosts), `Edge`, `System`, or none.
 
+mod backward;
+mod buffers;
 mod dist;
 mod error;
 mod graph;

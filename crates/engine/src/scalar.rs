@@ -39,7 +39,13 @@ pub trait Scalar:
     fn to_f64_lossless(self) -> f64;
     /// Erases the element type of a mutable slice for communication.
     fn data_mut(s: &mut [Self]) -> DataMut<'_>;
-    /// `C = alpha·A·B + beta·C` with explicit row/column strides.
+    /// `C = alpha·A·B + beta·C` with explicit row/column strides (`A` m×k,
+    /// `B` k×n, `C` m×n, strides in elements).
+    ///
+    /// # Panics
+    /// When a strided view reaches outside its slice (or before its start):
+    /// the check runs in every build, so a wrong shape is a panic, never an
+    /// out-of-bounds access. It is O(1) per call.
     #[allow(clippy::too_many_arguments)]
     fn gemm(
         m: usize,
@@ -93,11 +99,15 @@ macro_rules! impl_scalar {
                 if m == 0 || n == 0 {
                     return;
                 }
-                // SAFETY: callers pass slices whose extents cover the strided
-                // m×k, k×n and m×n views (checked by `gemm_extent_ok` in debug).
-                debug_assert!(gemm_extent_ok(m, k, rsa, csa, a.len()));
-                debug_assert!(gemm_extent_ok(k, n, rsb, csb, b.len()));
-                debug_assert!(gemm_extent_ok(m, n, rsc, csc, c.len()));
+                assert!(
+                    gemm_extent_ok(m, k, rsa, csa, a.len())
+                        && gemm_extent_ok(k, n, rsb, csb, b.len())
+                        && gemm_extent_ok(m, n, rsc, csc, c.len()),
+                    "gemm: a strided view reaches outside its slice"
+                );
+                // SAFETY: the assert above keeps every element the strided
+                // m×k, k×n and m×n views address inside `a`, `b` and `c`;
+                // `c` is a unique borrow, so it aliases neither input.
                 unsafe {
                     $gemm(
                         m,
@@ -121,13 +131,60 @@ macro_rules! impl_scalar {
     };
 }
 
+/// Whether an r×c view with strides (rs, cs) lies inside a slice of `len`
+/// elements: every addressed offset `i·rs + j·cs` is in `0..len`. Negative
+/// strides are refused (matrixmultiply would step before the pointer).
 fn gemm_extent_ok(r: usize, c: usize, rs: isize, cs: isize, len: usize) -> bool {
     if r == 0 || c == 0 {
         return true;
     }
-    let last = (r as isize - 1) * rs + (c as isize - 1) * cs;
-    last >= 0 && (last as usize) < len
+    if rs < 0 || cs < 0 {
+        return false;
+    }
+    let last = (r as u128 - 1) * rs as u128 + (c as u128 - 1) * cs as u128;
+    last < len as u128
 }
 
 impl_scalar!(f64, DType::F64, F64, matrixmultiply::dgemm);
 impl_scalar!(f32, DType::F32, F32, matrixmultiply::sgemm);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gemm_matches_the_naive_product() {
+        let (m, k, n) = (3, 4, 2);
+        let a: Vec<f64> = (0..m * k).map(|x| x as f64 * 0.5 - 1.0).collect();
+        let b: Vec<f64> = (0..k * n).map(|x| 1.0 / (x as f64 + 1.0)).collect();
+        let mut c = vec![1.0; m * n];
+        f64::gemm(
+            m, k, n, 2.0, &a, k as isize, 1, &b, n as isize, 1, 0.5, &mut c, n as isize, 1,
+        );
+        for i in 0..m {
+            for j in 0..n {
+                let dot: f64 = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+                assert!((c[i * n + j] - (2.0 * dot + 0.5)).abs() < 1e-12);
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "outside its slice")]
+    fn gemm_refuses_a_view_past_the_end() {
+        let a = vec![1.0f32; 5]; // 2×3 needs 6
+        let b = vec![1.0f32; 3];
+        let mut c = vec![0.0f32; 2];
+        f32::gemm(2, 3, 1, 1.0, &a, 3, 1, &b, 1, 1, 0.0, &mut c, 1, 1);
+    }
+
+    #[test]
+    fn extents_cover_every_addressed_element() {
+        assert!(gemm_extent_ok(2, 3, 3, 1, 6));
+        assert!(!gemm_extent_ok(2, 3, 3, 1, 5));
+        // Column-major view of a 3×2 buffer.
+        assert!(gemm_extent_ok(3, 2, 1, 3, 6));
+        assert!(!gemm_extent_ok(2, 2, -1, 1, 100));
+        assert!(gemm_extent_ok(0, 5, 1, 1, 0));
+    }
+}

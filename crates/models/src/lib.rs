@@ -1,7 +1,9 @@
-//! Built-in models (DESIGN.md §5) and the registry that names them.
+//! Built-in models (docs/design.md §5) and the registry that names them.
 //!
 //! Demo models carry deterministic weights from [`init::Weights`] (a seeded
 //! SplitMix64 stream), so every result is reproducible bit for bit.
+
+#![forbid(unsafe_code)]
 
 mod demo;
 pub mod init;

@@ -14,20 +14,8 @@ fn fixture_path() -> PathBuf {
 }
 
 fn model() -> Box<dyn Model> {
-    if ddmlip_checkpoint::find_sevennet_checkpoint().is_err() {
-        let script = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../scripts/fetch-sevennet.sh"
-        );
-        let st = std::process::Command::new("bash")
-            .arg(script)
-            .status()
-            .expect("run fetch-sevennet.sh");
-        assert!(
-            st.success(),
-            "could not fetch the SevenNet-0 checkpoint (bash scripts/fetch-sevennet.sh)"
-        );
-    }
+    // Fails with the fetch command when CI setup has not fetched it.
+    ddmlip_testkit::sevennet_checkpoint();
     ddmlip_models::load_model("sevennet-0").expect("load sevennet-0")
 }
 

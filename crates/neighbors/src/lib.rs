@@ -7,6 +7,8 @@
 //! Both return the same pairs in the same order: sorted by `i`, then `j`, then
 //! `S` (lexicographically), independent of the number of threads.
 
+#![forbid(unsafe_code)]
+
 mod brute;
 mod cell_list;
 mod frame;

@@ -14,5 +14,10 @@ pub enum EvalError {
     Engine(#[from] EngineError),
     /// A rank failed; every other rank was released.
     #[error("rank {rank} failed: {message}")]
-    RankFailed { rank: usize, message: String },
+    RankFailed {
+        /// The rank that failed.
+        rank: usize,
+        /// Its error, in words.
+        message: String,
+    },
 }

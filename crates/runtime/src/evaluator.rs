@@ -49,7 +49,7 @@ impl<'m> Evaluator<'m> {
     }
 
     /// Large tensors that could not reuse kept memory, over all calls and
-    /// ranks so far (see [`Buffers::fresh_allocations`]).
+    /// ranks so far (see [`Buffers::fresh_allocations`](ddmlip_engine::Buffers::fresh_allocations)).
     pub fn fresh_allocations(&self) -> usize {
         self.buffers
             .iter()

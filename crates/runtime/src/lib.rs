@@ -13,6 +13,8 @@
 //! Partitioning, halo plans and partition health live in `ddmlip-domain`;
 //! this crate puts them to work.
 
+#![forbid(unsafe_code)]
+
 mod consolidate;
 mod error;
 mod evaluator;

@@ -8,6 +8,7 @@ use std::time::Duration;
 /// How to run an evaluation.
 #[derive(Debug, Clone)]
 pub struct EvalOptions {
+    /// Precision of the whole evaluation (f64 by default).
     pub dtype: DType,
     /// 1 runs in this process without decomposition.
     pub ranks: usize,

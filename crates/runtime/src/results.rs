@@ -14,6 +14,7 @@ pub const NEIGHBOR_COUNTS: &str = "_neighbor_counts";
 /// One output of a run: rows are atoms (batch order) or systems.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutputData {
+    /// Whether rows are atoms, systems or one global row.
     pub kind: OutputKind,
     /// Values per row.
     pub width: usize,
@@ -156,5 +157,36 @@ impl EvalResult {
             offset += n;
         }
         out
+    }
+
+    /// The largest relative difference between this run and `other` over
+    /// energy (relative to each energy), forces (relative to this run's
+    /// largest force component) and stress (relative to each system's
+    /// largest component); a NaN force difference counts as infinite. What
+    /// `ddmlip demo` reports between its single-process and split runs.
+    pub fn max_relative_difference(&self, other: &EvalResult) -> f64 {
+        let mut worst: f64 = 0.0;
+        for (x, y) in self.energy().iter().zip(other.energy()) {
+            worst = worst.max((x - y).abs() / x.abs().max(1e-300));
+        }
+        let (fa, fb) = (self.forces(), other.forces());
+        let scale = fa
+            .iter()
+            .flatten()
+            .fold(0.0f64, |m, v| m.max(v.abs()))
+            .max(1e-300);
+        for (x, y) in fa.iter().flatten().zip(fb.iter().flatten()) {
+            let d = (x - y).abs() / scale;
+            worst = worst.max(if d.is_nan() { f64::INFINITY } else { d });
+        }
+        for (sa, sb) in self.stress().iter().zip(other.stress()) {
+            if let (Some(sa), Some(sb)) = (sa, sb) {
+                let scale = sa.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-300);
+                for k in 0..6 {
+                    worst = worst.max((sa[k] - sb[k]).abs() / scale);
+                }
+            }
+        }
+        worst
     }
 }

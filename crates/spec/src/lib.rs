@@ -1,6 +1,8 @@
 //! `MLIPSpec`: a small, versioned JSON document that says what each model
 //! output means and which distributed mode each op pattern uses
-//! (DESIGN.md §2). Pure data: the engine reads it, `validate` infers it.
+//! (docs/design.md §2). Pure data: the engine reads it, `validate` infers it.
+
+#![forbid(unsafe_code)]
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -163,7 +165,7 @@ pub struct Validation {
     pub partition_healthy: bool,
 }
 
-/// The distribution spec of a model (DESIGN.md §2, version 1).
+/// The distribution spec of a model (docs/design.md §2, version 1).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MLIPSpec {

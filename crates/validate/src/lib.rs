@@ -1,5 +1,5 @@
 //! `validate`: does a model give the single-process answer when split over
-//! ranks? If not, why, and which spec fixes it (DESIGN.md §3).
+//! ranks? If not, why, and which spec fixes it (docs/design.md §3).
 //!
 //! [`trace_and_validate`] runs the model once in one process with tracing
 //! (the ground truth), infers a distribution spec from the trace (the
@@ -8,6 +8,8 @@
 //! output per global atom id, and on failure tries spec mutations from a
 //! rule engine until one passes. The [`TraceReport`] carries every attempt,
 //! one actionable `next_action`, and diagnostics in causal order.
+
+#![forbid(unsafe_code)]
 
 mod autofix;
 mod compare;

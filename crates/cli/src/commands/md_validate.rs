@@ -1,7 +1,7 @@
 //! `ddmlip md --validate`: the decomposed trajectory against the one-rank
 //! trajectory, per global atom id, after every step.
 
-use crate::CliError;
+use crate::error::CliError;
 use anyhow::anyhow;
 use ddmlip_atoms::Cell;
 use ddmlip_md::{Checkpoint, Frame, MdConfig, MdError, MdSink, StartState, ThermoRow, Topology};
@@ -220,5 +220,5 @@ pub fn validate_trajectory(
             ),
         }
     }
-    Ok(if report.ok { 0 } else { crate::EXIT_FAILED })
+    Ok(if report.ok { 0 } else { crate::error::EXIT_FAILED })
 }

@@ -5,7 +5,7 @@
 //! long runs. Also the checks `eval` makes before computing (output path)
 //! and the warning for a spec never validated for the model.
 
-use crate::CliError;
+use crate::error::CliError;
 use anyhow::anyhow;
 use ddmlip_atoms::extxyz::FrameReader;
 use ddmlip_atoms::System;

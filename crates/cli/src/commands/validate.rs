@@ -2,9 +2,9 @@
 //! over ranks, and if not, which spec fixes it. Thin wrapper over
 //! `ddmlip_validate::trace_and_validate` (threads backend) and
 //! `ddmlip_validate::trace_and_validate_with` (one MPI process per rank).
-
-use crate::commands::{load_model, read_structure, Backend};
-use crate::CliError;
+use crate::args::Backend;
+use crate::error::CliError;
+use crate::input::{load_model, read_structure};
 use anyhow::{anyhow, Context};
 use clap::Args;
 use ddmlip_atoms::System;
@@ -40,8 +40,8 @@ pub struct ValidateArgs {
     #[arg(long)]
     spec: Option<PathBuf>,
     /// Precision of both runs.
-    #[arg(long, value_enum, default_value_t = crate::commands::Precision::F64)]
-    dtype: crate::commands::Precision,
+    #[arg(long, value_enum, default_value_t = crate::args::Precision::F64)]
+    dtype: crate::args::Precision,
     /// Absolute tolerance per output [default: 1e-8 with f64, 1e-4 with f32].
     #[arg(long, allow_negative_numbers = true)]
     atol: Option<f64>,
@@ -138,11 +138,15 @@ fn finish(a: &ValidateArgs, report: &TraceReport) -> Result<u8, CliError> {
             ),
         }
     }
-    Ok(if report.ok { 0 } else { crate::EXIT_FAILED })
+    Ok(if report.ok {
+        0
+    } else {
+        crate::error::EXIT_FAILED
+    })
 }
 
 /// Runs the validation; exit status 0 pass, 1 fail (2 comes back as an error).
-pub fn validate(a: ValidateArgs) -> Result<u8, CliError> {
+pub fn run(a: ValidateArgs) -> Result<u8, CliError> {
     if a.backend == Backend::Mpi {
         return validate_mpi(a);
     }
@@ -190,8 +194,8 @@ fn validate_mpi(a: ValidateArgs) -> Result<u8, CliError> {
 #[cfg(feature = "mpi")]
 mod with_mpi {
     use super::{finish, prepare, validate_error, ValidateArgs};
-    use crate::commands::mpi_cmd::with_mpi::{abort, agree_on_input, SharedComm};
-    use crate::CliError;
+    use crate::error::CliError;
+    use crate::mpi::{abort, agree_on_input, SharedComm};
     use anyhow::anyhow;
     use ddmlip_atoms::System;
     use ddmlip_comm::{Buffer, Communicator, SendBuf};

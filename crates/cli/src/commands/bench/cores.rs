@@ -8,9 +8,8 @@
 //! balanced split without any overhead would reach. Against the mean thread
 //! instead, it is what a split that moves work from slow to fast cores
 //! within a step could reach at best.
-
-use crate::commands::bench_cmd::median;
-use crate::CliError;
+use super::stats::{cores, median};
+use crate::error::CliError;
 use anyhow::anyhow;
 use clap::{Args, ValueEnum};
 use serde::Serialize;
@@ -228,7 +227,7 @@ pub fn measure(
 }
 
 pub fn run(a: &CoresBenchArgs) -> Result<u8, CliError> {
-    let threads = a.threads.unwrap_or_else(crate::commands::bench_cmd::cores);
+    let threads = a.threads.unwrap_or_else(cores);
     if threads == 0 || a.steps == 0 {
         return Err(CliError::input(anyhow!(
             "--threads and --steps must be at least 1"

@@ -1,8 +1,8 @@
 //! `ddmlip relax`: FIRE relaxation of the positions on a decomposed system
 //! (the numerics live in `ddmlip-md`).
 
-use crate::commands::{Backend, BalanceArg, Precision};
-use crate::{CliError, EXIT_FAILED};
+use crate::args::{Backend, BalanceArg, Precision};
+use crate::error::{CliError, EXIT_FAILED};
 use anyhow::anyhow;
 use clap::Args;
 use ddmlip_atoms::System;
@@ -61,12 +61,12 @@ pub fn relax(a: RelaxArgs) -> Result<u8, CliError> {
             "relax runs on thread ranks (--backend threads); `ddmlip md --backend mpi` runs under MPI"
         )));
     }
-    let frames = crate::commands::read_structure(&a.structure)?;
+    let frames = crate::input::read_structure(&a.structure)?;
     let system = frames
         .into_iter()
         .last()
         .ok_or_else(|| CliError::input(anyhow!("{}: no frames", a.structure.display())))?;
-    let model = crate::commands::load_model(&a.model, a.modal.as_deref())?;
+    let model = crate::input::load_model(&a.model, a.modal.as_deref())?;
     ddmlip_runtime::check_batch(model.as_ref(), std::slice::from_ref(&system))
         .map_err(|e| CliError::input(anyhow!("{}: {e}", a.structure.display())))?;
     let topology = Topology {

@@ -1,43 +1,24 @@
-//! `ddmlip bench`: wall-clock and memory benchmarks of full evaluations
-//! (forward + forces + stress) and of the machine's f32 GEMM rate.
+//! `ddmlip bench model`: wall-clock and memory of full evaluations
+//! (forward + forces + stress) per rank count.
 //!
 //! Every rank count of `bench model` runs in its own child process (this same
 //! executable, re-invoked with the hidden `--child` flag) so that the rayon
 //! pool can be sized per configuration (the global pool can be built only
 //! once per process) and so that the peak RSS read from `/proc/self/status`
 //! belongs to one configuration alone.
-
-use super::{demo_crystal, load_model, read_structure, BalanceArg, Precision};
-use crate::CliError;
+use super::procfs::{process_cpu_s, process_minor_faults, read_status_kib};
+use super::stats::{cores, median};
+use crate::args::{BalanceArg, Precision};
+use crate::error::{CliError, EXIT_FAILED};
+use crate::input::{load_model, read_structure};
 use anyhow::{anyhow, Context};
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, ValueEnum};
 use ddmlip_atoms::System;
 use ddmlip_runtime::{EvalOptions, EvalResult, Evaluator, RankTimings};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::process::{Command as Process, Stdio};
 use std::time::Instant;
-
-/// Arguments of `ddmlip bench`.
-#[derive(Args)]
-pub struct BenchArgs {
-    #[command(subcommand)]
-    what: BenchWhat,
-}
-
-#[derive(Subcommand)]
-enum BenchWhat {
-    /// Time full evaluations (forward + forces + stress) of a model: median of
-    /// --repeats after one warm-up, per rank count, each in its own process.
-    Model(ModelBenchArgs),
-    /// The parallel efficiency this machine allows a decomposed run: threads
-    /// doing identical, independent work and meeting after every step, as
-    /// ranks do, against one thread alone.
-    Cores(crate::bench_cores::CoresBenchArgs),
-    /// The f32 GEMM rate of this machine (matrixmultiply sgemm), single thread
-    /// and split over row blocks on a rayon pool, as the engine splits it.
-    Gemm(GemmBenchArgs),
-}
 
 /// Generated benchmark crystals.
 #[derive(Clone, Copy, ValueEnum, Debug, PartialEq, Serialize, Deserialize)]
@@ -49,79 +30,59 @@ pub enum Crystal {
 }
 
 #[derive(Args)]
-struct ModelBenchArgs {
+pub struct ModelBenchArgs {
     /// Built-in model name (see `ddmlip models`) or a model file.
     #[arg(long)]
-    model: String,
+    pub(crate) model: String,
     /// Fidelity of a multi-fidelity SevenNet checkpoint (e.g. `PBE`,
     /// `R2SCAN` for sevennet-mf-0); required for those, refused for others.
     #[arg(long)]
-    modal: Option<String>,
+    pub(crate) modal: Option<String>,
     /// Extended XYZ structure file (the first frame is timed).
     #[arg(long, conflicts_with = "crystal")]
-    structure: Option<PathBuf>,
+    pub(crate) structure: Option<PathBuf>,
     /// Generated crystal when no --structure is given.
     #[arg(long, value_enum, default_value_t = Crystal::Cu)]
-    crystal: Crystal,
+    pub(crate) crystal: Crystal,
     /// Conventional cells per axis of the generated crystal.
     #[arg(long, default_value_t = 10)]
-    repeat: usize,
+    pub(crate) repeat: usize,
     /// Floating-point precision.
     #[arg(long, value_enum, default_value_t = Precision::F32)]
-    dtype: Precision,
+    pub(crate) dtype: Precision,
     /// Rank counts to time (threads backend), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1")]
-    ranks: Vec<usize>,
+    pub(crate) ranks: Vec<usize>,
     /// Rayon threads per rank: each rank of a split run has its own pool of
     /// this many workers. Default: the machine's cores / ranks (at least 1).
     #[arg(long)]
-    threads: Option<usize>,
+    pub(crate) threads: Option<usize>,
     /// Timed evaluations after the warm-up; the median is reported.
     #[arg(long, default_value_t = 3)]
-    repeats: usize,
+    pub(crate) repeats: usize,
     /// Times through the whole rank list, alternating (1, 16, 1, 16, …):
     /// each rank count's median is over the steps of all rounds, so a
     /// machine whose speed drifts is sampled alike for every count.
     #[arg(long, default_value_t = 1)]
-    rounds: usize,
+    pub(crate) rounds: usize,
     /// How split runs place domain boundaries.
     #[arg(long, value_enum, default_value_t = BalanceArg::Geometric)]
-    balance: BalanceArg,
+    pub(crate) balance: BalanceArg,
     /// Ranks do not run pieces of other ranks' work while they wait (the
     /// threads backend shares work by default).
     #[arg(long)]
-    no_work_sharing: bool,
+    pub(crate) no_work_sharing: bool,
     /// After the runs, time `bench cores` for the largest thread count
     /// (ranks × threads) and report its ceilings next to the efficiencies:
     /// what this machine allows a split whose ranks meet every step.
     #[arg(long)]
-    ceiling: bool,
+    pub(crate) ceiling: bool,
     /// Print one JSON object on stdout.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// Run exactly one rank count in this process and print its record as JSON.
     #[arg(long, hide = true)]
-    child: bool,
-}
-
-#[derive(Args)]
-struct GemmBenchArgs {
-    /// GEMM shapes `MxKxN` (C = A·B, A is M×K), comma-separated.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "65536x64x64,65536x64x960,1024x1024x1024"
-    )]
-    shapes: Vec<String>,
-    /// Rayon threads for the row-block-parallel run. Default: all cores.
-    #[arg(long)]
-    threads: Option<usize>,
-    /// Timed calls per shape; the median is reported.
-    #[arg(long, default_value_t = 5)]
-    repeats: usize,
-    /// Print one JSON object on stdout.
-    #[arg(long)]
-    json: bool,
+    pub(crate) child: bool,
 }
 
 /// One timed configuration of `bench model` (one child process).
@@ -278,30 +239,14 @@ struct ModelSummary {
     /// With `--ceiling`: `bench cores` at the largest pool, one record per
     /// kernel.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    ceiling: Vec<crate::bench_cores::CoresRecord>,
-}
-
-/// Runs `ddmlip bench …`; returns the exit status.
-pub fn run(a: BenchArgs) -> Result<u8, CliError> {
-    match a.what {
-        BenchWhat::Model(m) if m.child => model_child(&m),
-        BenchWhat::Model(m) => model_parent(&m),
-        BenchWhat::Gemm(g) => gemm(&g),
-        BenchWhat::Cores(c) => crate::bench_cores::run(&c),
-    }
-}
-
-pub(crate) fn cores() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
+    ceiling: Vec<super::cores::CoresRecord>,
 }
 
 fn threads_per_rank(a: &ModelBenchArgs, ranks: usize) -> usize {
     a.threads.unwrap_or_else(|| (cores() / ranks).max(1))
 }
 
-fn model_parent(a: &ModelBenchArgs) -> Result<u8, CliError> {
+pub fn run(a: &ModelBenchArgs) -> Result<u8, CliError> {
     if a.ranks.is_empty() || a.ranks.contains(&0) {
         return Err(CliError::input(anyhow!("--ranks must list counts ≥ 1")));
     }
@@ -339,12 +284,12 @@ fn model_parent(a: &ModelBenchArgs) -> Result<u8, CliError> {
         if !a.json {
             eprintln!("timing this machine's ceiling for {threads} threads (bench cores)");
         }
-        for kernel in crate::bench_cores::KERNELS {
-            summary.ceiling.push(crate::bench_cores::measure(
+        for kernel in super::cores::KERNELS {
+            summary.ceiling.push(super::cores::measure(
                 kernel,
                 threads,
-                crate::bench_cores::DEFAULT_STEPS,
-                crate::bench_cores::DEFAULT_WORK_MS,
+                super::cores::DEFAULT_STEPS,
+                super::cores::DEFAULT_WORK_MS,
             )?);
         }
     }
@@ -390,7 +335,7 @@ fn run_child(a: &ModelBenchArgs, exe: &std::path::Path, r: usize) -> Result<Mode
         .map_err(CliError::failed)?;
     if !out.status.success() {
         return Err(CliError {
-            status: out.status.code().map_or(crate::EXIT_FAILED, |c| c as u8),
+            status: out.status.code().map_or(EXIT_FAILED, |c| c as u8),
             error: anyhow!("the {r}-rank benchmark failed ({})", out.status),
         });
     }
@@ -564,7 +509,7 @@ fn crystal_name(c: Crystal) -> &'static str {
     }
 }
 
-fn model_child(a: &ModelBenchArgs) -> Result<u8, CliError> {
+pub fn child(a: &ModelBenchArgs) -> Result<u8, CliError> {
     let ranks = match a.ranks.as_slice() {
         [r] if *r >= 1 => *r,
         _ => return Err(CliError::input(anyhow!("--child takes one rank count"))),
@@ -590,11 +535,11 @@ fn model_child(a: &ModelBenchArgs) -> Result<u8, CliError> {
         Some(p) => (read_structure(p)?.swap_remove(0), p.display().to_string()),
         None => match a.crystal {
             Crystal::Si => (
-                si_diamond(a.repeat),
+                ddmlip::build::rattled_silicon(a.repeat),
                 format!("Si diamond {0}x{0}x{0}", a.repeat),
             ),
             Crystal::Cu => (
-                demo_crystal(a.repeat),
+                ddmlip::build::demo_copper(a.repeat),
                 format!("FCC Cu {0}x{0}x{0}", a.repeat),
             ),
         },
@@ -706,403 +651,9 @@ fn count_edges(sys: &System, cutoff: f64) -> Result<usize, CliError> {
     Ok(pairs.len())
 }
 
-/// Median of a non-empty sample (mean of the two middle values for even
-/// lengths); NaN for an empty one.
-pub fn median(xs: &[f64]) -> f64 {
-    if xs.is_empty() {
-        return f64::NAN;
-    }
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        0.5 * (v[m - 1] + v[m])
-    }
-}
-
-/// A `Key:   123 kB` line of `/proc/self/status`, in KiB; `None` where the
-/// file or line is missing (non-Linux systems).
-fn read_status_kib(key: &str) -> Option<u64> {
-    parse_status_kib(&std::fs::read_to_string("/proc/self/status").ok()?, key)
-}
-
-/// User + system CPU time of this process, all threads (s), from
-/// `/proc/self/stat` (fields 14 and 15, in USER_HZ = 100 ticks per second on
-/// Linux); `None` where unavailable.
-fn process_cpu_s() -> Option<f64> {
-    parse_stat_cpu_s(&std::fs::read_to_string("/proc/self/stat").ok()?)
-}
-
-fn parse_stat_cpu_s(stat: &str) -> Option<f64> {
-    let f = stat_fields(stat)?;
-    // `f` starts at field 3, so fields 14 and 15 are at 11 and 12.
-    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    Some(ticks as f64 / 100.0)
-}
-
-/// Minor page faults of this process so far (field 10 of `/proc/self/stat`):
-/// each is a page the kernel had to map (and zero) on first touch.
-fn process_minor_faults() -> Option<u64> {
-    parse_stat_minor_faults(&std::fs::read_to_string("/proc/self/stat").ok()?)
-}
-
-fn parse_stat_minor_faults(stat: &str) -> Option<u64> {
-    stat_fields(stat)?.get(7)?.parse().ok()
-}
-
-/// The fields of a `/proc/<pid>/stat` line from field 3 on.
-fn stat_fields(stat: &str) -> Option<Vec<&str>> {
-    // The command name (field 2) is parenthesised and may hold spaces.
-    Some(stat[stat.rfind(')')? + 1..].split_whitespace().collect())
-}
-
-fn parse_status_kib(status: &str, key: &str) -> Option<u64> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-}
-
-/// Diamond Si: the 8-atom conventional cell (a = 5.43 Å) repeated `n` times
-/// per axis, periodic, every coordinate displaced by a deterministic
-/// Gaussian of standard deviation 0.05 Å (like ASE's `rattle(0.05)`, though
-/// not the same random numbers).
-pub fn si_diamond(n: usize) -> System {
-    let a = 5.43;
-    let fcc = [
-        [0.0, 0.0, 0.0],
-        [0.0, 0.5, 0.5],
-        [0.5, 0.0, 0.5],
-        [0.5, 0.5, 0.0],
-    ];
-    let mut rng = ddmlip_models::init::Weights::new(12345);
-    let mut gauss = move || {
-        // Box–Muller on (0, 1] uniforms.
-        let u1 = 0.5 * (1.0 - rng.uniform());
-        let u2 = 0.5 * (1.0 + rng.uniform());
-        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-    };
-    let mut positions = Vec::with_capacity(8 * n * n * n);
-    for i in 0..n {
-        for j in 0..n {
-            for k in 0..n {
-                for b in fcc {
-                    for off in [0.0, 0.25] {
-                        positions.push([
-                            (i as f64 + b[0] + off) * a + 0.05 * gauss(),
-                            (j as f64 + b[1] + off) * a + 0.05 * gauss(),
-                            (k as f64 + b[2] + off) * a + 0.05 * gauss(),
-                        ]);
-                    }
-                }
-            }
-        }
-    }
-    let len = n as f64 * a;
-    let numbers = vec![14; positions.len()];
-    System::new(
-        positions,
-        numbers,
-        Some(ddmlip_atoms::Cell::orthorhombic(len, len, len)),
-        [true; 3],
-    )
-}
-
-/// One GEMM shape of `bench gemm`.
-#[derive(Debug, Serialize)]
-struct GemmRecord {
-    m: usize,
-    k: usize,
-    n: usize,
-    /// One sgemm call from one thread (GFLOP/s, 2·M·K·N per call);
-    /// matrixmultiply adds `MATMUL_NUM_THREADS` threads of its own (1 unless set).
-    single_thread_gflops: f64,
-    /// Row blocks of 256 on the rayon pool, one sgemm each (GFLOP/s).
-    parallel_gflops: f64,
-    threads: usize,
-}
-
-fn parse_shape(s: &str) -> Result<(usize, usize, usize), CliError> {
-    let dims: Vec<usize> = s
-        .split('x')
-        .map(|d| d.trim().parse::<usize>())
-        .collect::<Result<_, _>>()
-        .map_err(|_| CliError::input(anyhow!("shape `{s}`: expected MxKxN")))?;
-    match dims.as_slice() {
-        [m, k, n] if *m > 0 && *k > 0 && *n > 0 => Ok((*m, *k, *n)),
-        _ => Err(CliError::input(anyhow!(
-            "shape `{s}`: expected MxKxN, all positive"
-        ))),
-    }
-}
-
-/// `c = a·b`, row-major, one matrixmultiply call.
-fn sgemm(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize) {
-    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
-    // SAFETY: the assert above keeps every strided access inside the slices;
-    // `c` is a unique borrow, so it aliases neither input.
-    unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            1.0,
-            a.as_ptr(),
-            k as isize,
-            1,
-            b.as_ptr(),
-            n as isize,
-            1,
-            0.0,
-            c.as_mut_ptr(),
-            n as isize,
-            1,
-        );
-    }
-}
-
-fn gemm(g: &GemmBenchArgs) -> Result<u8, CliError> {
-    use rayon::prelude::*;
-    const ROW_BLOCK: usize = 256;
-    if g.repeats == 0 || g.threads == Some(0) {
-        return Err(CliError::input(anyhow!(
-            "--repeats and --threads must be at least 1"
-        )));
-    }
-    let shapes: Vec<_> = g
-        .shapes
-        .iter()
-        .map(|s| parse_shape(s))
-        .collect::<Result<_, _>>()?;
-    let threads = g.threads.unwrap_or_else(cores);
-    // matrixmultiply reads this once, at its first call: pin it to one thread
-    // (unless the caller chose otherwise) so that "single thread" is one
-    // thread and the row-block run is not oversubscribed. Still
-    // single-threaded here, so changing the environment is sound.
-    if std::env::var_os("MATMUL_NUM_THREADS").is_none() {
-        std::env::set_var("MATMUL_NUM_THREADS", "1");
-    }
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .map_err(CliError::failed)?;
-    let mut records = Vec::new();
-    for (m, k, n) in shapes {
-        let mut w = ddmlip_models::init::Weights::new(7);
-        let a: Vec<f32> = (0..m * k).map(|_| w.uniform() as f32).collect();
-        let b: Vec<f32> = (0..k * n).map(|_| w.uniform() as f32).collect();
-        let mut c = vec![0f32; m * n];
-        let flops = 2.0 * (m * k * n) as f64;
-        let mut time = |f: &mut dyn FnMut(&mut [f32])| {
-            f(&mut c);
-            let t: Vec<f64> = (0..g.repeats)
-                .map(|_| {
-                    let t0 = Instant::now();
-                    f(&mut c);
-                    t0.elapsed().as_secs_f64()
-                })
-                .collect();
-            flops / median(&t) / 1e9
-        };
-        let single = time(&mut |c: &mut [f32]| sgemm(&a, &b, c, m, k, n));
-        let parallel = time(&mut |c: &mut [f32]| {
-            pool.install(|| {
-                c.par_chunks_mut(ROW_BLOCK * n)
-                    .zip(a.par_chunks(ROW_BLOCK * k))
-                    .for_each(|(cb, ab)| sgemm(ab, &b, cb, ab.len() / k, k, n));
-            })
-        });
-        records.push(GemmRecord {
-            m,
-            k,
-            n,
-            single_thread_gflops: single,
-            parallel_gflops: parallel,
-            threads,
-        });
-    }
-    if g.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&records).map_err(CliError::failed)?
-        );
-    } else {
-        println!(
-            "f32 GEMM (matrixmultiply sgemm; MATMUL_NUM_THREADS={})",
-            std::env::var("MATMUL_NUM_THREADS").unwrap_or_else(|_| "unset".into())
-        );
-        println!(
-            "{:>20} {:>14} {:>22}",
-            "M x K x N", "1 call GFLOP/s", "row blocks GFLOP/s"
-        );
-        for r in &records {
-            println!(
-                "{:>20} {:>14.1} {:>15.1} ({} thr)",
-                format!("{}x{}x{}", r.m, r.k, r.n),
-                r.single_thread_gflops,
-                r.parallel_gflops,
-                r.threads
-            );
-        }
-    }
-    Ok(0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn median_matches_definition() {
-        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
-        assert!(median(&[]).is_nan());
-    }
-
-    #[test]
-    fn status_lines_parse_in_kib() {
-        let s = "Name:\tddmlip\nVmHWM:\t  123456 kB\nVmRSS:\t    1000 kB\n";
-        assert_eq!(parse_status_kib(s, "VmHWM:"), Some(123456));
-        assert_eq!(parse_status_kib(s, "VmRSS:"), Some(1000));
-        assert_eq!(parse_status_kib(s, "VmPeak:"), None);
-    }
-
-    #[test]
-    fn stat_cpu_fields() {
-        // proc(5): utime is field 14, stime field 15 (after a name with spaces).
-        let s = "42 (a b) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 1";
-        assert_eq!(parse_stat_cpu_s(s), Some(3.0));
-        // minflt is field 10.
-        assert_eq!(parse_stat_minor_faults(s), Some(7));
-    }
-
-    #[test]
-    fn touching_fresh_pages_counts_faults() {
-        let Some(before) = process_minor_faults() else {
-            return; // not Linux
-        };
-        // 64 MiB of fresh memory: at least 32 faults even with 2 MiB pages.
-        let mut v: Vec<u8> = Vec::with_capacity(64 << 20);
-        v.resize(64 << 20, 1);
-        let after = process_minor_faults().unwrap_or(0);
-        assert!(std::hint::black_box(&v)[12345] == 1);
-        assert!(after >= before + 32, "{before} -> {after}");
-    }
-
-    #[test]
-    fn own_status_peak_is_at_least_current() {
-        // On Linux the high-water mark in one reading is never below the
-        // resident set of that same reading.
-        if let Ok(s) = std::fs::read_to_string("/proc/self/status") {
-            let hwm = parse_status_kib(&s, "VmHWM:").unwrap();
-            let rss = parse_status_kib(&s, "VmRSS:").unwrap();
-            assert!(hwm >= rss && rss > 0);
-        }
-    }
-
-    #[test]
-    fn si_diamond_has_the_diamond_shells() {
-        // Ideal diamond with a = 5.43 Å: 4 neighbours at a·√3/4 = 2.351 Å,
-        // then 12 at a/√2 = 3.840 Å; the rattle (σ = 0.05 Å per coordinate)
-        // moves distances by a few σ at most.
-        let n = 3;
-        let sys = si_diamond(n);
-        assert_eq!(sys.len(), 8 * n * n * n);
-        assert!(sys.numbers.iter().all(|&z| z == 14));
-        let len = 5.43 * n as f64;
-        let mut counts = [0usize; 2];
-        for (i, p) in sys.positions.iter().enumerate() {
-            for (j, q) in sys.positions.iter().enumerate() {
-                if i == j {
-                    continue;
-                }
-                let mut d2 = 0.0;
-                for ax in 0..3 {
-                    let mut d = q[ax] - p[ax];
-                    d -= len * (d / len).round();
-                    d2 += d * d;
-                }
-                let d = d2.sqrt();
-                if d < 3.0 {
-                    counts[0] += 1;
-                    assert!((d - 5.43 * 3f64.sqrt() / 4.0).abs() < 0.4, "d = {d}");
-                } else if d < 4.2 {
-                    counts[1] += 1;
-                }
-            }
-        }
-        assert_eq!(counts[0], 4 * sys.len());
-        assert_eq!(counts[1], 12 * sys.len());
-    }
-
-    #[test]
-    fn si_rattle_has_the_requested_spread() {
-        let n = 4;
-        let ideal = {
-            let mut v = Vec::new();
-            let a = 5.43;
-            for i in 0..n {
-                for j in 0..n {
-                    for k in 0..n {
-                        for b in [
-                            [0.0, 0.0, 0.0],
-                            [0.0, 0.5, 0.5],
-                            [0.5, 0.0, 0.5],
-                            [0.5, 0.5, 0.0],
-                        ] {
-                            for off in [0.0, 0.25] {
-                                v.push([
-                                    (i as f64 + b[0] + off) * a,
-                                    (j as f64 + b[1] + off) * a,
-                                    (k as f64 + b[2] + off) * a,
-                                ]);
-                            }
-                        }
-                    }
-                }
-            }
-            v
-        };
-        let sys = si_diamond(n);
-        let d: Vec<f64> = sys
-            .positions
-            .iter()
-            .zip(&ideal)
-            .flat_map(|(p, q)| (0..3).map(move |a| p[a] - q[a]))
-            .collect();
-        let mean = d.iter().sum::<f64>() / d.len() as f64;
-        let sd = (d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / d.len() as f64).sqrt();
-        // 1536 samples: the sample σ is within ~5 % of 0.05 Å with overwhelming probability.
-        assert!((sd - 0.05).abs() < 0.005, "sd = {sd}");
-        assert!(mean.abs() < 0.005, "mean = {mean}");
-        assert_eq!(si_diamond(n).positions, sys.positions, "deterministic");
-    }
-
-    #[test]
-    fn sgemm_matches_naive_product() {
-        let (m, k, n) = (5, 7, 3);
-        let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
-        let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.11).cos()).collect();
-        let mut c = vec![0f32; m * n];
-        sgemm(&a, &b, &mut c, m, k, n);
-        for i in 0..m {
-            for j in 0..n {
-                let want: f32 = (0..k).map(|l| a[i * k + l] * b[l * n + j]).sum();
-                assert!((c[i * n + j] - want).abs() < 1e-5);
-            }
-        }
-    }
-
-    #[test]
-    fn shapes_parse_and_reject() {
-        assert_eq!(parse_shape("8x64x960").ok(), Some((8, 64, 960)));
-        assert!(parse_shape("8x64").is_err());
-        assert!(parse_shape("0x1x1").is_err());
-        assert!(parse_shape("axbxc").is_err());
-    }
 
     #[test]
     fn efficiency_uses_cores() {

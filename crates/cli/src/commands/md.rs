@@ -1,8 +1,8 @@
 //! `ddmlip md`: molecular dynamics on a decomposed system (the numerics live
 //! in `ddmlip-md`; this parses, checks, writes files and reports).
 
-use crate::commands::{Backend, BalanceArg, Precision};
-use crate::{CliError, EXIT_BAD_INPUT, EXIT_FAILED};
+use crate::args::{Backend, BalanceArg, Precision};
+use crate::error::{CliError, EXIT_BAD_INPUT, EXIT_FAILED};
 use anyhow::anyhow;
 use clap::{Args, ValueEnum};
 use ddmlip_atoms::{elements, Column, InfoValue, System};
@@ -225,7 +225,7 @@ fn prepare(a: &MdArgs) -> Result<Prepared, CliError> {
             chain: a.chain,
         },
     };
-    let frames = crate::commands::read_structure(&a.structure)?;
+    let frames = crate::input::read_structure(&a.structure)?;
     let system = frames
         .into_iter()
         .last()
@@ -239,7 +239,7 @@ fn prepare(a: &MdArgs) -> Result<Prepared, CliError> {
             a.structure.display()
         )));
     }
-    let model = crate::commands::load_model(&a.model, a.modal.as_deref())?;
+    let model = crate::input::load_model(&a.model, a.modal.as_deref())?;
     ddmlip_runtime::check_batch(model.as_ref(), std::slice::from_ref(&system))
         .map_err(|e| CliError::input(anyhow!("{}: {e}", a.structure.display())))?;
     let masses_col = float_column(&system, "masses", 1)?;
@@ -528,7 +528,7 @@ pub fn md(a: MdArgs) -> Result<u8, CliError> {
     let mut config = prepared.config.clone();
     config.stop = Some(stop);
     if a.validate {
-        return crate::md_validate::validate_trajectory(
+        return super::md_validate::validate_trajectory(
             &a.model,
             prepared.model.as_ref(),
             &prepared.topology,
@@ -583,7 +583,7 @@ fn finish(a: &MdArgs, out: Result<MdSummary, MdError>, sink: &FileSink) -> Resul
 
 #[cfg(feature = "mpi")]
 fn md_mpi(a: &MdArgs, p: &Prepared, config: &MdConfig) -> Result<u8, CliError> {
-    use crate::commands::mpi_cmd::with_mpi::SharedComm;
+    use crate::mpi::SharedComm;
     use ddmlip_comm::{Communicator, DEFAULT_TIMEOUT};
     let comm = SharedComm::init(DEFAULT_TIMEOUT)?;
     let rank = comm.rank();

@@ -1,0 +1,188 @@
+//! What an op's backward closure sees.
+
+use crate::buffers::Buffers;
+use crate::dist::Distributor;
+use crate::graph::{Index, IndexNode, Node, Tensor};
+use crate::ops::map_into;
+use crate::{EngineError, Scalar};
+use rayon::prelude::*;
+use std::collections::BTreeMap;
+
+/// What a backward closure sees: input values, index arrays, gradient
+/// accumulators and (when distributed) the communicator.
+pub struct BackwardCtx<'a, T: Scalar> {
+    pub(crate) nodes: &'a [Node<T>],
+    pub(crate) indices: &'a [IndexNode],
+    pub(crate) grads: &'a mut [Option<Vec<T>>],
+    pub(crate) dist: Option<&'a mut (dyn Distributor + 'static)>,
+    pub(crate) counts: &'a mut BTreeMap<String, usize>,
+    pub(crate) pool: &'a mut Buffers<T>,
+    /// The output of [`Graph::grad_replicated_seed`] when it is a deferred
+    /// all-reduce: its gradient is the seed, the same on every rank.
+    pub(crate) replicated_root: Option<usize>,
+}
+
+impl<'a, T: Scalar> BackwardCtx<'a, T> {
+    /// Forward value of a tensor.
+    pub fn value(&self, t: Tensor) -> &'a [T] {
+        let nodes: &'a [Node<T>] = self.nodes;
+        &nodes[t.id].value
+    }
+
+    /// Values of an index array.
+    pub fn index(&self, i: Index) -> &'a [u32] {
+        let indices: &'a [IndexNode] = self.indices;
+        &indices[i.id].values
+    }
+
+    /// The index node (for its CSR inverse).
+    pub(crate) fn index_node(&self, i: Index) -> &'a IndexNode {
+        let indices: &'a [IndexNode] = self.indices;
+        &indices[i.id]
+    }
+
+    /// Whether a gradient should flow into `t`.
+    pub fn wants(&self, t: Tensor) -> bool {
+        self.nodes[t.id].requires_grad
+    }
+
+    /// A zero-filled buffer of `len` elements from the recycled memory (for
+    /// a gradient handed to [`BackwardCtx::accumulate`], which keeps or
+    /// recycles it).
+    pub(crate) fn zeroed(&mut self, len: usize) -> Vec<T> {
+        self.pool.zeroed(len)
+    }
+
+    /// A buffer of `len` elements from the recycled memory with unspecified
+    /// content, for a gradient the caller writes element by element.
+    pub(crate) fn for_overwrite(&mut self, len: usize) -> Vec<T> {
+        self.pool.for_overwrite(len)
+    }
+
+    /// Takes `t`'s gradient out to add into directly (zeros when it has
+    /// none yet); hand it back with [`BackwardCtx::put_grad`].
+    pub(crate) fn take_grad(&mut self, t: Tensor) -> Vec<T> {
+        let len = self.nodes[t.id].value.len();
+        match self.grads[t.id].take() {
+            Some(g) => g,
+            None => self.pool.zeroed(len),
+        }
+    }
+
+    /// Puts back a gradient from [`BackwardCtx::take_grad`].
+    pub(crate) fn put_grad(&mut self, t: Tensor, g: Vec<T>) {
+        self.grads[t.id] = Some(g);
+    }
+
+    /// Hands a scratch buffer back to the recycled memory.
+    pub(crate) fn recycle(&mut self, v: Vec<T>) {
+        self.pool.give(v);
+    }
+
+    /// A copy of `src` in recycled memory.
+    pub(crate) fn copy_of(&mut self, src: &[T]) -> Vec<T> {
+        let mut v = self.for_overwrite(src.len());
+        v.copy_from_slice(src);
+        v
+    }
+
+    /// Adds `g` into the gradient of `t` (ignored when `t` needs none).
+    pub fn accumulate(&mut self, t: Tensor, g: Vec<T>) {
+        if !self.nodes[t.id].requires_grad {
+            self.pool.give(g);
+            return;
+        }
+        match &mut self.grads[t.id] {
+            Some(acc) => {
+                if acc.len() >= crate::ops::PAR_THRESHOLD {
+                    acc.par_iter_mut().zip(&g).for_each(|(a, b)| *a += *b);
+                } else {
+                    acc.iter_mut().zip(&g).for_each(|(a, b)| *a += *b);
+                }
+                self.pool.give(g);
+            }
+            slot @ None => *slot = Some(g),
+        }
+    }
+
+    /// Adds element `i ↦ f(i)` into the gradient of `t`, for every element:
+    /// no temporary when `t` already has a gradient, a recycled buffer when
+    /// it has none.
+    pub fn accumulate_map(&mut self, t: Tensor, f: impl Fn(usize) -> T + Sync) {
+        if !self.nodes[t.id].requires_grad {
+            return;
+        }
+        let len = self.nodes[t.id].value.len();
+        match &mut self.grads[t.id] {
+            Some(acc) => crate::ops::update_each(acc, |i, a| *a += f(i)),
+            slot @ None => {
+                let mut v = self.pool.for_overwrite(len);
+                map_into(&mut v, f);
+                *slot = Some(v);
+            }
+        }
+    }
+
+    /// Adds into the gradient of `t` block by block: `f(state, b, dst,
+    /// overwrite)` fills (`overwrite`) or adds into `dst`, the elements
+    /// `b·block ..` of the gradient; `state` is scratch from `init`, made
+    /// once per rayon task rather than per block.
+    pub(crate) fn accumulate_blocks<S>(
+        &mut self,
+        t: Tensor,
+        block: usize,
+        init: impl Fn() -> S + Sync,
+        f: impl Fn(&mut S, usize, &mut [T], bool) + Sync,
+    ) {
+        if !self.nodes[t.id].requires_grad {
+            return;
+        }
+        let len = self.nodes[t.id].value.len();
+        let run = |acc: &mut [T], overwrite: bool| {
+            if len >= crate::ops::PAR_THRESHOLD {
+                acc.par_chunks_mut(block)
+                    .enumerate()
+                    .for_each_init(&init, |s, (b, dst)| f(s, b, dst, overwrite));
+            } else {
+                let mut s = init();
+                for (b, dst) in acc.chunks_mut(block).enumerate() {
+                    f(&mut s, b, dst, overwrite);
+                }
+            }
+        };
+        match &mut self.grads[t.id] {
+            Some(acc) => run(acc, false),
+            slot @ None => {
+                let mut v = self.pool.for_overwrite(len);
+                run(&mut v, true);
+                *slot = Some(v);
+            }
+        }
+    }
+
+    /// Adds into the gradient of `t` through a closure over the accumulator.
+    pub fn accumulate_with(&mut self, t: Tensor, f: impl FnOnce(&mut [T])) {
+        if !self.nodes[t.id].requires_grad {
+            return;
+        }
+        let len = self.nodes[t.id].value.len();
+        let pool = &mut *self.pool;
+        let acc = self.grads[t.id].get_or_insert_with(|| pool.zeroed(len));
+        f(acc);
+    }
+
+    pub(crate) fn dist(
+        &mut self,
+        op: &str,
+    ) -> Result<&mut (dyn Distributor + 'static), EngineError> {
+        let op = op.to_string();
+        self.dist.as_deref_mut().ok_or(EngineError::Comm {
+            op,
+            message: "distributed op without a distributor".into(),
+        })
+    }
+
+    pub(crate) fn count(&mut self, handler: &str) {
+        *self.counts.entry(handler.to_string()).or_insert(0) += 1;
+    }
+}
