@@ -6,9 +6,9 @@ mod common;
 
 use common::*;
 use ddmlip_atoms::System;
-use ddmlip_runtime::{evaluate, EvalOptions};
 use ddmlip_md::{gather_by_gid, maxwell_boltzmann, Ensemble, MdConfig, Share, StartState};
 use ddmlip_models::load_model;
+use ddmlip_runtime::{evaluate, EvalOptions};
 
 /// A hot LJ argon liquid: 108 atoms at 1200 K in a 15.8 Å box, so that atoms
 /// cross the 2×2×2 domain boundaries within tens of steps.

@@ -6,9 +6,9 @@ mod common;
 
 use common::*;
 use ddmlip_atoms::System;
-use ddmlip_runtime::{evaluate, EvalOptions};
 use ddmlip_md::{relax_threads, RelaxConfig};
 use ddmlip_models::load_model;
+use ddmlip_runtime::{evaluate, EvalOptions};
 
 #[test]
 fn fire_reaches_the_lattice_minimum_on_1_and_4_ranks() {

@@ -4,9 +4,9 @@
 //! config key, modality or species.
 
 use ddmlip_atoms::{Cell, System};
-use ddmlip_runtime::{evaluate, EvalOptions};
 use ddmlip_e3nn::E3nnError;
 use ddmlip_models::{load_model_with_modal, ModelError, PRETRAINED_SEVENNETS};
+use ddmlip_runtime::{evaluate, EvalOptions};
 use std::path::{Path, PathBuf};
 
 /// The cached checkpoint of a built-in name, fetched when missing.

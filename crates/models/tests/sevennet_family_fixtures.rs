@@ -4,8 +4,8 @@
 //! (shared fixtures `sevennet-family`), single process and decomposed.
 
 use ddmlip_atoms::{Cell, System};
-use ddmlip_runtime::{evaluate, EvalOptions, EvalResult};
 use ddmlip_engine::{DType, Model};
+use ddmlip_runtime::{evaluate, EvalOptions, EvalResult};
 use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::OnceLock;

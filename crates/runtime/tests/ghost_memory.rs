@@ -7,9 +7,9 @@
 //! hold a lock so that tests running in parallel threads do not mix.
 
 use ddmlip_atoms::{Cell, System};
-use ddmlip_runtime::{evaluate, EvalOptions};
 use ddmlip_domain::{partition_system, PartitionError};
 use ddmlip_models::LennardJones;
+use ddmlip_runtime::{evaluate, EvalOptions};
 use std::alloc::{GlobalAlloc, Layout, System as SystemAlloc};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;

@@ -220,5 +220,9 @@ pub fn validate_trajectory(
             ),
         }
     }
-    Ok(if report.ok { 0 } else { crate::error::EXIT_FAILED })
+    Ok(if report.ok {
+        0
+    } else {
+        crate::error::EXIT_FAILED
+    })
 }
