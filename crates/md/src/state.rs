@@ -198,7 +198,7 @@ impl RankState {
     }
 
     /// Migrates atoms to their new owners and rebuilds ghosts, halo plan and
-    /// pair list from the current positions (see [`RankState::build`]).
+    /// pair list from the current positions (as `RankState::build` does).
     /// Collective.
     pub fn rebuild(self, topology: &Topology, opts: &BuildOptions) -> Result<RankState, MdError> {
         let share = self.share();
