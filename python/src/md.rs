@@ -32,7 +32,12 @@ fn input(text: String) -> PyErr {
 
 /// Loads the model (with its fidelity) and checks the system against it,
 /// as the commands do.
-fn load_checked(py: Python<'_>, model: &str, modal: Option<&str>, sys: &System) -> PyResult<Box<dyn Model>> {
+fn load_checked(
+    py: Python<'_>,
+    model: &str,
+    modal: Option<&str>,
+    sys: &System,
+) -> PyResult<Box<dyn Model>> {
     let model = py
         .detach(|| ddmlip_models::load_model_with_modal(model, modal))
         .map_err(value_error)?;
@@ -269,8 +274,9 @@ pub fn md_run<'py>(
     }
     let momenta = match momenta {
         Some(p) => {
-            let p = positions_of(p)
-                .map_err(|_| input("column `momenta` must hold 3 real number(s) per atom".into()))?;
+            let p = positions_of(p).map_err(|_| {
+                input("column `momenta` must hold 3 real number(s) per atom".into())
+            })?;
             if p.len() != sys.len() {
                 return Err(input(
                     "column `momenta` must hold 3 real number(s) per atom".into(),
@@ -305,8 +311,7 @@ pub fn md_run<'py>(
     config.check().map_err(md_error)?;
     let traj = match traj {
         Some(path) => {
-            let f = File::create(&path)
-                .map_err(|e| input(format!("{}: {e}", path.display())))?;
+            let f = File::create(&path).map_err(|e| input(format!("{}: {e}", path.display())))?;
             Some((path, f))
         }
         None => None,
@@ -328,18 +333,17 @@ pub fn md_run<'py>(
             ddmlip_md::run_threads(model.as_ref(), &topology, &start, &config, ranks, &mut sink)
         })
         .map_err(md_error)?;
-    let mut json = serde_json::to_value(&summary)
-        .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    let mut json =
+        serde_json::to_value(&summary).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
     let t = &sink.temperatures;
     json["mean_temperature_logged"] = serde_json::json!(if t.is_empty() {
         None
     } else {
         Some(t.iter().sum::<f64>() / t.len() as f64)
     });
-    let last = sink
-        .last
-        .as_ref()
-        .ok_or_else(|| PyRuntimeError::new_err("internal error: the run reported no final state"))?;
+    let last = sink.last.as_ref().ok_or_else(|| {
+        PyRuntimeError::new_err("internal error: the run reported no final state")
+    })?;
     let n_rows = sink.rows.len();
     let thermo = crate::array2(
         py,
@@ -393,13 +397,20 @@ pub fn relax_run<'py>(
     let cell = sys.cell_or_zero();
     let summary = py
         .detach(|| {
-            ddmlip_md::relax_threads(model.as_ref(), &topology, cell, &sys.positions, &config, ranks)
+            ddmlip_md::relax_threads(
+                model.as_ref(),
+                &topology,
+                cell,
+                &sys.positions,
+                &config,
+                ranks,
+            )
         })
         .map_err(md_error)?;
-    let last = summary
-        .last
-        .as_ref()
-        .ok_or_else(|| PyRuntimeError::new_err("internal error: the relaxation reported no final state"))?;
-    let json = serde_json::to_string(&summary).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    let last = summary.last.as_ref().ok_or_else(|| {
+        PyRuntimeError::new_err("internal error: the relaxation reported no final state")
+    })?;
+    let json =
+        serde_json::to_string(&summary).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
     Ok((json, frame_dict(py, last)?))
 }
