@@ -8,6 +8,8 @@ single-process one.
   ranks? Returns the report of ``ddmlip validate --json``.
 - :func:`neighbor_list`: ``i, j, S, d`` like ASE's / vesin's ``neighbor_list``.
 - :func:`models`: the built-in models.
+- :func:`md`, :func:`relax`: molecular dynamics and FIRE relaxation
+  (``ddmlip md`` / ``ddmlip relax``) returning ASE ``Atoms``.
 
 Units are ASE's: Å, eV, eV/Å; stress in eV/Å³ with ASE's sign, Voigt order
 ``xx yy zz yz xz xy``. Bad input raises :class:`ValueError` with the message
@@ -30,8 +32,12 @@ __all__ = [
     "Calculator",
     "ValidationError",
     "ValidationReport",
+    "MdResult",
+    "RelaxResult",
+    "md",
     "models",
     "neighbor_list",
+    "relax",
     "validate",
     "__version__",
 ]
@@ -229,3 +235,4 @@ def neighbor_list(
 
 # Last: the calculator module reads the helpers above.
 from .calculator import Calculator  # noqa: E402
+from .dynamics import MdResult, RelaxResult, md, relax  # noqa: E402

@@ -75,3 +75,48 @@ def neighbor_list(
     """``i, j, S, d, D``."""
 
 def models() -> List[Tuple[str, str]]: ...
+
+def md_run(
+    model: str,
+    positions: npt.NDArray[np.float64],
+    numbers: npt.NDArray[np.int64],
+    cell: Optional[npt.NDArray[np.float64]],
+    pbc: _Pbc,
+    masses: npt.NDArray[np.float64],
+    has_masses: bool,
+    momenta: Optional[npt.NDArray[np.float64]],
+    ensemble: str,
+    dt: float,
+    steps: int,
+    temperature: Optional[float] = None,
+    friction: float = 1.0,
+    tdamp: Optional[float] = None,
+    chain: int = 3,
+    init_temperature: Optional[float] = None,
+    seed: int = 0,
+    skin: float = 1.0,
+    ranks: int = 1,
+    dtype: str = "float64",
+    balance: str = "geometric",
+    modal: Optional[str] = None,
+    traj: Optional[str] = None,
+    traj_every: int = 10,
+    log_every: int = 10,
+) -> Tuple[str, npt.NDArray[np.float64], Dict[str, Union[float, npt.NDArray[np.float64], None]]]:
+    """``(summary_json, thermo rows (R×12), final state)``."""
+
+def relax_run(
+    model: str,
+    positions: npt.NDArray[np.float64],
+    numbers: npt.NDArray[np.int64],
+    cell: Optional[npt.NDArray[np.float64]],
+    pbc: _Pbc,
+    fmax: float = 0.05,
+    max_steps: int = 1000,
+    skin: float = 1.0,
+    ranks: int = 1,
+    dtype: str = "float64",
+    balance: str = "geometric",
+    modal: Optional[str] = None,
+) -> Tuple[str, Dict[str, Union[float, npt.NDArray[np.float64], None]]]:
+    """``(summary_json, final state)``."""

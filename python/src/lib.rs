@@ -26,6 +26,8 @@ use pyo3::types::PyDict;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+mod md;
+
 self_cell::self_cell!(
     /// A loaded model and an [`Evaluator`] borrowing it, kept together so
     /// that the evaluator (each rank's memory and thread pool) can live in a
@@ -457,6 +459,8 @@ fn _ddmlip(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(validate, m)?)?;
     m.add_function(wrap_pyfunction!(neighbor_list, m)?)?;
     m.add_function(wrap_pyfunction!(models, m)?)?;
+    m.add_function(wrap_pyfunction!(md::md_run, m)?)?;
+    m.add_function(wrap_pyfunction!(md::relax_run, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
