@@ -251,13 +251,13 @@ fn prepare(a: &MdArgs) -> Result<Prepared, CliError> {
             chain: a.chain,
         },
         EnsembleArg::Npt => Ensemble::Npt {
-            temperature: a.temperature.ok_or_else(|| {
-                CliError::input(anyhow!("--ensemble npt needs --temperature K"))
-            })?,
+            temperature: a
+                .temperature
+                .ok_or_else(|| CliError::input(anyhow!("--ensemble npt needs --temperature K")))?,
             tdamp_fs: a.tdamp.unwrap_or(100.0 * a.dt),
-            pressure_gpa: a.pressure.ok_or_else(|| {
-                CliError::input(anyhow!("--ensemble npt needs --pressure GPA"))
-            })?,
+            pressure_gpa: a
+                .pressure
+                .ok_or_else(|| CliError::input(anyhow!("--ensemble npt needs --pressure GPA")))?,
             pdamp_fs: a.pdamp.unwrap_or(1000.0 * a.dt),
             compressibility_per_gpa: a.compressibility,
             cell_dof: match a.cell_dof {
