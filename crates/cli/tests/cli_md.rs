@@ -569,3 +569,82 @@ fn validate_compares_trajectories_and_names_the_first_departure() {
             || first["momentum_diff"].as_f64().unwrap() > 0.0
     );
 }
+
+/// `--ensemble npt` through the binary: a compressed argon crystal under a
+/// 0 GPa target grows; bad barostat input exits 2 naming the flag.
+#[test]
+fn npt_runs_and_rejects_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = argon(dir.path(), true);
+    let log = dir.path().join("log.csv");
+    let npt = [
+        "--model",
+        "lj",
+        "--structure",
+        s(&st),
+        "--ensemble",
+        "npt",
+        "--dt",
+        "5",
+        "--temperature",
+        "40",
+        "--pressure",
+        "0",
+        "--pdamp",
+        "200",
+        "--compressibility",
+        "0.3",
+    ];
+    let mut a = npt.to_vec();
+    a.extend(["--steps", "200", "--ranks", "2", "--log", s(&log)]);
+    let o = md(&a);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    let col = |line: &str, k: usize| -> f64 { line.split(',').nth(k).unwrap().parse().unwrap() };
+    let rows: Vec<&str> = text.lines().skip(1).collect();
+    // Column 8 is the volume (Å³): the 10.6 Å box is compressed for argon.
+    let (v0, v1) = (col(rows[0], 8), col(rows[rows.len() - 1], 8));
+    assert!((v0 - 10.6f64.powi(3)).abs() < 1e-6, "{v0}");
+    assert!(v1 > 1.01 * v0, "volume {v0} -> {v1}");
+    // A structure without a periodic cell.
+    let mut open = read(&st).remove(0);
+    open.cell = None;
+    open.pbc = [false; 3];
+    let open_path = dir.path().join("open.xyz");
+    ddmlip_atoms::extxyz::write_file(&open_path, &[open]).unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (&["--pdamp", "0"], "--pdamp"),
+        (&["--pdamp", "-10"], "--pdamp"),
+        (&["--compressibility", "0"], "--compressibility"),
+        (&["--structure", s(&open_path)], "--ensemble npt"),
+    ];
+    for (extra, flag) in cases {
+        let mut a = npt.to_vec();
+        a.extend(["--steps", "2"]);
+        if extra[0] == "--structure" {
+            a[3] = extra[1];
+        } else {
+            a.extend_from_slice(extra);
+        }
+        let o = md(&a);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(
+            err.contains(flag),
+            "{extra:?}: message does not name {flag}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let mut a: Vec<&str> = npt.iter().copied().filter(|x| *x != "--pressure").collect();
+    a.retain(|x| *x != "0");
+    a.extend(["--steps", "2"]);
+    let o = md(&a);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("--pressure"), "{err}");
+}

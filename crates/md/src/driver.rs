@@ -38,6 +38,34 @@ pub enum Ensemble {
         tdamp_fs: f64,
         chain: usize,
     },
+    /// Constant pressure and temperature: BAOAB Langevin at `temperature`
+    /// (K, friction 1/`tdamp_fs`) with stochastic cell rescaling (Bernetti &
+    /// Bussi 2020) towards `pressure_gpa` (GPa) with time constant `pdamp_fs`
+    /// and compressibility `compressibility_per_gpa` (1/GPa, which only sets
+    /// how fast the volume relaxes). After the second drift of each step the
+    /// strain increment dε = −(β/τ)(P₀ − P − kT/V)dt + √(2kTβdt/(Vτ))·ξ
+    /// (per diagonal component with β/3 for `CellDof::Full`) scales cell,
+    /// positions and (inversely) momenta; the decomposition is then rebuilt.
+    /// P is the pressure from the last force evaluation's virial plus the
+    /// current kinetic term.
+    Npt {
+        temperature: f64,
+        tdamp_fs: f64,
+        pressure_gpa: f64,
+        pdamp_fs: f64,
+        compressibility_per_gpa: f64,
+        cell_dof: CellDof,
+    },
+}
+
+/// Which cell degrees of freedom the barostat moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CellDof {
+    /// The volume only: the cell keeps its shape.
+    Iso,
+    /// All six components of a symmetric strain: lengths and angles
+    /// fluctuate, each driven by its own component of the pressure tensor.
+    Full,
 }
 
 impl Ensemble {
@@ -47,6 +75,7 @@ impl Ensemble {
             Self::Nve => "nve",
             Self::Langevin { .. } => "langevin",
             Self::NoseHoover { .. } => "nose-hoover",
+            Self::Npt { .. } => "npt",
         }
     }
 }
@@ -156,6 +185,35 @@ impl MdConfig {
                 return Err(MdError::Input(
                     "the chain needs at least one thermostat".into(),
                 ));
+            }
+        }
+        if let Ensemble::Npt {
+            temperature,
+            tdamp_fs,
+            pressure_gpa,
+            pdamp_fs,
+            compressibility_per_gpa,
+            ..
+        } = self.ensemble
+        {
+            if !(temperature.is_finite() && temperature > 0.0) {
+                return Err(MdError::Input(format!(
+                    "--temperature must be a positive temperature in K for npt, got {temperature}"
+                )));
+            }
+            for (flag, v) in [
+                ("--tdamp", tdamp_fs),
+                ("--pdamp", pdamp_fs),
+                ("--compressibility", compressibility_per_gpa),
+            ] {
+                if !(v.is_finite() && v > 0.0) {
+                    return Err(MdError::Input(format!("{flag} must be positive, got {v}")));
+                }
+            }
+            if !pressure_gpa.is_finite() {
+                return Err(MdError::Input(format!(
+                    "--pressure must be a finite pressure in GPa, got {pressure_gpa}"
+                )));
             }
         }
         if let Ensemble::Langevin {
@@ -498,7 +556,10 @@ impl Run<'_> {
             potential: forces.energy,
             kinetic: red.kinetic,
             total,
-            conserved: total + red.heat_removed + self.chain_energy(),
+            conserved: total
+                + red.heat_removed
+                + self.chain_energy()
+                + self.pv_energy(volume.unwrap_or(0.0)),
             pressure_gpa,
             volume,
             rebuilds: state.rebuilds,
@@ -645,6 +706,124 @@ impl Run<'_> {
             e += p * p / (2.0 * q[j]) + if j == 0 { dof * kt * eta } else { kt * eta };
         }
         e
+    }
+
+    /// P₀·V (eV) for `npt`, 0 otherwise.
+    fn pv_energy(&self, volume: f64) -> f64 {
+        match self.config.ensemble {
+            Ensemble::Npt { pressure_gpa, .. } => pressure_gpa * units::gpa() * volume,
+            _ => 0.0,
+        }
+    }
+
+    /// The stochastic cell rescaling move of `npt`: reduces the kinetic
+    /// tensor Σ pₐp_b/m over ranks (rank order), forms the pressure tensor
+    /// with the virial of `forces`, draws the noise from the counter-based
+    /// generator keyed by (seed, step) on reserved streams (the same numbers
+    /// on every rank), and scales the cell and the owned positions by the
+    /// deformation μ and the momenta by μ⁻¹. The caller rebuilds the
+    /// decomposition. Collective.
+    fn rescale_cell(
+        &self,
+        state: &mut RankState,
+        forces: &RankForces,
+        step: u64,
+    ) -> Result<(), MdError> {
+        let Ensemble::Npt {
+            temperature,
+            pressure_gpa,
+            pdamp_fs,
+            compressibility_per_gpa,
+            cell_dof,
+            ..
+        } = self.config.ensemble
+        else {
+            return Ok(());
+        };
+        let volume = state.cell.volume();
+        let mut kin = [0.0; 9];
+        for (p, &m) in state.momenta.iter().zip(&state.masses) {
+            for a in 0..3 {
+                for b in 0..3 {
+                    kin[3 * a + b] += p[a] * p[b] / m;
+                }
+            }
+        }
+        let (kin, _) = reduce(state.comm()?, &kin, &[])?;
+        let g = &forces.strain_gradient;
+        // Pressure tensor (eV/Å³): kinetic part minus the (symmetrised) stress.
+        let pressure =
+            |a: usize, b: usize| (kin[3 * a + b] - 0.5 * (g[3 * a + b] + g[3 * b + a])) / volume;
+        let kt = units::boltzmann() * temperature;
+        let p0 = pressure_gpa * units::gpa();
+        let beta = compressibility_per_gpa / units::gpa();
+        let tau = pdamp_fs * units::fs();
+        let dt = self.dt;
+        // Reserved noise streams: global ids are below the atom count.
+        let z1 = gaussian3(self.config.seed, u64::MAX, step);
+        let z2 = gaussian3(self.config.seed, u64::MAX - 1, step);
+        // The deformation μ (row vectors: r' = r·μ, cell rows h' = h·μ).
+        let mut mu = [[0.0; 3]; 3];
+        match cell_dof {
+            CellDof::Iso => {
+                let p = (pressure(0, 0) + pressure(1, 1) + pressure(2, 2)) / 3.0;
+                let deps = -(beta / tau) * (p0 - p - kt / volume) * dt
+                    + (2.0 * kt * beta * dt / (volume * tau)).sqrt() * z1[0];
+                let s = (deps / 3.0).exp();
+                for (a, row) in mu.iter_mut().enumerate() {
+                    row[a] = s;
+                }
+            }
+            CellDof::Full => {
+                // Each of the six strain components relaxes with β/3, so
+                // that the volume (their trace) relaxes as in `Iso`; an
+                // off-diagonal component enters the work twice, hence half
+                // the mobility and half the noise variance.
+                let b3 = beta / 3.0;
+                let sd = (2.0 * kt * b3 * dt / (volume * tau)).sqrt();
+                let mut eps = [[0.0; 3]; 3];
+                for a in 0..3 {
+                    eps[a][a] = -(b3 / tau) * (p0 - pressure(a, a) - kt / volume) * dt + sd * z1[a];
+                }
+                for (k, (a, b)) in [(1, 2), (0, 2), (0, 1)].into_iter().enumerate() {
+                    let e = (b3 / tau) * pressure(a, b) * dt
+                        + sd * std::f64::consts::FRAC_1_SQRT_2 * z2[k];
+                    eps[a][b] = e;
+                    eps[b][a] = e;
+                }
+                // μ = exp(ε) to second order (ε is O(√dt) small).
+                for a in 0..3 {
+                    for b in 0..3 {
+                        let sq: f64 = (0..3).map(|c| eps[a][c] * eps[c][b]).sum();
+                        mu[a][b] = f64::from(u8::from(a == b)) + eps[a][b] + 0.5 * sq;
+                    }
+                }
+            }
+        }
+        let inv = invert3(&mu).ok_or_else(|| MdError::NonFinite {
+            step,
+            what: "the barostat's cell deformation".into(),
+        })?;
+        let apply = |v: &[f64; 3], m: &[[f64; 3]; 3]| -> [f64; 3] {
+            [0, 1, 2].map(|b| v[0] * m[0][b] + v[1] * m[1][b] + v[2] * m[2][b])
+        };
+        let cell = state.cell.matrix.map(|row| apply(&row, &mu));
+        if !cell.iter().flatten().all(|x| x.is_finite()) {
+            return Err(MdError::NonFinite {
+                step,
+                what: "the cell".into(),
+            });
+        }
+        state.cell = Cell::new(cell);
+        let n = state.n_owned();
+        for r in state.positions[..n].iter_mut() {
+            *r = apply(r, &mu);
+        }
+        // Momenta are covectors: p' = p·μ⁻ᵀ (μ is symmetric here).
+        for p in state.momenta.iter_mut() {
+            *p = apply(p, &inv);
+        }
+        Ok(())
     }
 
     /// kT (eV), the chain masses Qⱼ and the degrees of freedom N_f = 3N.
@@ -809,6 +988,15 @@ pub fn run_rank(
             "atom {i} has mass {m}; masses must be positive"
         )));
     }
+    if matches!(config.ensemble, Ensemble::Npt { .. })
+        && periodic_volume(&start.cell, topology.pbc).is_none()
+    {
+        return Err(MdError::Input(
+            "--ensemble npt needs a structure with a full periodic cell (pbc on all three axes \
+             and a non-zero volume)"
+                .into(),
+        ));
+    }
     let spec = config
         .spec
         .clone()
@@ -899,10 +1087,23 @@ pub fn run_rank(
                 run.thermostat.heat_removed += removed;
                 run.drift(&mut state, 0.5 * run.dt);
             }
+            Ensemble::Npt {
+                temperature,
+                tdamp_fs,
+                ..
+            } => {
+                run.half_kick(&mut state);
+                run.drift(&mut state, 0.5 * run.dt);
+                let removed = run.ou_step(&mut state, step, temperature, 1000.0 / tdamp_fs);
+                run.thermostat.heat_removed += removed;
+                run.drift(&mut state, 0.5 * run.dt);
+                run.rescale_cell(&mut state, &forces, step)?;
+            }
         }
-        // Rebuild when any atom anywhere moved more than skin/2.
+        // Rebuild when any atom anywhere moved more than skin/2, and after
+        // every cell change (the ghost images and domains depend on the cell).
         let (_, m) = reduce(state.comm()?, &[], &[state.max_displacement2()])?;
-        if m[0] > skin_half2 {
+        if m[0] > skin_half2 || matches!(config.ensemble, Ensemble::Npt { .. }) {
             state = state.rebuild(topology, &run.opts)?;
         } else {
             state.refresh_ghosts()?;
@@ -965,6 +1166,21 @@ pub fn run_rank(
         migrated: row.migrated,
         eval_s: run.eval_s,
     }))
+}
+
+/// The inverse of a 3×3 matrix, `None` when it is singular or not finite.
+fn invert3(m: &[[f64; 3]; 3]) -> Option<[[f64; 3]; 3]> {
+    let c = |r: usize, k: usize| {
+        let (r1, r2) = ((r + 1) % 3, (r + 2) % 3);
+        let (k1, k2) = ((k + 1) % 3, (k + 2) % 3);
+        m[r1][k1] * m[r2][k2] - m[r1][k2] * m[r2][k1]
+    };
+    let det = m[0][0] * c(0, 0) + m[0][1] * c(0, 1) + m[0][2] * c(0, 2);
+    if !(det.is_finite() && det.abs() > 0.0) {
+        return None;
+    }
+    // inverse[i][j] = cofactor(j, i) / det.
+    Some([0, 1, 2].map(|i| [0, 1, 2].map(|j| c(j, i) / det)))
 }
 
 /// Hands something to rank 0's sink; a sink failure (a full disk, say) is

@@ -24,7 +24,7 @@ pub mod units;
 
 pub use checkpoint::{Checkpoint, CHECKPOINT_FORMAT, CHECKPOINT_VERSION};
 pub use driver::{
-    maxwell_boltzmann, run_rank, Ensemble, Frame, MdConfig, MdSink, MdSummary, StartState,
+    maxwell_boltzmann, run_rank, CellDof, Ensemble, Frame, MdConfig, MdSink, MdSummary, StartState,
     ThermoRow, ThermostatState,
 };
 pub use rank_eval::{LocalRows, RankEvaluator, RankForces};

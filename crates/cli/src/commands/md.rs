@@ -7,7 +7,7 @@ use anyhow::anyhow;
 use clap::{Args, ValueEnum};
 use ddmlip_atoms::{elements, Column, InfoValue, System};
 use ddmlip_md::{
-    maxwell_boltzmann, Checkpoint, Ensemble, Frame, MdConfig, MdError, MdSink, MdSummary,
+    maxwell_boltzmann, CellDof, Checkpoint, Ensemble, Frame, MdConfig, MdError, MdSink, MdSummary,
     StartState, ThermoRow, Topology,
 };
 use std::fs::{File, OpenOptions};
@@ -28,6 +28,18 @@ pub enum EnsembleArg {
     Langevin,
     /// Nosé–Hoover chain thermostat (constant temperature, deterministic).
     NoseHoover,
+    /// Constant pressure: Langevin thermostat (BAOAB) with stochastic cell
+    /// rescaling (Bernetti & Bussi 2020); see --cell-dof.
+    Npt,
+}
+
+/// Which cell degrees of freedom `--ensemble npt` moves.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
+pub enum CellDofArg {
+    /// The volume only (the cell keeps its shape).
+    Iso,
+    /// All six strain components: lengths and angles (triclinic cells).
+    Full,
 }
 
 #[derive(Args)]
@@ -58,9 +70,23 @@ pub struct MdArgs {
     /// Langevin friction (1/ps).
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     friction: f64,
-    /// Nosé–Hoover time constant (fs) [default: 100 × --dt].
+    /// Nosé–Hoover time constant, or for npt the Langevin thermostat's
+    /// (friction 1/tdamp) (fs) [default: 100 × --dt].
     #[arg(long, allow_negative_numbers = true)]
     tdamp: Option<f64>,
+    /// Target pressure (GPa) of `--ensemble npt`.
+    #[arg(long, allow_negative_numbers = true)]
+    pressure: Option<f64>,
+    /// Barostat time constant (fs) of `--ensemble npt` [default: 1000 × --dt].
+    #[arg(long, allow_negative_numbers = true)]
+    pdamp: Option<f64>,
+    /// Isothermal compressibility (1/GPa) the barostat assumes: sets how fast
+    /// the volume relaxes, not the ensemble.
+    #[arg(long, default_value_t = 0.01, allow_negative_numbers = true)]
+    compressibility: f64,
+    /// Cell degrees of freedom of `--ensemble npt`.
+    #[arg(long, value_enum, default_value_t = CellDofArg::Iso)]
+    cell_dof: CellDofArg,
     /// Thermostats in the Nosé–Hoover chain.
     #[arg(long, default_value_t = 3)]
     chain: usize,
@@ -223,6 +249,21 @@ fn prepare(a: &MdArgs) -> Result<Prepared, CliError> {
             })?,
             tdamp_fs: a.tdamp.unwrap_or(100.0 * a.dt),
             chain: a.chain,
+        },
+        EnsembleArg::Npt => Ensemble::Npt {
+            temperature: a
+                .temperature
+                .ok_or_else(|| CliError::input(anyhow!("--ensemble npt needs --temperature K")))?,
+            tdamp_fs: a.tdamp.unwrap_or(100.0 * a.dt),
+            pressure_gpa: a
+                .pressure
+                .ok_or_else(|| CliError::input(anyhow!("--ensemble npt needs --pressure GPA")))?,
+            pdamp_fs: a.pdamp.unwrap_or(1000.0 * a.dt),
+            compressibility_per_gpa: a.compressibility,
+            cell_dof: match a.cell_dof {
+                CellDofArg::Iso => CellDof::Iso,
+                CellDofArg::Full => CellDof::Full,
+            },
         },
     };
     let frames = crate::input::read_structure(&a.structure)?;
