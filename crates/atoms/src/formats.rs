@@ -181,6 +181,32 @@ pub fn read_structure(path: impl AsRef<Path>) -> Result<Vec<System>, StructureEr
     }
 }
 
+/// The frames of a structure file as a stream: extended XYZ (gzip too) is
+/// parsed one frame at a time as the iterator advances; a POSCAR or LAMMPS
+/// data file is read whole (it has one frame). Same formats as
+/// [`read_structure`].
+pub fn stream_structure(
+    path: impl AsRef<Path>,
+) -> Result<Box<dyn Iterator<Item = Result<System, StructureError>>>, StructureError> {
+    let path = path.as_ref();
+    let mut input = open(path)?;
+    let format = match format_from_name(path) {
+        Some(f) => f,
+        None => {
+            let head = input.fill_buf().map_err(io_err(path))?;
+            format_from_content(&String::from_utf8_lossy(head))
+        }
+    };
+    if format == Format::ExtendedXyz {
+        Ok(Box::new(
+            FrameReader::with_file_name(input, path).map(|f| f.map_err(StructureError::from)),
+        ))
+    } else {
+        drop(input);
+        Ok(Box::new(read_structure(path)?.into_iter().map(Ok)))
+    }
+}
+
 /// Writes `frames` to `path` in the format its name implies (extended XYZ
 /// unless it names a POSCAR or a LAMMPS data file, which hold exactly one
 /// frame), gzip-compressed when the name ends in `.gz`.

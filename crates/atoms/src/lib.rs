@@ -23,4 +23,6 @@ pub use properties::{Column, InfoValue, Properties};
 pub use results::{Results, ASE_PER_ATOM_RESULTS, ASE_PER_SYSTEM_RESULTS};
 pub use system::{Batch, System, SystemError};
 
-pub use formats::{read_structure, write_structure, Format, StructureError, StructureWriter};
+pub use formats::{
+    read_structure, stream_structure, write_structure, Format, StructureError, StructureWriter,
+};

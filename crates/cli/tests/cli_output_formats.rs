@@ -1,7 +1,8 @@
 //! `eval --output` in every written format, through the real binary, read
 //! back with ASE: extended XYZ (also gzip) carries the results; a POSCAR and
 //! a LAMMPS data file (also gzip) carry the structure of a one-frame input;
-//! a one-frame format given a batch is refused (exit 2) before computing.
+//! a one-frame format given a batch is refused (exit 2) before computing;
+//! every written file is read again as `--structure`.
 
 use serde_json::Value;
 use std::path::Path;
@@ -158,6 +159,26 @@ fn eval_output_formats_read_back_in_ase() {
     assert_close("forces", &back["out.xyz.gz"]["forces"], &forces, 1e-12);
     for name in ["out.vasp", "out.data", "data.out.gz"] {
         assert!(back[name].get("energy").is_none(), "{name}");
+    }
+    // Each written file is an input again (gzip and one-frame formats are
+    // read too): the energy of the rotated / reprinted structure agrees.
+    for name in ["out.vasp", "out.data", "data.out.gz", "out.xyz.gz"] {
+        let (code, stdout, stderr) = run(&[
+            "eval",
+            "--model",
+            "lj",
+            "--structure",
+            d.join(name).to_str().unwrap(),
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{name}: {stderr}");
+        let report: Value = serde_json::from_str(&stdout).unwrap();
+        assert_close(
+            &format!("{name} as input: energy"),
+            &report["frames"][0]["energy"],
+            &energy,
+            1e-9,
+        );
     }
 }
 

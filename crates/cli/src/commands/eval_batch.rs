@@ -9,7 +9,7 @@ use crate::error::CliError;
 use anyhow::anyhow;
 use ddmlip_atoms::extxyz::FrameReader;
 use ddmlip_atoms::formats::format_from_name;
-use ddmlip_atoms::{Format, StructureWriter, System};
+use ddmlip_atoms::{stream_structure, Format, StructureError, StructureWriter, System};
 use ddmlip_domain::PartitionHealth;
 use ddmlip_engine::Model;
 use ddmlip_runtime::{EvalError, EvalOptions, EvalResult, Evaluator};
@@ -281,15 +281,16 @@ pub fn run_batch(
     progress: bool,
 ) -> Result<BatchRun, CliError> {
     let started = Instant::now();
-    let frames: Box<dyn Iterator<Item = Result<System, ddmlip_atoms::XyzError>>> =
-        if is_stdio(structure) {
-            Box::new(FrameReader::with_file_name(
-                std::io::BufReader::new(std::io::stdin()),
-                "stdin",
-            ))
-        } else {
-            Box::new(FrameReader::open(structure).map_err(CliError::input)?)
-        };
+    // Files in any format ddmlip reads (extended XYZ streamed, gzip too);
+    // stdin as extended XYZ.
+    let frames: Box<dyn Iterator<Item = Result<System, StructureError>>> = if is_stdio(structure) {
+        Box::new(
+            FrameReader::with_file_name(std::io::BufReader::new(std::io::stdin()), "stdin")
+                .map(|f| f.map_err(StructureError::from)),
+        )
+    } else {
+        stream_structure(structure).map_err(CliError::input)?
+    };
     // A POSCAR or LAMMPS data file holds one frame: refuse a second before
     // computing or creating anything (this reads one frame ahead).
     let mut frames = frames.peekable();
