@@ -1,13 +1,25 @@
-//! LAMMPS data files (read): `atom_style atomic` (`id type x y z`) and
-//! `charge` (`id type q x y z`), orthogonal and triclinic boxes, optional
-//! image flags. Elements come from the `Masses` section (the element whose
+//! LAMMPS data files, read and written: `atom_style atomic`
+//! (`id type x y z`) and `charge` (`id type q x y z`), orthogonal and
+//! triclinic boxes, optional image flags (read). Lengths are in Å (LAMMPS
+//! `units metal` / `real`).
+//!
+//! Read: elements come from the `Masses` section (the element whose
 //! standard mass is within 0.05 u of each type's mass), so the file must
 //! have one, as `ase.io.write(..., format="lammps-data", masses=True)`
 //! writes. Atoms are returned in order of their ids; charges go to the
 //! `initial_charges` column. The box is periodic on all axes.
+//!
+//! Written ([`write_string`]): LAMMPS's restricted triclinic form, so the
+//! cell is turned into `a = (lx, 0, 0)`, `b = (xy, ly, 0)`, `c = (xz, yz, lz)`
+//! with the same lengths and angles, and the positions keep their
+//! fractional coordinates (a rotation, as ASE's writer does; a left-handed
+//! cell also gets a reflection). A data file holds only positions, types,
+//! charges and the box: pbc (LAMMPS's `boundary` command), energies, forces
+//! and other properties are not written.
 
 use crate::properties::Column;
 use crate::{elements, Cell, System};
+use std::fmt::Write as _;
 use thiserror::Error;
 
 /// Why a LAMMPS data file could not be read.
@@ -189,17 +201,12 @@ pub fn read_str(text: &str) -> Result<System, LammpsError> {
                 ),
             )
         })?;
-        let z = (1..=118u32)
-            .filter_map(|z| elements::mass(z).map(|mz| (z, (mz - m).abs())))
-            .filter(|&(_, d)| d < 0.05)
-            .min_by(|a, b| a.1.total_cmp(&b.1))
-            .map(|(z, _)| z)
-            .ok_or_else(|| {
-                err(
-                    lines.len(),
-                    format!("no element has the mass {m} of type {}", t + 1),
-                )
-            })?;
+        let z = element_of_mass(m).ok_or_else(|| {
+            err(
+                lines.len(),
+                format!("no element has the mass {m} of type {}", t + 1),
+            )
+        })?;
         species.push(z);
     }
     atoms.sort_by_key(|a| a.0);
@@ -218,4 +225,138 @@ pub fn read_str(text: &str) -> Result<System, LammpsError> {
         );
     }
     Ok(system)
+}
+
+/// The element whose standard mass is nearest `mass` (u), if within 0.05 u.
+fn element_of_mass(mass: f64) -> Option<u32> {
+    (1..=118u32)
+        .filter_map(|z| elements::mass(z).map(|mz| (z, (mz - mass).abs())))
+        .filter(|&(_, d)| d < 0.05)
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(z, _)| z)
+}
+
+/// Why a system cannot be written as a LAMMPS data file.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum LammpsWriteError {
+    /// LAMMPS needs a box.
+    #[error("the system has no cell; a LAMMPS data file needs a box")]
+    NoCell,
+    /// The cell cannot be a LAMMPS box.
+    #[error("the cell is singular or not finite: {0}")]
+    BadCell(#[from] crate::CellError),
+    /// A position is NaN or infinite.
+    #[error("atom {0} has a non-finite position")]
+    NonFinitePosition(usize),
+    /// The `Masses` section could not name this element on reading.
+    #[error("atomic number {0} has no element mass that identifies it")]
+    UnknownElement(u32),
+    /// `initial_charges` is not one finite float per atom.
+    #[error("initial_charges must be one finite float per atom to write atom_style charge")]
+    BadCharges,
+}
+
+/// LAMMPS's restricted triclinic form of `cell`: the lower-triangular
+/// matrix with positive diagonal (`[[lx,0,0],[xy,ly,0],[xz,yz,lz]]`) whose
+/// lattice vectors have the lengths and mutual angles of `cell`'s.
+pub fn restricted_triclinic(cell: &Cell) -> Result<Cell, crate::CellError> {
+    cell.validate([true; 3])?;
+    let [a, b, c] = cell.matrix;
+    let dot = |u: [f64; 3], v: [f64; 3]| u[0] * v[0] + u[1] * v[1] + u[2] * v[2];
+    let lx = dot(a, a).sqrt();
+    let xy = dot(a, b) / lx;
+    let xz = dot(a, c) / lx;
+    // |a × b| / |a| and the volume / area keep precision for nearly flat cells.
+    let ab = [
+        a[1] * b[2] - a[2] * b[1],
+        a[2] * b[0] - a[0] * b[2],
+        a[0] * b[1] - a[1] * b[0],
+    ];
+    let ly = dot(ab, ab).sqrt() / lx;
+    let yz = (dot(b, c) - xy * xz) / ly;
+    let lz = cell.volume() / (lx * ly);
+    Ok(Cell::new([[lx, 0.0, 0.0], [xy, ly, 0.0], [xz, yz, lz]]))
+}
+
+/// The LAMMPS data file of `system` (see the module docs): `atom_style
+/// charge` when it has an `initial_charges` column, else `atomic`; one atom
+/// type per element in increasing atomic number, each with its standard
+/// mass in `Masses`; the box from the origin, tilt factors only when the
+/// cell is not orthogonal.
+pub fn write_string(system: &System) -> Result<String, LammpsWriteError> {
+    let cell = system.cell.ok_or(LammpsWriteError::NoCell)?;
+    let lammps_cell = restricted_triclinic(&cell)?;
+    let inverse = cell.inverse()?;
+    let charges = match system.properties.arrays.get("initial_charges") {
+        None => None,
+        Some(Column::Float(q, 1))
+            if q.len() == system.positions.len() && q.iter().all(|x| x.is_finite()) =>
+        {
+            Some(q)
+        }
+        Some(_) => return Err(LammpsWriteError::BadCharges),
+    };
+    let mut species: Vec<u32> = system.numbers.clone();
+    species.sort_unstable();
+    species.dedup();
+    for &z in &species {
+        let identified = elements::mass(z).and_then(element_of_mass);
+        if identified != Some(z) {
+            return Err(LammpsWriteError::UnknownElement(z));
+        }
+    }
+    let m = lammps_cell.matrix;
+    let mut out = String::new();
+    let _ = writeln!(out, "LAMMPS data file written by ddmlip\n");
+    let _ = writeln!(out, "{} atoms", system.positions.len());
+    let _ = writeln!(out, "{} atom types\n", species.len());
+    for (k, axis) in ["x", "y", "z"].iter().enumerate() {
+        let _ = writeln!(out, "0.0 {:.17e} {axis}lo {axis}hi", m[k][k]);
+    }
+    let (xy, xz, yz) = (m[1][0], m[2][0], m[2][1]);
+    if xy != 0.0 || xz != 0.0 || yz != 0.0 {
+        let _ = writeln!(out, "{xy:.17e} {xz:.17e} {yz:.17e} xy xz yz");
+    }
+    let _ = writeln!(out, "\nMasses\n");
+    for (t, &z) in species.iter().enumerate() {
+        // Checked above: every written element has a mass and a symbol.
+        let mass = elements::mass(z).unwrap_or_default();
+        let symbol = elements::symbol(z).unwrap_or_default();
+        let _ = writeln!(out, "{} {mass} # {symbol}", t + 1);
+    }
+    let style = if charges.is_some() {
+        "charge"
+    } else {
+        "atomic"
+    };
+    let _ = writeln!(out, "\nAtoms # {style}\n");
+    for (i, (p, z)) in system.positions.iter().zip(&system.numbers).enumerate() {
+        if p.iter().any(|x| !x.is_finite()) {
+            return Err(LammpsWriteError::NonFinitePosition(i));
+        }
+        let t = species.partition_point(|s| s < z) + 1;
+        let frac = [0, 1, 2].map(|j| (0..3).map(|k| p[k] * inverse[k][j]).sum::<f64>());
+        let q = [0, 1, 2].map(|j| (0..3).map(|k| frac[k] * m[k][j]).sum::<f64>());
+        let _ = write!(out, "{} {t} ", i + 1);
+        if let Some(charges) = charges {
+            let _ = write!(out, "{:.17e} ", charges[i]);
+        }
+        let _ = writeln!(out, "{:.17e} {:.17e} {:.17e}", q[0], q[1], q[2]);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_element_mass_names_its_element() {
+        // The writer refuses elements that the reader could not name back;
+        // this lists which those are, so the refusal stays rare.
+        let unnamed: Vec<u32> = (1..=118)
+            .filter(|&z| elements::mass(z).and_then(element_of_mass) != Some(z))
+            .collect();
+        assert!(unnamed.is_empty(), "{unnamed:?}");
+    }
 }

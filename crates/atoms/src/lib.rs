@@ -1,6 +1,7 @@
 //! Atomic systems and batches: positions (Å), atomic numbers, cell, pbc and
 //! per-atom / per-system properties, plus the element table and structure
-//! file IO: extended XYZ and VASP POSCAR, optionally gzip-compressed.
+//! file IO: extended XYZ, VASP POSCAR and LAMMPS data files, optionally
+//! gzip-compressed.
 
 #![forbid(unsafe_code)]
 
@@ -22,4 +23,6 @@ pub use properties::{Column, InfoValue, Properties};
 pub use results::{Results, ASE_PER_ATOM_RESULTS, ASE_PER_SYSTEM_RESULTS};
 pub use system::{Batch, System, SystemError};
 
-pub use formats::{read_structure, write_structure, Format, StructureError};
+pub use formats::{
+    read_structure, stream_structure, write_structure, Format, StructureError, StructureWriter,
+};

@@ -1,6 +1,6 @@
-//! POSCAR and gzip-compressed files against ASE, both ways: ASE writes
-//! (`ase.io.write`, formats `vasp` Cartesian and Direct, and `.xyz.gz`),
-//! ddmlip reads; ddmlip writes, ASE reads. Positions, cells and elements
+//! POSCAR, LAMMPS data and gzip-compressed files against ASE, both ways:
+//! ASE writes (`ase.io.write`, formats `vasp` Cartesian and Direct,
+//! `lammps-data` and `.xyz.gz`), ddmlip reads; ddmlip writes, ASE reads. Positions, cells and elements
 //! agree to rounding of the printed digits.
 
 use ddmlip_atoms::{read_structure, write_structure, System};
@@ -159,4 +159,169 @@ print(json.dumps(dict(numbers=atoms.numbers.tolist(), positions=back.positions.t
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// Lengths |a|, |b|, |c| and angles cos(b,c), cos(a,c), cos(a,b) of a cell.
+fn lengths_and_cosines(m: &[[f64; 3]; 3]) -> [f64; 6] {
+    let dot = |u: [f64; 3], v: [f64; 3]| u[0] * v[0] + u[1] * v[1] + u[2] * v[2];
+    let len = |k: usize| dot(m[k], m[k]).sqrt();
+    let cos = |i: usize, j: usize| dot(m[i], m[j]) / (len(i) * len(j));
+    [len(0), len(1), len(2), cos(1, 2), cos(0, 2), cos(0, 1)]
+}
+
+fn distances(positions: &[[f64; 3]]) -> Vec<f64> {
+    let mut out = Vec::new();
+    for (i, a) in positions.iter().enumerate() {
+        for b in &positions[i + 1..] {
+            out.push(
+                ((a[0] - b[0]).powi(2) + (a[1] - b[1]).powi(2) + (a[2] - b[2]).powi(2)).sqrt(),
+            );
+        }
+    }
+    out
+}
+
+/// Same cell up to a rotation, same species, same interatomic distances.
+fn assert_same_up_to_rotation(
+    system: &System,
+    numbers: &[u32],
+    positions: &[[f64; 3]],
+    cell: &[[f64; 3]; 3],
+    tol: f64,
+) {
+    assert_eq!(system.numbers, numbers);
+    let got = lengths_and_cosines(&system.cell.unwrap().matrix);
+    let want = lengths_and_cosines(cell);
+    for (a, b) in got.iter().zip(&want) {
+        assert!((a - b).abs() < tol, "cell {got:?} vs {want:?}");
+    }
+    for (a, b) in distances(&system.positions)
+        .iter()
+        .zip(&distances(positions))
+    {
+        assert!((a - b).abs() < tol, "distance {a} vs {b}");
+    }
+}
+
+#[test]
+fn ddmlip_written_lammps_data_is_read_by_ase_and_ddmlip() {
+    let dir = tempfile::tempdir().unwrap();
+    // A cell that is not lower-triangular, so writing must rotate it.
+    let cell = [[5.6, 0.3, -0.2], [0.8, 5.4, 0.4], [-0.6, 0.9, 5.9]];
+    let numbers = vec![11, 17, 11, 17, 14, 8];
+    let positions = vec![
+        [0.1, 0.2, 0.3],
+        [2.8, 0.1, 0.2],
+        [0.3, 2.9, 0.1],
+        [2.7, 2.8, 0.4],
+        [1.5, 1.4, 4.9],
+        [6.2, -0.7, 2.2],
+    ];
+    let charges = vec![0.5, -0.5, 0.25, -0.25, 1.5, -1.5];
+    let plain = System::new(
+        positions.clone(),
+        numbers.clone(),
+        Some(ddmlip_atoms::Cell::new(cell)),
+        [true; 3],
+    );
+    let mut charged = plain.clone();
+    charged.properties.arrays.insert(
+        "initial_charges".into(),
+        ddmlip_atoms::Column::Float(charges.clone(), 1),
+    );
+    write_structure(dir.path().join("atomic.data"), std::slice::from_ref(&plain)).unwrap();
+    write_structure(
+        dir.path().join("charge.lmp"),
+        std::slice::from_ref(&charged),
+    )
+    .unwrap();
+    write_structure(
+        dir.path().join("data.gz.lmp.gz"),
+        std::slice::from_ref(&charged),
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(dir.path().join("charge.lmp")).unwrap();
+    assert!(
+        text.contains("Atoms # charge") && text.contains("xy xz yz"),
+        "{text}"
+    );
+
+    // ddmlip reads its own files back: same structure up to the rotation,
+    // the cell in LAMMPS's lower-triangular form, charges kept.
+    for name in ["atomic.data", "charge.lmp", "data.gz.lmp.gz"] {
+        let back = read_structure(dir.path().join(name)).unwrap();
+        assert_eq!(back.len(), 1);
+        assert_same_up_to_rotation(&back[0], &numbers, &positions, &cell, 1e-12);
+        let m = back[0].cell.unwrap().matrix;
+        assert_eq!([m[0][1], m[0][2], m[1][2]], [0.0; 3]);
+        let q = back[0].properties.arrays.get("initial_charges");
+        if name == "atomic.data" {
+            assert!(q.is_none());
+        } else {
+            assert_eq!(q, Some(&ddmlip_atoms::Column::Float(charges.clone(), 1)));
+        }
+    }
+
+    // ASE reads them: cell lengths / angles, species, distances, charges,
+    // and the fractional coordinates of the original structure.
+    let back = python(
+        r#"
+import sys, json
+from ase.io import read
+d = sys.argv[1]
+out = []
+for name, style in [('atomic.data', 'atomic'), ('charge.lmp', 'charge'), ('data.gz.lmp.gz', 'charge')]:
+    a = read(d + '/' + name, format='lammps-data', atom_style=style)
+    out.append(dict(numbers=a.numbers.tolist(), positions=a.positions.tolist(), cell=a.cell.tolist(),
+                    scaled=a.get_scaled_positions(wrap=False).tolist(), charges=a.get_initial_charges().tolist()))
+print(json.dumps(out))
+"#,
+        dir.path(),
+    );
+    let back: Vec<serde_json::Value> = serde_json::from_str(&back).unwrap();
+    assert_eq!(back.len(), 3);
+    let inverse = ddmlip_atoms::Cell::new(cell).inverse().unwrap();
+    let fractional: Vec<[f64; 3]> = positions
+        .iter()
+        .map(|&p| ddmlip_atoms::to_fractional(&inverse, p))
+        .collect();
+    for (b, with_charges) in back.iter().zip([false, true, true]) {
+        let ase_numbers: Vec<u32> = serde_json::from_value(b["numbers"].clone()).unwrap();
+        let ase_positions: Vec<[f64; 3]> = serde_json::from_value(b["positions"].clone()).unwrap();
+        let ase_cell: [[f64; 3]; 3] = serde_json::from_value(b["cell"].clone()).unwrap();
+        let ase_system = System::new(
+            ase_positions,
+            ase_numbers,
+            Some(ddmlip_atoms::Cell::new(ase_cell)),
+            [true; 3],
+        );
+        assert_same_up_to_rotation(&ase_system, &numbers, &positions, &cell, 1e-9);
+        let scaled: Vec<[f64; 3]> = serde_json::from_value(b["scaled"].clone()).unwrap();
+        for (s, f) in scaled.iter().zip(&fractional) {
+            for k in 0..3 {
+                assert!((s[k] - f[k]).abs() < 1e-9, "{s:?} vs {f:?}");
+            }
+        }
+        let q: Vec<f64> = serde_json::from_value(b["charges"].clone()).unwrap();
+        let want = if with_charges {
+            charges.clone()
+        } else {
+            vec![0.0; 6]
+        };
+        assert_eq!(q, want);
+    }
+
+    // A data file holds one frame; a system without a cell has no box.
+    let two = write_structure(dir.path().join("two.data"), &[plain.clone(), plain.clone()]);
+    assert!(
+        matches!(
+            two,
+            Err(ddmlip_atoms::StructureError::OneFrameOnly { frames: 2, .. })
+        ),
+        "{two:?}"
+    );
+    let mut no_cell = plain;
+    no_cell.cell = None;
+    let err = write_structure(dir.path().join("nocell.data"), &[no_cell]).unwrap_err();
+    assert!(err.to_string().contains("no cell"), "{err}");
 }

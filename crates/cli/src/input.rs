@@ -41,7 +41,8 @@ pub fn load_spec(path: &Option<PathBuf>) -> Result<Option<MLIPSpec>, CliError> {
 }
 
 /// Writes `frames` with the energies, forces and stress of `result` to
-/// `path` as extended XYZ.
+/// `path` in the format its name implies (extended XYZ carries the results;
+/// POSCAR and LAMMPS data only the structure, one frame).
 pub fn write_results(path: &Path, frames: &[System], result: &EvalResult) -> Result<(), CliError> {
     ddmlip::write_structure(path, &result.annotate(frames))
         .with_context(|| format!("writing {}", path.display()))

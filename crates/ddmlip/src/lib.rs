@@ -6,7 +6,8 @@
 //! from the workspace's crates:
 //!
 //! - structures: [`System`], [`Cell`], [`read_structure`] / [`write_structure`]
-//!   (extended XYZ as ASE writes it) and small crystals in [`build`];
+//!   (extended XYZ as ASE writes it, POSCAR, LAMMPS data, gzip) and small
+//!   crystals in [`build`];
 //! - models: [`load_model`] (built-ins such as `lj`, `schnet-demo`,
 //!   `sevennet-0`, TOML model files, SevenNet checkpoints) and the [`Model`]
 //!   trait to write your own against the op [`engine`];
@@ -51,7 +52,9 @@
 
 #![forbid(unsafe_code)]
 
-pub use ddmlip_atoms::{build, read_structure, Cell, System, XyzError};
+pub use ddmlip_atoms::{
+    build, read_structure, write_structure, Cell, StructureError, System, XyzError,
+};
 pub use ddmlip_engine::{DType, Model, ModelForward, ModelInfo};
 pub use ddmlip_models::{load_model, model_names, ModelError};
 pub use ddmlip_runtime::{
@@ -85,14 +88,4 @@ pub mod partition {
         partition_health, partition_system, partition_system_balanced, Balance, Ghost, Partition,
         PartitionError, PartitionHealth, RankDomain, RankHealth,
     };
-}
-
-/// Writes `frames` to `path` as extended XYZ (what [`read_structure`]
-/// reads and ASE writes), energy, forces and stress included when a frame
-/// carries them in `info` / `arrays`.
-pub fn write_structure(
-    path: impl AsRef<std::path::Path>,
-    frames: &[System],
-) -> Result<(), XyzError> {
-    ddmlip_atoms::extxyz::write_file(path, frames)
 }

@@ -8,12 +8,13 @@
 use crate::error::CliError;
 use anyhow::anyhow;
 use ddmlip_atoms::extxyz::FrameReader;
-use ddmlip_atoms::System;
+use ddmlip_atoms::formats::format_from_name;
+use ddmlip_atoms::{stream_structure, Format, StructureError, StructureWriter, System};
 use ddmlip_domain::PartitionHealth;
 use ddmlip_engine::Model;
 use ddmlip_runtime::{EvalError, EvalOptions, EvalResult, Evaluator};
 use serde_json::{json, Value};
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -55,6 +56,24 @@ pub fn check_writable(path: &Path) -> Result<(), CliError> {
             path.display()
         ))),
     }
+}
+
+/// Fails (bad input, exit status 2) when `output` is a one-frame format
+/// (POSCAR, LAMMPS data) and `structure` has `frames` > 1 frames.
+pub fn check_output_holds(output: &Path, structure: &Path, frames: usize) -> Result<(), CliError> {
+    if is_stdio(output) || frames <= 1 {
+        return Ok(());
+    }
+    let format = format_from_name(output).unwrap_or(Format::ExtendedXyz);
+    if format.holds_many_frames() {
+        return Ok(());
+    }
+    Err(CliError::input(anyhow!(
+        "--output {}: a {format} file holds one frame but {} has several; write them as \
+         extended XYZ (--output NAME.xyz)",
+        output.display(),
+        structure.display()
+    )))
 }
 
 /// Warns on stderr when the spec given to a split run is no evidence for
@@ -262,24 +281,33 @@ pub fn run_batch(
     progress: bool,
 ) -> Result<BatchRun, CliError> {
     let started = Instant::now();
-    let frames: Box<dyn Iterator<Item = Result<System, ddmlip_atoms::XyzError>>> =
-        if is_stdio(structure) {
-            Box::new(FrameReader::with_file_name(
-                std::io::BufReader::new(std::io::stdin()),
-                "stdin",
-            ))
-        } else {
-            Box::new(FrameReader::open(structure).map_err(CliError::input)?)
-        };
-    let mut writer: Option<Box<dyn Write>> = match output {
-        None => None,
-        Some(p) if is_stdio(p) => Some(Box::new(std::io::stdout().lock())),
-        Some(p) => Some(Box::new(std::io::BufWriter::new(
-            std::fs::File::create(p)
-                .map_err(|e| CliError::input(anyhow!("cannot write {}: {e}", p.display())))?,
-        ))),
+    // Files in any format ddmlip reads (extended XYZ streamed, gzip too);
+    // stdin as extended XYZ.
+    let frames: Box<dyn Iterator<Item = Result<System, StructureError>>> = if is_stdio(structure) {
+        Box::new(
+            FrameReader::with_file_name(std::io::BufReader::new(std::io::stdin()), "stdin")
+                .map(|f| f.map_err(StructureError::from)),
+        )
+    } else {
+        stream_structure(structure).map_err(CliError::input)?
     };
-    let out_name = output.map(|p| p.display().to_string()).unwrap_or_default();
+    // A POSCAR or LAMMPS data file holds one frame: refuse a second before
+    // computing or creating anything (this reads one frame ahead).
+    let mut frames = frames.peekable();
+    let first = frames.next();
+    if let (Some(p), Some(_), Some(_)) = (output, &first, frames.peek()) {
+        check_output_holds(p, structure, 2)?;
+    }
+    let frames = first.into_iter().chain(frames);
+    let mut writer = match output {
+        None => None,
+        Some(p) if is_stdio(p) => Some(StructureWriter::from_writer(
+            Box::new(std::io::stdout().lock()),
+            Format::ExtendedXyz,
+            "stdout",
+        )),
+        Some(p) => Some(StructureWriter::create(p).map_err(CliError::input)?),
+    };
     let mut evaluator = Evaluator::new(model, opts);
     let mut bar = Progress::new(progress);
     let mut results = Vec::new();
@@ -298,8 +326,8 @@ pub fn run_batch(
                 stress: fr.stress,
                 energies: fr.atomic_energies.as_deref(),
             });
-            ddmlip_atoms::extxyz::write_frames(&mut *w, std::slice::from_ref(&sys))
-                .map_err(|e| CliError::input(anyhow!("writing {out_name}: frame {k}: {e}")))?;
+            w.write_frame(&sys)
+                .map_err(|e| CliError::input(anyhow!("frame {k}: {e}")))?;
         }
         bar.tick(
             started,
@@ -315,9 +343,8 @@ pub fn run_batch(
             structure.display()
         )));
     }
-    if let Some(mut w) = writer {
-        w.flush()
-            .map_err(|e| CliError::input(anyhow!("writing {out_name}: {e}")))?;
+    if let Some(w) = writer {
+        w.finish().map_err(CliError::input)?;
     }
     Ok(BatchRun {
         frames: results,

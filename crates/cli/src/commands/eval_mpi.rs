@@ -54,6 +54,9 @@ mod with_mpi {
             super::super::eval_batch::check_writable(out)?;
         }
         let frames = read_structure(&a.structure)?;
+        if let Some(out) = &a.output {
+            super::super::eval_batch::check_output_holds(out, &a.structure, frames.len())?;
+        }
         let model = load_model(&a.model, a.modal.as_deref())?;
         let opts = EvalOptions {
             dtype: a.dtype.into(),
