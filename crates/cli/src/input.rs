@@ -43,6 +43,8 @@ pub fn load_spec(path: &Option<PathBuf>) -> Result<Option<MLIPSpec>, CliError> {
 /// Writes `frames` with the energies, forces and stress of `result` to
 /// `path` in the format its name implies (extended XYZ carries the results;
 /// POSCAR and LAMMPS data only the structure, one frame).
+// Used by the MPI backend (`--features mpi`) only.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub fn write_results(path: &Path, frames: &[System], result: &EvalResult) -> Result<(), CliError> {
     ddmlip::write_structure(path, &result.annotate(frames))
         .with_context(|| format!("writing {}", path.display()))

@@ -349,6 +349,8 @@ pub fn demo_text(
 /// The health of each frame's split, after warning on stderr about splits
 /// that leave ranks idle or holding the whole system (`structure` and
 /// `balance` name the command line that shows the split).
+// Used by the MPI backend (`--features mpi`) only.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub fn report_split_health(
     structure: &Path,
     balance: BalanceArg,
