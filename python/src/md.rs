@@ -5,7 +5,7 @@
 
 use crate::{message, parse_balance, parse_dtype, positions_of, system, value_error};
 use ddmlip::{BalancePolicy, Model, System};
-use ddmlip_atoms::{Column, InfoValue};
+use ddmlip_atoms::Column;
 use ddmlip_md::{
     maxwell_boltzmann, Checkpoint, Ensemble, Frame, MdConfig, MdError, MdSink, RelaxConfig,
     StartState, ThermoRow, Topology,
@@ -66,34 +66,7 @@ struct CollectSink {
 impl CollectSink {
     /// A frame as the command's extended XYZ writes it.
     fn system(&self, frame: &Frame) -> System {
-        let mut s = System::new(
-            frame.positions.clone(),
-            self.template.numbers.clone(),
-            self.template.cell.map(|_| frame.cell),
-            self.template.pbc,
-        );
-        if self.has_masses {
-            if let Some(m) = self.template.properties.arrays.get("masses") {
-                s.properties.arrays.insert("masses".into(), m.clone());
-            }
-        }
-        s.properties.arrays.insert(
-            "momenta".into(),
-            Column::Float(frame.momenta.iter().flatten().copied().collect(), 3),
-        );
-        s.set_energy(frame.energy);
-        s.set_forces(&frame.forces);
-        if let Some(st) = frame.stress {
-            s.set_stress_voigt(st);
-        }
-        s.properties
-            .info
-            .insert("step".into(), InfoValue::Int(frame.step as i64));
-        s.properties.info.insert(
-            "time_fs".into(),
-            InfoValue::Float(frame.step as f64 * self.dt_fs),
-        );
-        s
+        frame.to_system(&self.template, self.has_masses, self.dt_fs)
     }
 }
 

@@ -6,7 +6,7 @@ use crate::rank_eval::{LocalRows, RankEvaluator, RankForces};
 use crate::rng::{gaussian3, INIT_COUNTER};
 use crate::state::{BuildOptions, RankState, Share, Topology};
 use crate::{units, MdError};
-use ddmlip_atoms::Cell;
+use ddmlip_atoms::{Cell, Column, InfoValue, System};
 use ddmlip_comm::Communicator;
 use ddmlip_engine::{DType, Model};
 use ddmlip_spec::MLIPSpec;
@@ -377,6 +377,42 @@ pub struct Frame {
     /// Potential stress (eV/Å³, Voigt xx yy zz yz xz xy, ASE's sign); `None`
     /// without a 3-D periodic cell.
     pub stress: Option<[f64; 6]>,
+}
+
+impl Frame {
+    /// This frame as an extended XYZ frame of `template`'s atoms: positions,
+    /// cell, `momenta` (ASE units), energy, forces, stress, `step` and
+    /// `time_fs` (`dt_fs` per step); `template`'s `masses` column is kept
+    /// when `keep_masses` (the input carried one).
+    pub fn to_system(&self, template: &System, keep_masses: bool, dt_fs: f64) -> System {
+        let mut s = System::new(
+            self.positions.clone(),
+            template.numbers.clone(),
+            template.cell.map(|_| self.cell),
+            template.pbc,
+        );
+        if keep_masses {
+            if let Some(m) = template.properties.arrays.get("masses") {
+                s.properties.arrays.insert("masses".into(), m.clone());
+            }
+        }
+        s.properties.arrays.insert(
+            "momenta".into(),
+            Column::Float(self.momenta.iter().flatten().copied().collect(), 3),
+        );
+        s.set_energy(self.energy);
+        s.set_forces(&self.forces);
+        if let Some(st) = self.stress {
+            s.set_stress_voigt(st);
+        }
+        s.properties
+            .info
+            .insert("step".into(), InfoValue::Int(self.step as i64));
+        s.properties
+            .info
+            .insert("time_fs".into(), InfoValue::Float(self.step as f64 * dt_fs));
+        s
+    }
 }
 
 /// Where rank 0 puts what a run produces. A sink error stops every rank.

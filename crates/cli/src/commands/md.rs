@@ -5,7 +5,7 @@ use crate::args::{Backend, BalanceArg, Precision};
 use crate::error::{CliError, EXIT_BAD_INPUT, EXIT_FAILED};
 use anyhow::anyhow;
 use clap::{Args, ValueEnum};
-use ddmlip_atoms::{elements, Column, InfoValue, System};
+use ddmlip_atoms::{elements, Column, System};
 use ddmlip_md::{
     maxwell_boltzmann, CellDof, Checkpoint, Ensemble, Frame, MdConfig, MdError, MdSink, MdSummary,
     StartState, ThermoRow, Topology,
@@ -426,34 +426,7 @@ impl FileSink {
     }
 
     fn system(&self, frame: &Frame) -> System {
-        let mut s = System::new(
-            frame.positions.clone(),
-            self.template.numbers.clone(),
-            self.template.cell.map(|_| frame.cell),
-            self.template.pbc,
-        );
-        if self.has_masses {
-            if let Some(m) = self.template.properties.arrays.get("masses") {
-                s.properties.arrays.insert("masses".into(), m.clone());
-            }
-        }
-        s.properties.arrays.insert(
-            "momenta".into(),
-            Column::Float(frame.momenta.iter().flatten().copied().collect(), 3),
-        );
-        s.set_energy(frame.energy);
-        s.set_forces(&frame.forces);
-        if let Some(st) = frame.stress {
-            s.set_stress_voigt(st);
-        }
-        s.properties
-            .info
-            .insert("step".into(), InfoValue::Int(frame.step as i64));
-        s.properties.info.insert(
-            "time_fs".into(),
-            InfoValue::Float(frame.step as f64 * self.dt_fs),
-        );
-        s
+        frame.to_system(&self.template, self.has_masses, self.dt_fs)
     }
 }
 
