@@ -18,6 +18,7 @@ use ddmlip_atoms::{Cell, System, MAX_ABS_LENGTH};
 use thiserror::Error;
 
 pub use brute::brute_force_neighbor_list;
+pub use frame::Frame;
 pub use cell_list::{
     neighbor_list, neighbor_list_for_centers, neighbor_list_into, pair_list_for_centers,
     pair_list_for_centers_into, ChunkRunner, PairScratch,
