@@ -54,7 +54,7 @@ PY
     check "eval lj on cpu" 0 "$cli" eval --model lj --structure "$xyz" --device cpu --json
     check "device index out of range" 2 "$cli" eval --model lj --structure "$xyz" --device cuda:99
     check "model without a CUDA path" 2 "$cli" eval --model schnet-demo --structure "$xyz" --device cuda
-    check "bench model lj on cuda" 0 "$cli" bench model --model lj --crystal cu --size 2 --device cuda
+    check "bench model lj on cuda" 0 "$cli" bench model --model lj --crystal cu --repeat 4 --device cuda
     rm -f "$xyz" /tmp/gpu-check.$$
 fi
 echo "gpu-check summary: $passed passed, $failed failed${failures[*]:+ (${failures[*]})}"

@@ -62,8 +62,10 @@ pub fn lj_parameters(model_arg: &str) -> Result<ddmlip_models::LennardJones, Cli
         return Ok(ddmlip_models::LennardJones::argon());
     }
     // A Lennard-Jones model file (already validated by load_model).
-    let text = std::fs::read_to_string(model_arg).map_err(|e| CliError::input(anyhow!("{model_arg}: {e}")))?;
-    let mut table: toml::Table = toml::from_str(&text).map_err(|e| CliError::input(anyhow!("{model_arg}: {e}")))?;
+    let text = std::fs::read_to_string(model_arg)
+        .map_err(|e| CliError::input(anyhow!("{model_arg}: {e}")))?;
+    let mut table: toml::Table =
+        toml::from_str(&text).map_err(|e| CliError::input(anyhow!("{model_arg}: {e}")))?;
     table.remove("kind");
     table
         .try_into()
@@ -106,7 +108,7 @@ pub fn bench_model(
 #[cfg(feature = "cuda")]
 mod gpu {
     use super::lj_parameters;
-    use crate::args::{Precision as PrecisionArg, EvalArgs};
+    use crate::args::{EvalArgs, Precision as PrecisionArg};
     use crate::error::CliError;
     use crate::input::read_structure;
     use anyhow::anyhow;
@@ -134,6 +136,20 @@ mod gpu {
         CudaDevice::open(index).map_err(CliError::input)
     }
 
+    /// `cuda:N (name, sm_XY, kernels compiled|cached)`.
+    fn describe(dev: &CudaDevice) -> String {
+        let kernels = match dev.kernel_source() {
+            ddmlip_cuda::kernels::KernelSource::Cache => "kernels from the disk cache",
+            ddmlip_cuda::kernels::KernelSource::Compiled => "kernels compiled by NVRTC",
+        };
+        format!(
+            "cuda:{} ({}, {}, {kernels})",
+            dev.index(),
+            dev.name(),
+            dev.arch()
+        )
+    }
+
     fn gpu_error(e: ddmlip_cuda::CudaError) -> CliError {
         match e {
             ddmlip_cuda::CudaError::Driver { .. } | ddmlip_cuda::CudaError::Compile { .. } => {
@@ -152,7 +168,10 @@ mod gpu {
             )));
         }
         if a.modal.is_some() {
-            return Err(CliError::input(anyhow!("--modal does not apply to `{}`", a.model)));
+            return Err(CliError::input(anyhow!(
+                "--modal does not apply to `{}`",
+                a.model
+            )));
         }
         let params = params(&a.model)?;
         let dev = open(index)?;
@@ -179,7 +198,7 @@ mod gpu {
             ddmlip::write_structure(out, &frames)
                 .map_err(|e| CliError::input(anyhow!("writing {}: {e}", out.display())))?;
         }
-        let device = format!("cuda:{index} ({}, {})", dev.name(), dev.arch());
+        let device = describe(&dev);
         if a.json {
             let value = json!({
                 "model": "lj",
@@ -254,7 +273,7 @@ mod gpu {
         let (median, timings) = runs[runs.len() / 2];
         let atoms = sys.positions.len();
         let us = median * 1e6 / atoms as f64;
-        let device = format!("cuda:{index} ({}, {})", dev.name(), dev.arch());
+        let device = describe(&dev);
         let dtype = match dtype {
             PrecisionArg::F64 => "f64",
             PrecisionArg::F32 => "f32",

@@ -24,7 +24,11 @@ fn structure(dir: &tempfile::TempDir) -> PathBuf {
 fn run(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(BIN).args(args).output().unwrap();
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
+    (
+        out.status.code().unwrap_or(-1),
+        text(&out.stdout),
+        text(&out.stderr),
+    )
 }
 
 /// A GPU that this build could use is present: the no-GPU cases do not apply.
@@ -42,9 +46,27 @@ fn device_cuda_without_a_usable_gpu_is_exit_2_saying_why() {
     let xyz = structure(&dir);
     let xyz = xyz.to_str().unwrap();
     for args in [
-        vec!["eval", "--model", "lj", "--structure", xyz, "--device", "cuda"],
-        vec!["eval", "--model", "lj", "--structure", xyz, "--device", "cuda:1"],
-        vec!["bench", "model", "--model", "lj", "--repeat", "1", "--device", "cuda"],
+        vec![
+            "eval",
+            "--model",
+            "lj",
+            "--structure",
+            xyz,
+            "--device",
+            "cuda",
+        ],
+        vec![
+            "eval",
+            "--model",
+            "lj",
+            "--structure",
+            xyz,
+            "--device",
+            "cuda:1",
+        ],
+        vec![
+            "bench", "model", "--model", "lj", "--repeat", "1", "--device", "cuda",
+        ],
     ] {
         let (code, _, err) = run(&args);
         assert_eq!(code, 2, "{args:?}: {err}");
@@ -54,7 +76,10 @@ fn device_cuda_without_a_usable_gpu_is_exit_2_saying_why() {
         } else {
             "built without CUDA support"
         };
-        assert!(err.contains(why) && err.contains("--device cpu"), "{args:?}: {err}");
+        assert!(
+            err.contains(why) && err.contains("--device cpu"),
+            "{args:?}: {err}"
+        );
     }
 }
 
@@ -72,7 +97,10 @@ fn a_model_without_a_cuda_path_is_refused_naming_those_with_one() {
         "cuda",
     ]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("schnet-demo") && err.contains("has no CUDA path") && err.contains("lj"), "{err}");
+    assert!(
+        err.contains("schnet-demo") && err.contains("has no CUDA path") && err.contains("lj"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -87,7 +115,16 @@ fn device_names_are_checked_and_cpu_is_the_default() {
     }
     let (code, default, err) = run(&["eval", "--model", "lj", "--structure", xyz, "--json"]);
     assert_eq!(code, 0, "{err}");
-    let (code, cpu, err) = run(&["eval", "--model", "lj", "--structure", xyz, "--json", "--device", "cpu"]);
+    let (code, cpu, err) = run(&[
+        "eval",
+        "--model",
+        "lj",
+        "--structure",
+        xyz,
+        "--json",
+        "--device",
+        "cpu",
+    ]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(default, cpu);
 }

@@ -37,7 +37,8 @@ pub fn check_libraries() -> Result<(), CudaError> {
 /// missing.
 pub fn device_count() -> Result<usize, CudaError> {
     check_libraries()?;
-    let count = CudaContext::device_count().map_err(|e| CudaError::driver("cuDeviceGetCount", e))?;
+    let count =
+        CudaContext::device_count().map_err(|e| CudaError::driver("cuDeviceGetCount", e))?;
     Ok(usize::try_from(count).unwrap_or(0))
 }
 
@@ -77,7 +78,8 @@ impl CudaDevice {
         if index >= count {
             return Err(CudaError::IndexOutOfRange { index, count });
         }
-        let ctx = CudaContext::new(index).map_err(|e| CudaError::driver("creating a context", e))?;
+        let ctx =
+            CudaContext::new(index).map_err(|e| CudaError::driver("creating a context", e))?;
         let name = ctx
             .name()
             .map_err(|e| CudaError::driver("cuDeviceGetName", e))?;

@@ -42,7 +42,10 @@ pub fn cache_key(source: &str, arch: &str, nvrtc_version: (i32, i32), options: &
     let mut h = fnv1a(FNV_OFFSET, source.as_bytes());
     h = fnv1a(h, &[0]);
     h = fnv1a(h, arch.as_bytes());
-    h = fnv1a(h, format!("\0{}.{}", nvrtc_version.0, nvrtc_version.1).as_bytes());
+    h = fnv1a(
+        h,
+        format!("\0{}.{}", nvrtc_version.0, nvrtc_version.1).as_bytes(),
+    );
     for o in options {
         h = fnv1a(h, &[0]);
         h = fnv1a(h, o.as_bytes());
@@ -73,13 +76,11 @@ pub fn load_entry(dir: &Path, name: &str, key: u64) -> Option<Vec<u8>> {
     if bytes.len() < HEADER_BYTES || &bytes[..8] != MAGIC {
         return None;
     }
-    let word = |k: usize| -> Option<u64> {
-        Some(u64::from_le_bytes(bytes[k..k + 8].try_into().ok()?))
-    };
+    let word =
+        |k: usize| -> Option<u64> { Some(u64::from_le_bytes(bytes[k..k + 8].try_into().ok()?)) };
     let (stored_key, len, checksum) = (word(8)?, word(16)?, word(24)?);
     let payload = &bytes[HEADER_BYTES..];
-    if stored_key != key || payload.len() as u64 != len || fnv1a(FNV_OFFSET, payload) != checksum
-    {
+    if stored_key != key || payload.len() as u64 != len || fnv1a(FNV_OFFSET, payload) != checksum {
         return None;
     }
     Some(payload.to_vec())

@@ -177,7 +177,9 @@ where
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     };
-    let basis_d = stream.clone_htod(basis).map_err(dev("uploading the cell"))?;
+    let basis_d = stream
+        .clone_htod(basis)
+        .map_err(dev("uploading the cell"))?;
     let mut converted: Option<CudaSlice<T>> = None;
     if convert {
         let mut pos = stream
@@ -248,9 +250,15 @@ where
         reduce(per_row.slice(0..n), n32, 1, &mut e_out)?;
         reduce(per_row.slice(n..7 * n), n32, 6, &mut w_out)?;
     }
-    let rows = stream.clone_dtoh(&per_row).map_err(dev("downloading energies"))?;
-    let f_host = stream.clone_dtoh(&forces).map_err(dev("downloading forces"))?;
-    let totals = stream.clone_dtoh(&sums).map_err(dev("downloading totals"))?;
+    let rows = stream
+        .clone_dtoh(&per_row)
+        .map_err(dev("downloading energies"))?;
+    let f_host = stream
+        .clone_dtoh(&forces)
+        .map_err(dev("downloading forces"))?;
+    let totals = stream
+        .clone_dtoh(&sums)
+        .map_err(dev("downloading totals"))?;
     let atomic = rows[..n].iter().map(|&x| x.into()).collect();
     let forces = f_host
         .chunks_exact(3)

@@ -114,8 +114,14 @@ fn gpu_neighbour_list_equals_the_cpu_list() {
         assert!(gpu == cpu, "case {k}: pairs differ (pbc {:?})", system.pbc);
         pairs += cpu.len();
     }
-    assert!(pairs > 10_000, "the cases should have many pairs, got {pairs}");
-    eprintln!("{} systems, {pairs} pairs: GPU list == CPU list", cases.len());
+    assert!(
+        pairs > 10_000,
+        "the cases should have many pairs, got {pairs}"
+    );
+    eprintln!(
+        "{} systems, {pairs} pairs: GPU list == CPU list",
+        cases.len()
+    );
 }
 
 #[test]
@@ -154,7 +160,12 @@ struct Errors {
 
 /// Largest deviations of the GPU result from the CPU f64 run, each relative
 /// to the largest magnitude of that quantity.
-fn compare(model: &LennardJones, system: &System, precision: Precision, dev: &CudaDevice) -> Errors {
+fn compare(
+    model: &LennardJones,
+    system: &System,
+    precision: Precision,
+    dev: &CudaDevice,
+) -> Errors {
     let params = LjParameters {
         epsilon: model.epsilon,
         sigma: model.sigma,
@@ -163,13 +174,22 @@ fn compare(model: &LennardJones, system: &System, precision: Precision, dev: &Cu
     };
     let gpu = evaluate_lj(dev, system, &params, precision).unwrap();
     let boxed: Box<dyn Model> = Box::new(model.clone());
-    let cpu = evaluate(boxed.as_ref(), std::slice::from_ref(system), &EvalOptions::default()).unwrap();
+    let cpu = evaluate(
+        boxed.as_ref(),
+        std::slice::from_ref(system),
+        &EvalOptions::default(),
+    )
+    .unwrap();
     let e_cpu = cpu.energy()[0];
     let atomic_cpu = cpu.atomic_energies().unwrap();
     let f_cpu = cpu.forces();
     let energy = (gpu.energy - e_cpu).abs() / e_cpu.abs().max(max_abs(atomic_cpu.iter().copied()));
-    let atomic = max_abs(gpu.atomic_energies.iter().zip(atomic_cpu).map(|(a, b)| a - b))
-        / max_abs(atomic_cpu.iter().copied());
+    let atomic = max_abs(
+        gpu.atomic_energies
+            .iter()
+            .zip(atomic_cpu)
+            .map(|(a, b)| a - b),
+    ) / max_abs(atomic_cpu.iter().copied());
     let forces = max_abs(
         gpu.forces
             .iter()
@@ -177,9 +197,7 @@ fn compare(model: &LennardJones, system: &System, precision: Precision, dev: &Cu
             .flat_map(|(a, b)| (0..3).map(move |k| a[k] - b[k])),
     ) / max_abs(f_cpu.iter().flatten().copied());
     let stress = match (gpu.stress, cpu.stress()[0]) {
-        (Some(g), Some(c)) => {
-            max_abs((0..6).map(|k| g[k] - c[k])) / max_abs(c.iter().copied())
-        }
+        (Some(g), Some(c)) => max_abs((0..6).map(|k| g[k] - c[k])) / max_abs(c.iter().copied()),
         (None, None) => 0.0,
         (g, c) => panic!("stress presence differs: GPU {g:?}, CPU {c:?}"),
     };
@@ -230,7 +248,12 @@ fn gpu_lj_f64_equals_the_cpu_run_to_1e_10() {
             e.forces,
             e.stress
         );
-        for (what, err) in [("energy", e.energy), ("atomic", e.atomic), ("forces", e.forces), ("stress", e.stress)] {
+        for (what, err) in [
+            ("energy", e.energy),
+            ("atomic", e.atomic),
+            ("forces", e.forces),
+            ("stress", e.stress),
+        ] {
             assert!(err <= 1e-10, "case {k}: {what} differs by {err:e} relative");
         }
     }
@@ -249,8 +272,16 @@ fn gpu_lj_f32_is_within_its_tolerance_of_cpu_f64() {
             e.forces,
             e.stress
         );
-        assert!(e.energy <= F32_ENERGY_TOL, "case {k}: energy {:e}", e.energy);
-        assert!(e.atomic <= F32_ENERGY_TOL * 10.0, "case {k}: atomic {:e}", e.atomic);
+        assert!(
+            e.energy <= F32_ENERGY_TOL,
+            "case {k}: energy {:e}",
+            e.energy
+        );
+        assert!(
+            e.atomic <= F32_ENERGY_TOL * 10.0,
+            "case {k}: atomic {:e}",
+            e.atomic
+        );
         assert!(e.forces <= F32_FORCE_TOL, "case {k}: forces {:e}", e.forces);
         assert!(e.stress <= F32_FORCE_TOL, "case {k}: stress {:e}", e.stress);
     }

@@ -9,7 +9,10 @@ fn a_stored_entry_loads_back_and_only_under_its_own_key() {
     let dir = tempfile::tempdir().unwrap();
     let payload: Vec<u8> = (0..10_000u32).map(|k| (k * 7 % 251) as u8).collect();
     store_entry(dir.path(), "m", 42, &payload).unwrap();
-    assert_eq!(load_entry(dir.path(), "m", 42).as_deref(), Some(&payload[..]));
+    assert_eq!(
+        load_entry(dir.path(), "m", 42).as_deref(),
+        Some(&payload[..])
+    );
     assert_eq!(load_entry(dir.path(), "m", 43), None);
     assert_eq!(load_entry(dir.path(), "other", 42), None);
 }
@@ -30,7 +33,11 @@ fn a_corrupt_or_truncated_entry_is_a_miss_not_an_error() {
     assert_eq!(load_entry(dir.path(), "m", 7), None);
 
     // Truncated (an interrupted writer), empty, and garbage.
-    for bad in [&good[..good.len() - 3], &[][..], &b"not a cubin at all, just text"[..]] {
+    for bad in [
+        &good[..good.len() - 3],
+        &[][..],
+        &b"not a cubin at all, just text"[..],
+    ] {
         std::fs::write(&path, bad).unwrap();
         assert_eq!(load_entry(dir.path(), "m", 7), None, "{bad:?}");
     }
@@ -43,7 +50,10 @@ fn a_corrupt_or_truncated_entry_is_a_miss_not_an_error() {
 #[test]
 fn the_key_changes_with_source_architecture_compiler_and_options() {
     let base = cache_key("kernel", "sm_90", (13, 0), &["--fmad=false"]);
-    assert_eq!(base, cache_key("kernel", "sm_90", (13, 0), &["--fmad=false"]));
+    assert_eq!(
+        base,
+        cache_key("kernel", "sm_90", (13, 0), &["--fmad=false"])
+    );
     for other in [
         cache_key("kernel ", "sm_90", (13, 0), &["--fmad=false"]),
         cache_key("kernel", "sm_80", (13, 0), &["--fmad=false"]),
@@ -63,7 +73,10 @@ fn opening_a_device_gives_a_typed_error_naming_the_problem() {
         // No driver or toolkit (CPU-only CI): the error names the library.
         Err(e @ CudaError::LibraryNotFound { .. }) => {
             let msg = e.to_string();
-            assert!(msg.contains("no CUDA") && msg.contains("--device cpu"), "{msg}");
+            assert!(
+                msg.contains("no CUDA") && msg.contains("--device cpu"),
+                "{msg}"
+            );
             let open = CudaDevice::open(0).unwrap_err();
             assert!(matches!(open, CudaError::LibraryNotFound { .. }), "{open}");
         }
@@ -91,6 +104,9 @@ fn out_of_memory_says_how_many_atoms_would_fit() {
         atoms_that_fit: Some(512_000),
     };
     let msg = e.to_string();
-    assert!(msg.contains("200.00 GiB") && msg.contains("100.00 GiB"), "{msg}");
+    assert!(
+        msg.contains("200.00 GiB") && msg.contains("100.00 GiB"),
+        "{msg}"
+    );
     assert!(msg.contains("about 512000 atoms"), "{msg}");
 }

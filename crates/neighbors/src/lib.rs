@@ -18,11 +18,11 @@ use ddmlip_atoms::{Cell, System, MAX_ABS_LENGTH};
 use thiserror::Error;
 
 pub use brute::brute_force_neighbor_list;
-pub use frame::Frame;
 pub use cell_list::{
     neighbor_list, neighbor_list_for_centers, neighbor_list_into, pair_list_for_centers,
     pair_list_for_centers_into, ChunkRunner, PairScratch,
 };
+pub use frame::Frame;
 pub use memory::{format_bytes, memory_budget_bytes, FALLBACK_MEMORY_BUDGET};
 
 /// Inputs whose estimated pair count exceeds this are rejected with
