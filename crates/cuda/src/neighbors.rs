@@ -175,13 +175,11 @@ impl GpuNeighborList {
         };
         let mut stencil = 1u64;
         let mut n_bins = 1u64;
-        for k in 0..3 {
-            for c in 0..3 {
-                geometry.basis[3 * k + c] = frame.basis[k][c];
-                geometry.inverse[3 * k + c] = frame.inverse[k][c];
-            }
+        for (k, &axis_range) in range.iter().enumerate() {
+            geometry.basis[3 * k..3 * k + 3].copy_from_slice(&frame.basis[k]);
+            geometry.inverse[3 * k..3 * k + 3].copy_from_slice(&frame.inverse[k]);
             let (nb, lo, width, reach) =
-                axis_grid(frame.pbc[k], frame.heights[k], range[k], search);
+                axis_grid(frame.pbc[k], frame.heights[k], axis_range, search);
             geometry.pbc[k] = i32::from(frame.pbc[k]);
             geometry.nbins[k] = nb;
             geometry.lo[k] = lo;
