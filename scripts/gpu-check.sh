@@ -26,7 +26,10 @@ for exe in "$dir"/*; do
     echo "== $(basename "$exe")"
     # --nocapture: the tests print the measured deviations and timings.
     out=$("$exe" --test-threads=1 --nocapture 2>&1)
-    echo "$out" | grep -E '^test |lj (f64|f32) case|TIMING|systems, |panicked|SKIPPED' || true
+    # What each test measured, and every panic with its message line.
+    echo "$out" | awk '/panicked at/ {print; if ((getline line) > 0) print "    " line; next}
+        /^test |lj (f64|f32) case|TIMING|systems, |SKIPPED/ {print}'
+
     counts=$(echo "$out" | sed -n 's/^test result: [a-zA-Z]*\. \([0-9]*\) passed; \([0-9]*\) failed.*/\1 \2/p')
     p=${counts% *} f=${counts#* }
     [[ -n $counts ]] || { p=0; f=1; }
@@ -38,24 +41,25 @@ done
 cli="$dir/ddmlip"
 if [[ -x $cli ]]; then
     echo "== ddmlip CLI"
-    xyz=$(mktemp --suffix=.xyz)
+    xyz=$(mktemp --suffix=.xyz) log=$(mktemp)
     python3 - "$xyz" <<'PY' 2>/dev/null || printf '4\nLattice="10.6 0 0 0 10.6 0 0 0 10.6" Properties=species:S:1:pos:R:3 pbc="T T T"\nAr 0 0 0\nAr 2.7 2.6 0.1\nAr 2.6 0.1 2.65\nAr 0.05 2.6 2.7\n' > "$xyz"
 import sys
 print("4\nLattice=\"10.6 0 0 0 10.6 0 0 0 10.6\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\nAr 0 0 0\nAr 2.7 2.6 0.1\nAr 2.6 0.1 2.65\nAr 0.05 2.6 2.7", file=open(sys.argv[1], "w"))
 PY
-    check() { # name, expected status, command...
-        local name=$1 want=$2; shift 2
-        local got; "$@" >/tmp/gpu-check.$$ 2>&1; got=$?
-        if [[ $got == "$want" ]]; then passed=$((passed + 1)); echo "cli $name ok (exit $got)";
-        else failed=$((failed + 1)); failures+=("cli $name"); echo "cli $name FAILED (exit $got, want $want)"; fi
-        sed 's/^/    /' /tmp/gpu-check.$$ | head -8
+    check() { # name, expected status, text the output must contain, command...
+        local name=$1 want=$2 text=$3; shift 3
+        local got; "$@" >"$log" 2>&1; got=$?
+        if [[ $got == "$want" ]] && grep -qF -- "$text" "$log"; then
+            passed=$((passed + 1)); echo "cli $name ok (exit $got)";
+        else failed=$((failed + 1)); failures+=("cli $name"); echo "cli $name FAILED (exit $got, want $want and \"$text\")"; fi
+        sed 's/^/    /' "$log" | head -8
     }
-    check "eval lj on cuda" 0 "$cli" eval --model lj --structure "$xyz" --device cuda --json
-    check "eval lj on cpu" 0 "$cli" eval --model lj --structure "$xyz" --device cpu --json
-    check "device index out of range" 2 "$cli" eval --model lj --structure "$xyz" --device cuda:99
-    check "model without a CUDA path" 2 "$cli" eval --model schnet-demo --structure "$xyz" --device cuda
-    check "bench model lj on cuda" 0 "$cli" bench model --model lj --crystal cu --repeat 4 --device cuda
-    rm -f "$xyz" /tmp/gpu-check.$$
+    check "eval lj on cuda" 0 '"device":"cuda:' "$cli" eval --model lj --structure "$xyz" --device cuda --json
+    check "eval lj on cpu" 0 '"energy"' "$cli" eval --model lj --structure "$xyz" --device cpu --json
+    check "device index out of range" 2 "does not exist" "$cli" eval --model lj --structure "$xyz" --device cuda:99
+    check "model without a CUDA path" 2 "has no CUDA path" "$cli" eval --model schnet-demo --structure "$xyz" --device cuda
+    check "bench model lj on cuda" 0 "µs/atom/step" "$cli" bench model --model lj --crystal cu --repeat 4 --device cuda
+    rm -f "$xyz" "$log"
 fi
 echo "gpu-check summary: $passed passed, $failed failed${failures[*]:+ (${failures[*]})}"
 [[ $failed -eq 0 && ${#failures[@]} -eq 0 ]]

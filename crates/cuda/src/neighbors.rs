@@ -355,3 +355,34 @@ impl GpuNeighborList {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::axis_grid;
+
+    /// The stencil must cover every bin a neighbour can be in: a pair closer
+    /// than `search` differs by less than `search / height` in fractional
+    /// coordinate, which `reach` bins of `width` must span.
+    #[test]
+    fn the_stencil_reaches_every_neighbour_bin() {
+        let mut state = 12345u64;
+        let mut next = || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for _ in 0..10_000 {
+            let search = 0.5 + 10.0 * next();
+            let height = 0.3 + 60.0 * next();
+            let (n, lo, width, reach) = axis_grid(true, height, (0.0, 1.0), search);
+            assert!(n >= 1 && lo == 0.0 && (width * n as f64 - 1.0).abs() < 1e-12);
+            assert!(reach as f64 * width * height >= search, "{height} {search}");
+            // Open axis: the atoms span [a, b] Å (unit basis row, height 1).
+            let (a, extent) = (-50.0 + 100.0 * next(), 80.0 * next());
+            let (n, lo, width, reach) = axis_grid(false, 1.0, (a, a + extent), search);
+            assert!(n >= 1 && lo == a && width > 0.0);
+            assert!(width * n as f64 >= extent - 1e-9);
+            // Either the stencil spans the search radius or it spans the grid.
+            assert!(reach as f64 * width >= search || reach == n - 1, "{extent} {search}");
+        }
+    }
+}
