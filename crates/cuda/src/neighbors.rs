@@ -103,20 +103,49 @@ fn scan_config() -> LaunchConfig {
 }
 
 /// The binning of one axis: (number of bins, fractional origin, fractional
-/// width, stencil reach in bins).
-fn axis_grid(periodic: bool, height: f64, range: (f64, f64), search: f64) -> (i32, f64, f64, i32) {
+/// width, stencil reach in bins), with at most `max_bins` bins.
+fn axis_grid(
+    periodic: bool,
+    height: f64,
+    range: (f64, f64),
+    search: f64,
+    max_bins: f64,
+) -> AxisGrid {
     if periodic {
-        let n = (height / search).floor().clamp(1.0, 4096.0);
+        let n = (height / search).floor().clamp(1.0, max_bins);
         let width = 1.0 / n;
         let reach = (search / (width * height)).ceil();
         (n as i32, 0.0, width, reach as i32)
     } else {
         // Open rows of the frame are unit vectors: fractional extent is Å.
         let extent = range.1 - range.0;
-        let n = (extent / search).floor().clamp(1.0, 4096.0);
+        let n = (extent / search).floor().clamp(1.0, max_bins);
         let width = if extent > 0.0 { extent / n } else { 1.0 };
         let reach = (search / (width * height)).ceil().min(n - 1.0).max(0.0);
         (n as i32, range.0, width, reach as i32)
+    }
+}
+
+/// (number of bins, fractional origin, fractional width, reach in bins).
+type AxisGrid = (i32, f64, f64, i32);
+
+/// Bins per axis of at least the search radius, at most 4096 per axis and
+/// 8 per atom in total (a sparse system in a huge box would otherwise get
+/// billions of empty bins): the axis with the most bins is halved until the
+/// total fits.
+fn plan_bins(frame: &Frame, range: &[(f64, f64); 3], search: f64, n_atoms: usize) -> [AxisGrid; 3] {
+    let cap = (8 * n_atoms as u64).clamp(64, 1 << 31) as f64;
+    let mut limits = [4096.0f64; 3];
+    loop {
+        let grid: [AxisGrid; 3] = std::array::from_fn(|k| {
+            axis_grid(frame.pbc[k], frame.heights[k], range[k], search, limits[k])
+        });
+        let total: f64 = grid.iter().map(|g| f64::from(g.0)).product();
+        if total <= cap {
+            return grid;
+        }
+        let widest = (0..3).max_by_key(|&k| grid[k].0).unwrap_or(0);
+        limits[widest] = f64::from((grid[widest].0 / 2).max(1));
     }
 }
 
@@ -175,11 +204,10 @@ impl GpuNeighborList {
         };
         let mut stencil = 1u64;
         let mut n_bins = 1u64;
-        for (k, &axis_range) in range.iter().enumerate() {
+        let grid = plan_bins(&frame, &range, search, n);
+        for (k, &(nb, lo, width, reach)) in grid.iter().enumerate() {
             geometry.basis[3 * k..3 * k + 3].copy_from_slice(&frame.basis[k]);
             geometry.inverse[3 * k..3 * k + 3].copy_from_slice(&frame.inverse[k]);
-            let (nb, lo, width, reach) =
-                axis_grid(frame.pbc[k], frame.heights[k], axis_range, search);
             geometry.pbc[k] = i32::from(frame.pbc[k]);
             geometry.nbins[k] = nb;
             geometry.lo[k] = lo;
@@ -358,7 +386,9 @@ impl GpuNeighborList {
 
 #[cfg(test)]
 mod tests {
-    use super::axis_grid;
+    use super::{axis_grid, plan_bins};
+    use ddmlip_atoms::Cell;
+    use ddmlip_neighbors::Frame;
 
     /// The stencil must cover every bin a neighbour can be in: a pair closer
     /// than `search` differs by less than `search / height` in fractional
@@ -367,22 +397,44 @@ mod tests {
     fn the_stencil_reaches_every_neighbour_bin() {
         let mut state = 12345u64;
         let mut next = || {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (state >> 11) as f64 / (1u64 << 53) as f64
         };
         for _ in 0..10_000 {
             let search = 0.5 + 10.0 * next();
             let height = 0.3 + 60.0 * next();
-            let (n, lo, width, reach) = axis_grid(true, height, (0.0, 1.0), search);
+            let (n, lo, width, reach) = axis_grid(true, height, (0.0, 1.0), search, 4096.0);
             assert!(n >= 1 && lo == 0.0 && (width * n as f64 - 1.0).abs() < 1e-12);
             assert!(reach as f64 * width * height >= search, "{height} {search}");
             // Open axis: the atoms span [a, b] Å (unit basis row, height 1).
             let (a, extent) = (-50.0 + 100.0 * next(), 80.0 * next());
-            let (n, lo, width, reach) = axis_grid(false, 1.0, (a, a + extent), search);
+            let (n, lo, width, reach) = axis_grid(false, 1.0, (a, a + extent), search, 4096.0);
             assert!(n >= 1 && lo == a && width > 0.0);
             assert!(width * n as f64 >= extent - 1e-9);
             // Either the stencil spans the search radius or it spans the grid.
-            assert!(reach as f64 * width >= search || reach == n - 1, "{extent} {search}");
+            assert!(
+                reach as f64 * width >= search || reach == n - 1,
+                "{extent} {search}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_sparse_system_in_a_huge_box_gets_few_bins_that_still_cover_the_cutoff() {
+        let cell = Cell::new([[5.0e4, 0.0, 0.0], [0.0, 4.0e4, 0.0], [1.0e3, 0.0, 3.0e4]]);
+        for pbc in [[true; 3], [true, false, true], [false; 3]] {
+            let frame = Frame::new(Some(&cell), pbc).unwrap();
+            let range = [(-2.0e4, 3.0e4), (0.0, 4.0e4), (-10.0, 3.0e4)];
+            let search = 5.0;
+            let grid = plan_bins(&frame, &range, search, 10);
+            let total: i64 = grid.iter().map(|g| i64::from(g.0)).product();
+            assert!((1..=80).contains(&total), "{pbc:?}: {total} bins");
+            for (k, &(n, _, width, reach)) in grid.iter().enumerate() {
+                let span = f64::from(reach) * width * frame.heights[k];
+                assert!(span >= search || reach == n - 1, "{pbc:?} axis {k}");
+            }
         }
     }
 }
