@@ -91,4 +91,8 @@ pub struct EvalArgs {
     /// Print one JSON object on stdout.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Where to evaluate: cpu, or cuda[:N] (build with --features cuda;
+    /// models with a CUDA path: lj).
+    #[arg(long, default_value = "cpu")]
+    pub(crate) device: crate::device::Device,
 }

@@ -3,6 +3,7 @@
 
 mod args;
 mod commands;
+mod device;
 mod error;
 mod input;
 #[cfg(feature = "mpi")]

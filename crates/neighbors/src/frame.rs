@@ -17,7 +17,7 @@ const MIN_NORMALISED_VOLUME: f64 = 1e-10;
 
 /// A full-rank basis for fractional coordinates.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Frame {
+pub struct Frame {
     /// Rows: the user's lattice vector on periodic axes, a unit vector
     /// orthogonal to the periodic vectors on open axes (Å).
     pub basis: [[f64; 3]; 3],

@@ -22,6 +22,7 @@ pub use cell_list::{
     neighbor_list, neighbor_list_for_centers, neighbor_list_into, pair_list_for_centers,
     pair_list_for_centers_into, ChunkRunner, PairScratch,
 };
+pub use frame::Frame;
 pub use memory::{format_bytes, memory_budget_bytes, FALLBACK_MEMORY_BUDGET};
 
 /// Inputs whose estimated pair count exceeds this are rejected with

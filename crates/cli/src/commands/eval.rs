@@ -10,6 +10,14 @@ use ddmlip::{DType, EvalOptions};
 
 /// Runs `eval`; `--backend mpi` runs this process's rank of an MPI job.
 pub fn run(a: EvalArgs) -> Result<u8, CliError> {
+    if let crate::device::Device::Cuda(index) = a.device {
+        if a.backend == Backend::Mpi {
+            return Err(CliError::input(anyhow::anyhow!(
+                "--device cuda runs one process on one GPU; --backend mpi is not supported with it yet"
+            )));
+        }
+        return crate::device::eval(&a, index);
+    }
     if a.backend == Backend::Mpi {
         return super::eval_mpi::run(a);
     }

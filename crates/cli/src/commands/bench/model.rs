@@ -9,6 +9,7 @@
 use super::procfs::{process_cpu_s, process_minor_faults, read_status_kib};
 use super::stats::{cores, median};
 use crate::args::{BalanceArg, Precision};
+use crate::device::Device;
 use crate::error::{CliError, EXIT_FAILED};
 use crate::input::{load_model, read_structure};
 use anyhow::{anyhow, Context};
@@ -80,9 +81,31 @@ pub struct ModelBenchArgs {
     /// Print one JSON object on stdout.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Where to evaluate: cpu, or cuda[:N] (build with --features cuda; one
+    /// process on one GPU, so --ranks, --threads and --rounds do not apply).
+    #[arg(long, default_value = "cpu")]
+    pub(crate) device: Device,
     /// Run exactly one rank count in this process and print its record as JSON.
     #[arg(long, hide = true)]
     pub(crate) child: bool,
+}
+
+/// The system `bench model` times (the first frame of --structure, or the
+/// generated crystal) and its label.
+fn bench_system(a: &ModelBenchArgs) -> Result<(System, String), CliError> {
+    Ok(match &a.structure {
+        Some(p) => (read_structure(p)?.swap_remove(0), p.display().to_string()),
+        None => match a.crystal {
+            Crystal::Si => (
+                ddmlip::build::rattled_silicon(a.repeat),
+                format!("Si diamond {0}x{0}x{0}", a.repeat),
+            ),
+            Crystal::Cu => (
+                ddmlip::build::demo_copper(a.repeat),
+                format!("FCC Cu {0}x{0}x{0}", a.repeat),
+            ),
+        },
+    })
 }
 
 /// One timed configuration of `bench model` (one child process).
@@ -247,6 +270,21 @@ fn threads_per_rank(a: &ModelBenchArgs, ranks: usize) -> usize {
 }
 
 pub fn run(a: &ModelBenchArgs) -> Result<u8, CliError> {
+    if let Device::Cuda(index) = a.device {
+        if a.repeats == 0 || a.repeat == 0 {
+            return Err(CliError::input(anyhow!(
+                "--repeats and --repeat must be at least 1"
+            )));
+        }
+        return crate::device::bench_model(
+            &a.model,
+            || bench_system(a),
+            a.dtype,
+            a.repeats,
+            a.json,
+            index,
+        );
+    }
     if a.ranks.is_empty() || a.ranks.contains(&0) {
         return Err(CliError::input(anyhow!("--ranks must list counts ≥ 1")));
     }
@@ -531,19 +569,7 @@ pub fn child(a: &ModelBenchArgs) -> Result<u8, CliError> {
         .context("building the rayon pool")
         .map_err(CliError::failed)?;
     let model = load_model(&a.model, a.modal.as_deref())?;
-    let (sys, label) = match &a.structure {
-        Some(p) => (read_structure(p)?.swap_remove(0), p.display().to_string()),
-        None => match a.crystal {
-            Crystal::Si => (
-                ddmlip::build::rattled_silicon(a.repeat),
-                format!("Si diamond {0}x{0}x{0}", a.repeat),
-            ),
-            Crystal::Cu => (
-                ddmlip::build::demo_copper(a.repeat),
-                format!("FCC Cu {0}x{0}x{0}", a.repeat),
-            ),
-        },
-    };
+    let (sys, label) = bench_system(a)?;
     let edges = count_edges(&sys, model.cutoff())?;
     let frames = vec![sys];
     let opts = EvalOptions {

@@ -1,0 +1,319 @@
+//! `--device cpu|cuda[:N]`: where `eval` and `bench model` run. The CUDA
+//! path (feature `cuda`) covers the models with GPU kernels, listed in
+//! [`CUDA_MODELS`]; anything else is refused with exit status 2.
+
+use crate::error::CliError;
+use anyhow::anyhow;
+use std::str::FromStr;
+
+/// Models with a CUDA path, for messages.
+pub const CUDA_MODELS: &str = "lj (and Lennard-Jones model files, kind = \"lennard-jones\")";
+
+/// Where a command evaluates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    /// The CPU (every model).
+    Cpu,
+    /// CUDA device N.
+    Cuda(usize),
+}
+
+impl FromStr for Device {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("`{s}`: expected cpu, cuda or cuda:N (N = device index)");
+        match s {
+            "cpu" => Ok(Self::Cpu),
+            "cuda" => Ok(Self::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Self::Cuda)
+                .ok_or_else(bad),
+        }
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Cpu => write!(f, "cpu"),
+            Self::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// The Lennard-Jones parameters of `model_arg` when it names a model with a
+/// CUDA path (`lj` or a Lennard-Jones TOML file); exit 2 naming the models
+/// that have one otherwise.
+pub fn lj_parameters(model_arg: &str) -> Result<ddmlip_models::LennardJones, CliError> {
+    let model = crate::input::load_model(model_arg, None)?;
+    let no_path = || {
+        CliError::input(anyhow!(
+            "model `{model_arg}` has no CUDA path yet; models with one: {CUDA_MODELS}. \
+             Use --device cpu for it"
+        ))
+    };
+    if model.name() != "lj" {
+        return Err(no_path());
+    }
+    if model_arg == "lj" {
+        return Ok(ddmlip_models::LennardJones::argon());
+    }
+    // A Lennard-Jones model file (already validated by load_model).
+    let text = std::fs::read_to_string(model_arg)
+        .map_err(|e| CliError::input(anyhow!("{model_arg}: {e}")))?;
+    let mut table: toml::Table =
+        toml::from_str(&text).map_err(|e| CliError::input(anyhow!("{model_arg}: {e}")))?;
+    table.remove("kind");
+    table
+        .try_into()
+        .map_err(|e: toml::de::Error| CliError::input(anyhow!("{model_arg}: {e}")))
+}
+
+/// Refuses `--device cuda` in a build without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
+pub fn no_cuda_build() -> CliError {
+    CliError::input(anyhow!(
+        "this ddmlip was built without CUDA support: rebuild with `cargo build --release -p \
+         ddmlip-cli --features cuda`, or use --device cpu"
+    ))
+}
+
+#[cfg(feature = "cuda")]
+pub use gpu::{bench_model, eval};
+
+#[cfg(not(feature = "cuda"))]
+/// `eval --device cuda` in a build without CUDA: exit 2 (after the model check).
+pub fn eval(a: &crate::args::EvalArgs, _index: usize) -> Result<u8, CliError> {
+    lj_parameters(&a.model)?;
+    Err(no_cuda_build())
+}
+
+#[cfg(not(feature = "cuda"))]
+/// `bench model --device cuda` in a build without CUDA: exit 2.
+pub fn bench_model(
+    model: &str,
+    _system: impl FnOnce() -> Result<(ddmlip::System, String), CliError>,
+    _dtype: crate::args::Precision,
+    _repeats: usize,
+    _json: bool,
+    _index: usize,
+) -> Result<u8, CliError> {
+    lj_parameters(model)?;
+    Err(no_cuda_build())
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use super::lj_parameters;
+    use crate::args::{EvalArgs, Precision as PrecisionArg};
+    use crate::error::CliError;
+    use crate::input::read_structure;
+    use anyhow::anyhow;
+    use ddmlip_cuda::{evaluate_lj, CudaDevice, LjParameters, Precision};
+    use serde_json::json;
+
+    fn params(model_arg: &str) -> Result<LjParameters, CliError> {
+        let lj = lj_parameters(model_arg)?;
+        Ok(LjParameters {
+            epsilon: lj.epsilon,
+            sigma: lj.sigma,
+            cutoff: lj.cutoff,
+            shift: lj.shift,
+        })
+    }
+
+    fn precision(p: PrecisionArg) -> Precision {
+        match p {
+            PrecisionArg::F64 => Precision::F64,
+            PrecisionArg::F32 => Precision::F32,
+        }
+    }
+
+    fn open(index: usize) -> Result<CudaDevice, CliError> {
+        CudaDevice::open(index).map_err(CliError::input)
+    }
+
+    /// `cuda:N (name, sm_XY, kernels compiled|cached)`.
+    fn describe(dev: &CudaDevice) -> String {
+        let kernels = match dev.kernel_source() {
+            ddmlip_cuda::kernels::KernelSource::Cache => "kernels from the disk cache",
+            ddmlip_cuda::kernels::KernelSource::Compiled => "kernels compiled by NVRTC",
+        };
+        format!(
+            "cuda:{} ({}, {}, {kernels})",
+            dev.index(),
+            dev.name(),
+            dev.arch()
+        )
+    }
+
+    fn gpu_error(e: ddmlip_cuda::CudaError) -> CliError {
+        match e {
+            ddmlip_cuda::CudaError::Driver { .. } | ddmlip_cuda::CudaError::Compile { .. } => {
+                CliError::failed(e)
+            }
+            _ => CliError::input(e),
+        }
+    }
+
+    /// `eval --device cuda:N`: every frame on the GPU, one after another.
+    pub fn eval(a: &EvalArgs, index: usize) -> Result<u8, CliError> {
+        if a.ranks.is_some_and(|r| r > 1) || a.spec.is_some() {
+            return Err(CliError::input(anyhow!(
+                "--device cuda runs one process on one GPU: --ranks > 1 and --spec are not \
+                 supported with it yet"
+            )));
+        }
+        if a.modal.is_some() {
+            return Err(CliError::input(anyhow!(
+                "--modal does not apply to `{}`",
+                a.model
+            )));
+        }
+        let params = params(&a.model)?;
+        let dev = open(index)?;
+        let mut frames = read_structure(&a.structure)?;
+        let dtype = match a.dtype {
+            PrecisionArg::F64 => "f64",
+            PrecisionArg::F32 => "f32",
+        };
+        let mut results = Vec::with_capacity(frames.len());
+        for (k, sys) in frames.iter().enumerate() {
+            let r = evaluate_lj(&dev, sys, &params, precision(a.dtype))
+                .map_err(|e| gpu_error(e).context_frame(k))?;
+            results.push(r);
+        }
+        if let Some(out) = &a.output {
+            for (sys, r) in frames.iter_mut().zip(&results) {
+                sys.set_results(&ddmlip_atoms::Results {
+                    energy: r.energy,
+                    forces: &r.forces,
+                    stress: r.stress,
+                    energies: Some(&r.atomic_energies),
+                });
+            }
+            ddmlip::write_structure(out, &frames)
+                .map_err(|e| CliError::input(anyhow!("writing {}: {e}", out.display())))?;
+        }
+        let device = describe(&dev);
+        if a.json {
+            let value = json!({
+                "model": "lj",
+                "device": device,
+                "dtype": dtype,
+                "units": {"energy": "eV", "forces": "eV/Å", "stress": "eV/Å³ (ASE sign, Voigt xx yy zz yz xz xy)", "atomic_energies": "eV"},
+                "energy": results.iter().map(|r| r.energy).collect::<Vec<_>>(),
+                "forces": results.iter().flat_map(|r| r.forces.iter().copied()).collect::<Vec<_>>(),
+                "stress": results.iter().map(|r| r.stress).collect::<Vec<_>>(),
+                "atomic_energies": results.iter().flat_map(|r| r.atomic_energies.iter().copied()).collect::<Vec<_>>(),
+                "frames": results.iter().map(|r| json!({
+                    "atoms": r.forces.len(),
+                    "pairs": r.n_pairs,
+                    "energy": r.energy,
+                    "stress": r.stress,
+                    "neighbors_s": r.timings.neighbors_s,
+                    "model_s": r.timings.model_s,
+                })).collect::<Vec<_>>(),
+            });
+            println!("{value}");
+        } else {
+            println!("model lj on {device}, {dtype}");
+            for (k, r) in results.iter().enumerate() {
+                let fmax = r
+                    .forces
+                    .iter()
+                    .map(|f| (f[0] * f[0] + f[1] * f[1] + f[2] * f[2]).sqrt())
+                    .fold(0.0, f64::max);
+                println!(
+                    "frame {k}: {} atoms, {} pairs, energy {:.10} eV, max |F| {:.6} eV/Å{}",
+                    r.forces.len(),
+                    r.n_pairs,
+                    r.energy,
+                    fmax,
+                    r.stress
+                        .map(|s| {
+                            let parts: Vec<String> = s.iter().map(|x| format!("{x:.6e}")).collect();
+                            format!(", stress [{}] eV/Å³", parts.join(", "))
+                        })
+                        .unwrap_or_default()
+                );
+            }
+            if let Some(out) = &a.output {
+                println!("wrote {}", out.display());
+            }
+        }
+        Ok(0)
+    }
+
+    /// `bench model --device cuda:N`: median wall time of full GPU
+    /// evaluations (neighbour list + model + copy back) after one warm-up.
+    pub fn bench_model(
+        model: &str,
+        system: impl FnOnce() -> Result<(ddmlip::System, String), CliError>,
+        dtype: PrecisionArg,
+        repeats: usize,
+        json: bool,
+        index: usize,
+    ) -> Result<u8, CliError> {
+        let params = params(model)?;
+        let dev = open(index)?;
+        let (sys, what) = system()?;
+        let p = precision(dtype);
+        let warm = evaluate_lj(&dev, &sys, &params, p).map_err(gpu_error)?;
+        let mut runs = Vec::with_capacity(repeats);
+        for _ in 0..repeats {
+            let start = std::time::Instant::now();
+            let r = evaluate_lj(&dev, &sys, &params, p).map_err(gpu_error)?;
+            runs.push((start.elapsed().as_secs_f64(), r.timings));
+        }
+        runs.sort_by(|x, y| x.0.total_cmp(&y.0));
+        let (median, timings) = runs[runs.len() / 2];
+        let atoms = sys.positions.len();
+        let us = median * 1e6 / atoms as f64;
+        let device = describe(&dev);
+        let dtype = match dtype {
+            PrecisionArg::F64 => "f64",
+            PrecisionArg::F32 => "f32",
+        };
+        if json {
+            println!(
+                "{}",
+                json!({
+                    "model": "lj", "device": device, "dtype": dtype, "structure": what,
+                    "atoms": atoms, "pairs": warm.n_pairs, "median_s": median,
+                    "neighbors_s": timings.neighbors_s, "model_s": timings.model_s,
+                    "us_per_atom_step": us, "warmup_s": warm.timings.neighbors_s + warm.timings.model_s,
+                    "repeats": repeats,
+                })
+            );
+        } else {
+            println!(
+                "lj {dtype} on {device}: {what}, {atoms} atoms, {} pairs\n  median {:.3} ms per \
+                 evaluation ({us:.4} µs/atom/step) of {}: neighbour list {:.3} ms, model + copy \
+                 back {:.3} ms",
+                warm.n_pairs,
+                median * 1e3,
+                repeats,
+                timings.neighbors_s * 1e3,
+                timings.model_s * 1e3
+            );
+        }
+        Ok(0)
+    }
+
+    trait FrameContext {
+        fn context_frame(self, k: usize) -> Self;
+    }
+
+    impl FrameContext for CliError {
+        fn context_frame(self, k: usize) -> Self {
+            CliError {
+                status: self.status,
+                error: self.error.context(format!("frame {k}")),
+            }
+        }
+    }
+}

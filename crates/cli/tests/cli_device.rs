@@ -1,0 +1,130 @@
+//! `--device cpu|cuda[:N]` through the real binary. On a machine without a
+//! GPU (CI) `--device cuda` must end with exit status 2 and a message that
+//! says why, whatever the build: without the `cuda` feature, or with it and
+//! no CUDA driver.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ddmlip");
+
+const XYZ: &str = "4\n\
+Lattice=\"10.6 0.0 0.0 0.0 10.6 0.0 0.0 0.0 10.6\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\n\
+Ar 0.0 0.0 0.0\n\
+Ar 2.7 2.6 0.1\n\
+Ar 2.6 0.1 2.65\n\
+Ar 0.05 2.6 2.7\n";
+
+fn structure(dir: &tempfile::TempDir) -> PathBuf {
+    let path = dir.path().join("ar.xyz");
+    std::fs::write(&path, XYZ).unwrap();
+    path
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (
+        out.status.code().unwrap_or(-1),
+        text(&out.stdout),
+        text(&out.stderr),
+    )
+}
+
+/// A GPU that this build could use is present: the no-GPU cases do not apply.
+fn gpu_usable() -> bool {
+    cfg!(feature = "cuda") && std::path::Path::new("/dev/nvidia0").exists()
+}
+
+#[test]
+fn device_cuda_without_a_usable_gpu_is_exit_2_saying_why() {
+    if gpu_usable() {
+        eprintln!("SKIPPED: this machine has a GPU; scripts/gpu-check.sh covers it");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let xyz = structure(&dir);
+    let xyz = xyz.to_str().unwrap();
+    for args in [
+        vec![
+            "eval",
+            "--model",
+            "lj",
+            "--structure",
+            xyz,
+            "--device",
+            "cuda",
+        ],
+        vec![
+            "eval",
+            "--model",
+            "lj",
+            "--structure",
+            xyz,
+            "--device",
+            "cuda:1",
+        ],
+        vec![
+            "bench", "model", "--model", "lj", "--repeat", "1", "--device", "cuda",
+        ],
+    ] {
+        let (code, _, err) = run(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        let why = if cfg!(feature = "cuda") {
+            "no CUDA driver library found"
+        } else {
+            "built without CUDA support"
+        };
+        assert!(
+            err.contains(why) && err.contains("--device cpu"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_model_without_a_cuda_path_is_refused_naming_those_with_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let xyz = structure(&dir);
+    let (code, _, err) = run(&[
+        "eval",
+        "--model",
+        "schnet-demo",
+        "--structure",
+        xyz.to_str().unwrap(),
+        "--device",
+        "cuda",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("schnet-demo") && err.contains("has no CUDA path") && err.contains("lj"),
+        "{err}"
+    );
+}
+
+#[test]
+fn device_names_are_checked_and_cpu_is_the_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let xyz = structure(&dir);
+    let xyz = xyz.to_str().unwrap();
+    for bad in ["gpu", "cuda:", "cuda:x", "cuda:-1", "CPU"] {
+        let (code, _, err) = run(&["eval", "--model", "lj", "--structure", xyz, "--device", bad]);
+        assert_eq!(code, 2, "{bad}: {err}");
+        assert!(err.contains("expected cpu, cuda or cuda:N"), "{bad}: {err}");
+    }
+    let (code, default, err) = run(&["eval", "--model", "lj", "--structure", xyz, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, cpu, err) = run(&[
+        "eval",
+        "--model",
+        "lj",
+        "--structure",
+        xyz,
+        "--json",
+        "--device",
+        "cpu",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(default, cpu);
+}

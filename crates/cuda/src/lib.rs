@@ -1,0 +1,30 @@
+//! The CUDA backend of ddmlip: a [`CudaDevice`] (context, stream, cuBLAS
+//! handle), kernels in CUDA C compiled by NVRTC for the device's own
+//! architecture and cached on disk ([`kernels`]), the neighbour list built
+//! on the GPU ([`GpuNeighborList`]) and the first model on the GPU, the
+//! Lennard-Jones pair potential ([`evaluate_lj`]).
+//!
+//! The CUDA libraries are loaded at run time (`cudarc` with dynamic
+//! loading): this crate builds and its CPU-side tests pass on machines
+//! without CUDA, where [`CudaDevice::open`] returns
+//! [`CudaError::LibraryNotFound`].
+//!
+//! Every kernel is deterministic: no floating-point atomics; per-atom sums
+//! run over CSR rows in a fixed order and totals come from fixed-order
+//! block reductions, so a run gives the same bits every time.
+
+mod device;
+mod error;
+pub mod kernels;
+mod lj;
+mod neighbors;
+
+pub use device::{arch_name, check_libraries, device_count, CudaDevice};
+pub use error::CudaError;
+pub use lj::{evaluate_lj, LjParameters, LjResult, Precision};
+pub use neighbors::{GpuNeighborList, GpuTimings};
+
+/// `bytes` as GiB with two decimals (for messages).
+pub(crate) fn format_gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
