@@ -2,9 +2,10 @@
 //! global reductions, and the output hand-off to rank 0's sink.
 
 use crate::checkpoint::{Checkpoint, CHECKPOINT_FORMAT, CHECKPOINT_VERSION};
-use crate::rank_eval::{LocalRows, RankEvaluator, RankForces};
+use crate::mat3::invert3;
+use crate::rank_eval::{RankEvaluator, RankForces};
 use crate::rng::{gaussian3, INIT_COUNTER};
-use crate::state::{BuildOptions, RankState, Share, Topology};
+use crate::state::{BuildOptions, RankState, Topology};
 use crate::{units, MdError};
 use ddmlip_atoms::{Cell, Column, InfoValue, System};
 use ddmlip_comm::Communicator;
@@ -546,16 +547,7 @@ impl Run<'_> {
         evaluator: &mut RankEvaluator<'_>,
     ) -> Result<RankForces, MdError> {
         let clock = Instant::now();
-        let rows = LocalRows {
-            positions: &state.positions,
-            numbers: &state.numbers,
-            n_owned: state.n_owned(),
-            centers: &state.centers,
-            neighbors: &state.neighbors,
-            cell: state.cell,
-        };
-        let out = evaluator.evaluate(&rows, &mut state.halo)?;
-        state.forces.clone_from(&out.forces);
+        let out = evaluator.evaluate_state(state)?;
         self.eval_s += clock.elapsed().as_secs_f64();
         Ok(out)
     }
@@ -1033,28 +1025,19 @@ pub fn run_rank(
                 .into(),
         ));
     }
-    let spec = config
-        .spec
-        .clone()
-        .or_else(|| model.declared_spec())
-        .unwrap_or_else(MLIPSpec::standard_energy_model);
-    let opts = BuildOptions {
-        cutoff: model.cutoff(),
-        skin: config.skin,
-        halo_depth: spec.halo_depth.max(1) as usize,
-        even_counts: config.even_counts,
-        with_pairs: model.uses_runtime_graph(),
-    };
-    let (rank, size) = (comm.rank(), comm.size());
-    // Any disjoint split will do for the first build: rank r hands in every
-    // size-th atom.
-    let mine: Vec<usize> = (rank..n_atoms).step_by(size).collect();
-    let share = Share {
-        gids: mine.iter().map(|&i| i as u64).collect(),
-        positions: mine.iter().map(|&i| start.build_positions[i]).collect(),
-        momenta: mine.iter().map(|&i| start.momenta[i]).collect(),
-    };
-    let mut state = RankState::initial(comm, spec.clone(), topology, start.cell, &share, &opts)?;
+    let (mut state, opts, mut evaluator) = crate::state::decompose(
+        model,
+        config.spec.clone(),
+        config.skin,
+        config.even_counts,
+        config.dtype,
+        topology,
+        start.cell,
+        &start.build_positions,
+        &start.momenta,
+        comm,
+    )?;
+    let (rank, size) = (state.rank, state.size);
     if start.restarted {
         // The build reproduced the rows and pairs of the checkpointed run's
         // last build; now its positions since then.
@@ -1066,7 +1049,6 @@ pub fn run_rank(
         state.rebuilds = start.rebuilds;
         state.migrated = if rank == 0 { start.migrated } else { 0 };
     }
-    let mut evaluator = RankEvaluator::new(model, spec, config.dtype);
     let mut run = Run {
         topology,
         config,
@@ -1202,21 +1184,6 @@ pub fn run_rank(
         migrated: row.migrated,
         eval_s: run.eval_s,
     }))
-}
-
-/// The inverse of a 3×3 matrix, `None` when it is singular or not finite.
-fn invert3(m: &[[f64; 3]; 3]) -> Option<[[f64; 3]; 3]> {
-    let c = |r: usize, k: usize| {
-        let (r1, r2) = ((r + 1) % 3, (r + 2) % 3);
-        let (k1, k2) = ((k + 1) % 3, (k + 2) % 3);
-        m[r1][k1] * m[r2][k2] - m[r1][k2] * m[r2][k1]
-    };
-    let det = m[0][0] * c(0, 0) + m[0][1] * c(0, 1) + m[0][2] * c(0, 2);
-    if !(det.is_finite() && det.abs() > 0.0) {
-        return None;
-    }
-    // inverse[i][j] = cofactor(j, i) / det.
-    Some([0, 1, 2].map(|i| [0, 1, 2].map(|j| c(j, i) / det)))
 }
 
 /// Hands something to rank 0's sink; a sink failure (a full disk, say) is

@@ -15,6 +15,7 @@
 
 mod checkpoint;
 mod driver;
+mod mat3;
 pub mod rank_eval;
 mod relax;
 pub mod rng;
@@ -28,7 +29,7 @@ pub use driver::{
     ThermoRow, ThermostatState,
 };
 pub use rank_eval::{LocalRows, RankEvaluator, RankForces};
-pub use relax::{relax_rank, RelaxConfig, RelaxSummary};
+pub use relax::{relax_rank, CellRelax, RelaxConfig, RelaxSummary};
 pub use state::{gather_by_gid, BuildOptions, RankState, Rows, Share, Topology};
 pub use threads::{relax_threads, run_threads};
 
