@@ -6,7 +6,7 @@ use crate::error::{CliError, EXIT_FAILED};
 use anyhow::anyhow;
 use clap::Args;
 use ddmlip_atoms::System;
-use ddmlip_md::{MdError, RelaxConfig, RelaxSummary, Topology};
+use ddmlip_md::{CellRelax, MdError, RelaxConfig, RelaxSummary, Topology};
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -27,6 +27,14 @@ pub struct RelaxArgs {
     /// Give up (exit 1) after this many FIRE steps.
     #[arg(long, default_value_t = 1000)]
     max_steps: u64,
+    /// Relax the cell too (ASE's `UnitCellFilter`: the deformation gradient
+    /// times the atom count as three extra rows; converged when their
+    /// forces, virial·F⁻ᵀ/N, are below --fmax as well). Needs a periodic cell.
+    #[arg(long)]
+    cell: bool,
+    /// With --cell: the external pressure (GPa) the stress relaxes to [default: 0].
+    #[arg(long, allow_negative_numbers = true)]
+    pressure: Option<f64>,
     /// Verlet skin (Å) of the pair list.
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     skin: f64,
@@ -61,6 +69,11 @@ pub fn relax(a: RelaxArgs) -> Result<u8, CliError> {
             "relax runs on thread ranks (--backend threads); `ddmlip md --backend mpi` runs under MPI"
         )));
     }
+    if a.pressure.is_some() && !a.cell {
+        return Err(CliError::input(anyhow!(
+            "--pressure sets the target of the cell relaxation; it needs --cell"
+        )));
+    }
     let frames = crate::input::read_structure(&a.structure)?;
     let system = frames
         .into_iter()
@@ -81,6 +94,9 @@ pub fn relax(a: RelaxArgs) -> Result<u8, CliError> {
         skin: a.skin,
         dtype: a.dtype.into(),
         even_counts: matches!(a.balance, BalanceArg::Atoms),
+        cell: a.cell.then(|| CellRelax {
+            pressure_gpa: a.pressure.unwrap_or(0.0),
+        }),
         ..Default::default()
     };
     let s = ddmlip_md::relax_threads(
@@ -96,7 +112,7 @@ pub fn relax(a: RelaxArgs) -> Result<u8, CliError> {
         let mut out = System::new(
             last.positions.clone(),
             system.numbers.clone(),
-            system.cell,
+            system.cell.map(|_| last.cell),
             system.pbc,
         );
         out.properties = system.properties.clone();
@@ -119,7 +135,7 @@ fn report(a: &RelaxArgs, s: &RelaxSummary) -> Result<(), CliError> {
         return Ok(());
     }
     println!(
-        "relax {} | model {} | {} atoms | {} rank(s) | FIRE, fmax {} eV/Å",
+        "relax {} | model {} | {} atoms | {} rank(s) | FIRE{}, fmax {} eV/Å",
         if s.converged {
             "converged"
         } else {
@@ -128,12 +144,29 @@ fn report(a: &RelaxArgs, s: &RelaxSummary) -> Result<(), CliError> {
         a.model,
         s.n_atoms,
         s.ranks,
+        if a.cell {
+            format!(
+                " with the cell (UnitCellFilter, {} GPa)",
+                a.pressure.unwrap_or(0.0)
+            )
+        } else {
+            String::new()
+        },
         a.fmax
     );
     println!(
         "{} steps: E {:.10} → {:.10} eV, max |F| = {:.3e} eV/Å | {} rebuilds | {:.3} s",
         s.steps, s.initial_energy, s.energy, s.fmax, s.rebuilds, s.wall_s
     );
+    if let (true, Some(v), Some(p), Some(h)) = (a.cell, s.volume, s.pressure_gpa, s.cell) {
+        let len = |r: [f64; 3]| (r[0] * r[0] + r[1] * r[1] + r[2] * r[2]).sqrt();
+        println!(
+            "cell: a b c = {:.6} {:.6} {:.6} Å | V = {v:.4} Å³ | P = {p:.6} GPa",
+            len(h[0]),
+            len(h[1]),
+            len(h[2])
+        );
+    }
     if !s.converged {
         eprintln!(
             "error: max |F| = {:.3e} eV/Å is still above --fmax {} after --max-steps {}",
