@@ -38,7 +38,8 @@ pub struct RelaxArgs {
     /// Verlet skin (Å) of the pair list.
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     skin: f64,
-    /// Ranks to split the system over [default: 1].
+    /// Ranks to split the system over [default: 1]. Under `--backend mpi`
+    /// the MPI job's size.
     #[arg(long)]
     ranks: Option<usize>,
     #[arg(long, value_enum, default_value_t = Backend::Threads)]
@@ -64,11 +65,6 @@ fn md_error(e: MdError) -> CliError {
 
 /// Runs `ddmlip relax`.
 pub fn relax(a: RelaxArgs) -> Result<u8, CliError> {
-    if a.backend == Backend::Mpi {
-        return Err(CliError::input(anyhow!(
-            "relax runs on thread ranks (--backend threads); `ddmlip md --backend mpi` runs under MPI"
-        )));
-    }
     if a.pressure.is_some() && !a.cell {
         return Err(CliError::input(anyhow!(
             "--pressure sets the target of the cell relaxation; it needs --cell"
@@ -99,15 +95,25 @@ pub fn relax(a: RelaxArgs) -> Result<u8, CliError> {
         }),
         ..Default::default()
     };
-    let s = ddmlip_md::relax_threads(
-        model.as_ref(),
-        &topology,
-        system.cell_or_zero(),
-        &system.positions,
-        &config,
-        a.ranks.unwrap_or(1),
-    )
-    .map_err(md_error)?;
+    let cell = system.cell_or_zero();
+    let s = match a.backend {
+        Backend::Threads => ddmlip_md::relax_threads(
+            model.as_ref(),
+            &topology,
+            cell,
+            &system.positions,
+            &config,
+            a.ranks.unwrap_or(1),
+        )
+        .map_err(md_error)?,
+        Backend::Mpi => {
+            match relax_mpi(model.as_ref(), &topology, cell, &system.positions, &config)? {
+                Some(s) => s,
+                // Ranks other than 0 report nothing.
+                None => return Ok(0),
+            }
+        }
+    };
     if let (Some(path), Some(last)) = (&a.output, &s.last) {
         let mut out = System::new(
             last.positions.clone(),
@@ -127,6 +133,40 @@ pub fn relax(a: RelaxArgs) -> Result<u8, CliError> {
     }
     report(&a, &s)?;
     Ok(if s.converged { 0 } else { EXIT_FAILED })
+}
+
+/// Relaxes as this process's rank of the MPI job; rank 0 gets the summary.
+#[cfg(feature = "mpi")]
+fn relax_mpi(
+    model: &dyn ddmlip_engine::Model,
+    topology: &Topology,
+    cell: ddmlip_atoms::Cell,
+    positions: &[[f64; 3]],
+    config: &RelaxConfig,
+) -> Result<Option<RelaxSummary>, CliError> {
+    let comm = crate::mpi::SharedComm::init(ddmlip_comm::DEFAULT_TIMEOUT)?;
+    ddmlip_md::relax_rank(
+        model,
+        topology,
+        cell,
+        positions,
+        config,
+        Box::new(comm.handle()),
+    )
+    .map_err(md_error)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn relax_mpi(
+    _: &dyn ddmlip_engine::Model,
+    _: &Topology,
+    _: ddmlip_atoms::Cell,
+    _: &[[f64; 3]],
+    _: &RelaxConfig,
+) -> Result<Option<RelaxSummary>, CliError> {
+    Err(CliError::input(anyhow!(
+        "this ddmlip was built without MPI support; rebuild it with `cargo build --release --features mpi`, then launch `mpirun -n N ddmlip relax --backend mpi ...`"
+    )))
 }
 
 fn report(a: &RelaxArgs, s: &RelaxSummary) -> Result<(), CliError> {
