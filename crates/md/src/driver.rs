@@ -3,6 +3,7 @@
 
 use crate::checkpoint::{Checkpoint, CHECKPOINT_FORMAT, CHECKPOINT_VERSION};
 use crate::mat3::invert3;
+use crate::progress::{StepObserver, StepProgress};
 use crate::rank_eval::{RankEvaluator, RankForces};
 use crate::rng::{gaussian3, INIT_COUNTER};
 use crate::state::{BuildOptions, RankState, Topology};
@@ -126,6 +127,8 @@ pub struct MdConfig {
     pub stop: Option<Arc<AtomicBool>>,
     /// The decomposition spec; `None` uses the model's declared one.
     pub spec: Option<MLIPSpec>,
+    /// Called by rank 0 after every step (a progress bar).
+    pub on_step: Option<StepObserver>,
 }
 
 impl MdConfig {
@@ -146,6 +149,7 @@ impl MdConfig {
             final_checkpoint: false,
             stop: None,
             spec: None,
+            on_step: None,
         }
     }
 
@@ -1135,6 +1139,15 @@ pub fn run_rank(
         Run::check_finite(step, &forces, &red)?;
         let row = run.thermo_row(step, &state, &forces, &red);
         temperature_sum += row.temperature;
+        if let (Some(obs), 0) = (&config.on_step, rank) {
+            obs.report(&StepProgress {
+                done: step - start.step,
+                total: config.steps,
+                ns_per_day: Some(row.ns_per_day),
+                temperature: Some(row.temperature),
+                fmax: None,
+            });
+        }
         let last = step == start.step + config.steps;
         if config.thermo_every > 0 && (step % config.thermo_every == 0 || last) {
             emit(&state, &mut sink, |s| s.thermo(&row))?;

@@ -16,6 +16,7 @@
 mod checkpoint;
 mod driver;
 mod mat3;
+mod progress;
 pub mod rank_eval;
 mod relax;
 pub mod rng;
@@ -28,6 +29,7 @@ pub use driver::{
     maxwell_boltzmann, run_rank, CellDof, Ensemble, Frame, MdConfig, MdSink, MdSummary, StartState,
     ThermoRow, ThermostatState,
 };
+pub use progress::{StepObserver, StepProgress};
 pub use rank_eval::{LocalRows, RankEvaluator, RankForces};
 pub use relax::{relax_rank, CellRelax, RelaxConfig, RelaxSummary};
 pub use state::{gather_by_gid, BuildOptions, RankState, Rows, Share, Topology};

@@ -21,6 +21,7 @@
 
 use crate::driver::{gather_rows, periodic_volume, reduce, stress_voigt, Frame};
 use crate::mat3::{invert3, mul3, row_times, transpose3, Mat3, IDENTITY};
+use crate::progress::{StepObserver, StepProgress};
 use crate::rank_eval::RankForces;
 use crate::state::{RankState, Topology};
 use crate::{units, MdError};
@@ -63,6 +64,8 @@ pub struct RelaxConfig {
     pub spec: Option<MLIPSpec>,
     /// Relax the cell too (needs a 3-D periodic structure); `None` keeps it.
     pub cell: Option<CellRelax>,
+    /// Called by rank 0 after every step (a progress bar).
+    pub on_step: Option<StepObserver>,
 }
 
 impl Default for RelaxConfig {
@@ -78,6 +81,7 @@ impl Default for RelaxConfig {
             even_counts: false,
             spec: None,
             cell: None,
+            on_step: None,
         }
     }
 }
@@ -416,6 +420,15 @@ pub fn relax_rank(
             fmax2 = fmax2.max(max_norm2(&c.forces));
         }
         let fmax = fmax2.sqrt();
+        if let (Some(obs), 0, 1..) = (&config.on_step, state.rank, steps) {
+            obs.report(&StepProgress {
+                done: steps,
+                total: config.max_steps,
+                ns_per_day: None,
+                temperature: None,
+                fmax: Some(fmax),
+            });
+        }
         if !(out.energy.is_finite() && fmax.is_finite()) {
             return Err(MdError::NonFinite {
                 step: steps,

@@ -96,6 +96,12 @@ pub fn relax(a: RelaxArgs) -> Result<u8, CliError> {
         ..Default::default()
     };
     let cell = system.cell_or_zero();
+    let bar = crate::progress::step_bar(config.max_steps, "relax");
+    let config = RelaxConfig {
+        on_step: bar.as_ref().map(|(_, observer)| observer.clone()),
+        ..config
+    };
+    let clear = bar.map(|(bar, _)| super::md::ClearOnDrop(bar));
     let s = match a.backend {
         Backend::Threads => ddmlip_md::relax_threads(
             model.as_ref(),
@@ -114,6 +120,7 @@ pub fn relax(a: RelaxArgs) -> Result<u8, CliError> {
             }
         }
     };
+    drop(clear);
     if let (Some(path), Some(last)) = (&a.output, &s.last) {
         let mut out = System::new(
             last.positions.clone(),
