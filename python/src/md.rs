@@ -7,8 +7,8 @@ use crate::{message, parse_balance, parse_dtype, positions_of, system, value_err
 use ddmlip::{BalancePolicy, Model, System};
 use ddmlip_atoms::Column;
 use ddmlip_md::{
-    maxwell_boltzmann, CellRelax, Checkpoint, Ensemble, Frame, MdConfig, MdError, MdSink, RelaxConfig,
-    StartState, ThermoRow, Topology,
+    maxwell_boltzmann, CellRelax, Checkpoint, Ensemble, Frame, MdConfig, MdError, MdSink,
+    RelaxConfig, StartState, ThermoRow, Topology,
 };
 use numpy::{PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};

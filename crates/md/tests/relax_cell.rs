@@ -171,10 +171,10 @@ fn converged_stress_is_minus_the_pressure_within_the_fmax_bound() {
             [st[4], st[3], st[2]],
         ];
         let mut worst: f64 = 0.0;
-        for a in 0..3 {
-            for b in 0..3 {
+        for (a, row) in full.iter().enumerate() {
+            for (b, x) in row.iter().enumerate() {
                 let target = if a == b { -p } else { 0.0 };
-                worst = worst.max((full[a][b] - target).abs());
+                worst = worst.max((x - target).abs());
             }
         }
         eprintln!(
