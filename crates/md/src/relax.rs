@@ -19,10 +19,11 @@
 //! The cell rows are the same on every rank; every step that moves the cell
 //! rebuilds the decomposition.
 
-use crate::driver::{gather_rows, periodic_volume, reduce, stress_voigt, Frame};
+use crate::collective::{gather_rows, periodic_volume, reduce, stress_voigt};
 use crate::mat3::{invert3, mul3, row_times, transpose3, Mat3, IDENTITY};
 use crate::progress::{StepObserver, StepProgress};
 use crate::rank_eval::RankForces;
+use crate::sink::Frame;
 use crate::state::{RankState, Topology};
 use crate::{units, MdError};
 use ddmlip_atoms::Cell;
