@@ -2,46 +2,15 @@
 //! piped run (as here) writes nothing to stderr, and its stdout is the
 //! summary alone.
 
-use ddmlip_atoms::{Cell, System};
-use std::path::Path;
-use std::process::Command;
+mod argon;
 
-fn argon(path: &Path) {
-    let basis = [
-        [0.0, 0.0, 0.0],
-        [0.5, 0.5, 0.0],
-        [0.5, 0.0, 0.5],
-        [0.0, 0.5, 0.5],
-    ];
-    let mut pos = Vec::new();
-    for i in 0..2 {
-        for j in 0..2 {
-            for l in 0..2 {
-                for (k, b) in basis.iter().enumerate() {
-                    let wobble = 0.04 * ((i * 7 + j * 3 + l + k) as f64).sin();
-                    pos.push([
-                        (i as f64 + b[0]) * 5.3 + wobble,
-                        (j as f64 + b[1]) * 5.3 - wobble,
-                        (l as f64 + b[2]) * 5.3 + 0.5 * wobble,
-                    ]);
-                }
-            }
-        }
-    }
-    let sys = System::new(
-        pos,
-        vec![18; 32],
-        Some(Cell::orthorhombic(10.6, 10.6, 10.6)),
-        [true; 3],
-    );
-    ddmlip_atoms::extxyz::write_file(path, &[sys]).unwrap();
-}
+use std::process::Command;
 
 #[test]
 fn piped_md_and_relax_draw_no_progress_bar() {
     let dir = tempfile::tempdir().unwrap();
     let st = dir.path().join("ar.xyz");
-    argon(&st);
+    argon::write_fcc(&st, [5.3; 3], 0.04, true);
     let st = st.to_str().unwrap();
     let runs: [&[&str]; 2] = [
         &[

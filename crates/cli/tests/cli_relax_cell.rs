@@ -3,49 +3,17 @@
 //! split runs report what one rank reports, and bad flags exit 2 naming the
 //! flag.
 
-use ddmlip_atoms::{Cell, System};
+mod argon;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ddmlip");
 
-/// 32 argon atoms (FCC 2×2×2 at a = 5.2 Å, compressed and rattled).
+/// 32 argon atoms (FCC 2×2×2 at a = 5.2 Å, rattled), periodic or a cluster.
 fn argon(dir: &Path, periodic: bool) -> PathBuf {
-    let basis = [
-        [0.0, 0.0, 0.0],
-        [0.5, 0.5, 0.0],
-        [0.5, 0.0, 0.5],
-        [0.0, 0.5, 0.5],
-    ];
-    let a = 5.2;
-    let mut pos = Vec::new();
-    let mut k = 0.0f64;
-    for i in 0..2 {
-        for j in 0..2 {
-            for l in 0..2 {
-                for b in basis {
-                    k += 1.0;
-                    pos.push([
-                        (i as f64 + b[0]) * a + 0.05 * (k * 1.3).sin(),
-                        (j as f64 + b[1]) * a + 0.05 * (k * 2.1).cos(),
-                        (l as f64 + b[2]) * a + 0.05 * (k * 0.7).sin(),
-                    ]);
-                }
-            }
-        }
-    }
-    let (cell, pbc, name) = if periodic {
-        (
-            Some(Cell::orthorhombic(2.0 * a, 2.0 * a, 2.0 * a)),
-            [true; 3],
-            "ar.xyz",
-        )
-    } else {
-        (None, [false; 3], "ar_cluster.xyz")
-    };
-    let sys = System::new(pos, vec![18; 32], cell, pbc);
-    let path = dir.join(name);
-    ddmlip_atoms::extxyz::write_file(&path, &[sys]).unwrap();
+    let path = dir.join(if periodic { "ar.xyz" } else { "ar_cluster.xyz" });
+    argon::write_fcc(&path, [5.2; 3], 0.05, periodic);
     path
 }
 

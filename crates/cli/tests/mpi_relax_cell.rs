@@ -2,39 +2,9 @@
 //! `mpirun`, compared with the same relaxation on 3 thread ranks.
 #![cfg(feature = "mpi")]
 
-use ddmlip_atoms::{Cell, System};
-use std::path::Path;
-use std::process::Command;
+mod argon;
 
-/// 32 rattled argon atoms in a strained orthorhombic cell.
-fn argon(path: &Path) {
-    let basis = [
-        [0.0, 0.0, 0.0],
-        [0.5, 0.5, 0.0],
-        [0.5, 0.0, 0.5],
-        [0.0, 0.5, 0.5],
-    ];
-    let a = [5.4, 5.25, 5.3];
-    let mut pos = Vec::new();
-    let mut k = 0.0f64;
-    for i in 0..2 {
-        for j in 0..2 {
-            for l in 0..2 {
-                for b in basis {
-                    k += 1.0;
-                    pos.push([
-                        (i as f64 + b[0]) * a[0] + 0.08 * (k * 1.3).sin(),
-                        (j as f64 + b[1]) * a[1] + 0.08 * (k * 2.1).cos(),
-                        (l as f64 + b[2]) * a[2] + 0.08 * (k * 0.7).sin(),
-                    ]);
-                }
-            }
-        }
-    }
-    let cell = Cell::orthorhombic(2.0 * a[0], 2.0 * a[1], 2.0 * a[2]);
-    let sys = System::new(pos, vec![18; 32], Some(cell), [true; 3]);
-    ddmlip_atoms::extxyz::write_file(path, &[sys]).unwrap();
-}
+use std::process::Command;
 
 #[test]
 fn mpi_relax_cell_equals_thread_ranks() {
@@ -48,7 +18,8 @@ fn mpi_relax_cell_equals_thread_ranks() {
     }
     let dir = tempfile::tempdir().unwrap();
     let st = dir.path().join("ar.xyz");
-    argon(&st);
+    // Strained orthorhombic: every diagonal cell row has work to do.
+    argon::write_fcc(&st, [5.4, 5.25, 5.3], 0.08, true);
     let args = [
         "relax",
         "--model",

@@ -15,8 +15,6 @@ use ddmlip_md::{relax_threads, CellRelax, MdError, RelaxConfig, RelaxSummary, To
 use ddmlip_models::load_model;
 use ddmlip_runtime::{evaluate, EvalOptions};
 use serde_json::{json, Value};
-use std::io::Write;
-use std::process::{Command, Stdio};
 
 const ASE_SCRIPT: &str = r#"
 import json, sys
@@ -40,22 +38,7 @@ print(json.dumps({
 "#;
 
 fn run_ase(request: &Value) -> Value {
-    let mut child = Command::new("python3")
-        .args(["-c", ASE_SCRIPT])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("python3 with ASE is required for this test");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(request.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "the ASE reference failed");
-    serde_json::from_slice(&out.stdout).unwrap()
+    run_python_json(ASE_SCRIPT, request)
 }
 
 /// 32 rattled argon atoms in a compressed, strained and sheared cell: every
