@@ -118,5 +118,7 @@ def relax_run(
     dtype: str = "float64",
     balance: str = "geometric",
     modal: Optional[str] = None,
+    relax_cell: bool = False,
+    pressure: Optional[float] = None,
 ) -> Tuple[str, Dict[str, Union[float, npt.NDArray[np.float64], None]]]:
     """``(summary_json, final state)``."""

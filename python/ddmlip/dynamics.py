@@ -192,11 +192,16 @@ def relax(
     dtype: str = "float64",
     balance: str = "geometric",
     modal: Optional[str] = None,
+    cell: bool = False,
+    pressure: Optional[float] = None,
 ) -> RelaxResult:
     """Relaxes the positions of ``atoms`` with FIRE (ASE's algorithm and
     defaults) until the largest force is below ``fmax`` (eV/Å) or after
     ``max_steps`` steps, split over ``ranks`` ranks (threads): ``ddmlip
-    relax``. ``atoms`` is not modified; the cell is kept.
+    relax``. ``atoms`` is not modified. The cell is kept, unless ``cell``
+    is true: then it relaxes too, as with ASE's ``UnitCellFilter``, towards
+    the hydrostatic ``pressure`` (GPa, default 0): ``ddmlip relax --cell
+    --pressure P``.
 
     Returns :class:`RelaxResult` ``(atoms, summary)``; a relaxation that did
     not converge is reported by ``summary["converged"]`` (the command exits
@@ -204,6 +209,8 @@ def relax(
     ``ddmlip relax``.
     """
     _backend(backend, "relax")
+    # `cell` is the flag here; the structure's cell comes with the arrays.
+    relax_cell = bool(cell)
     positions, numbers, cell, pbc = _system_arrays(atoms)
     summary_json, final = _ddmlip.relax_run(
         _model_name(model),
@@ -218,5 +225,7 @@ def relax(
         dtype=dtype,
         balance=balance,
         modal=modal,
+        relax_cell=relax_cell,
+        pressure=None if pressure is None else float(pressure),
     )
     return RelaxResult(_final_atoms(atoms, final, momenta=False), json.loads(summary_json))

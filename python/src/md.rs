@@ -7,8 +7,8 @@ use crate::{message, parse_balance, parse_dtype, positions_of, system, value_err
 use ddmlip::{BalancePolicy, Model, System};
 use ddmlip_atoms::Column;
 use ddmlip_md::{
-    maxwell_boltzmann, Checkpoint, Ensemble, Frame, MdConfig, MdError, MdSink, RelaxConfig,
-    StartState, ThermoRow, Topology,
+    maxwell_boltzmann, CellRelax, Checkpoint, Ensemble, Frame, MdConfig, MdError, MdSink,
+    RelaxConfig, StartState, ThermoRow, Topology,
 };
 use numpy::{PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -327,11 +327,12 @@ pub fn md_run<'py>(
     Ok((json.to_string(), thermo, frame_dict(py, last)?))
 }
 
-/// Relaxes positions with FIRE (`ddmlip relax` on thread ranks). Returns
+/// Relaxes positions, with `relax_cell` also the cell towards `pressure`
+/// (GPa), with FIRE (`ddmlip relax [--cell --pressure P]` on thread ranks). Returns
 /// `(summary_json, final)`: the command's `--json` summary and the final
 /// state ([`frame_dict`]; momenta are zero).
 #[pyfunction]
-#[pyo3(signature = (model, positions, numbers, cell, pbc, fmax=0.05, max_steps=1000, skin=1.0, ranks=1, dtype="float64", balance="geometric", modal=None))]
+#[pyo3(signature = (model, positions, numbers, cell, pbc, fmax=0.05, max_steps=1000, skin=1.0, ranks=1, dtype="float64", balance="geometric", modal=None, relax_cell=false, pressure=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn relax_run<'py>(
     py: Python<'py>,
@@ -347,9 +348,16 @@ pub fn relax_run<'py>(
     dtype: &str,
     balance: &str,
     modal: Option<&str>,
+    relax_cell: bool,
+    pressure: Option<f64>,
 ) -> PyResult<(String, Bound<'py, PyDict>)> {
     if ranks == 0 {
         return Err(input("ranks must be at least 1".into()));
+    }
+    if pressure.is_some() && !relax_cell {
+        return Err(input(
+            "pressure sets the target of the cell relaxation; it needs cell=True".into(),
+        ));
     }
     let sys = system(positions, numbers, cell, pbc)?;
     let model = load_checked(py, model, modal, &sys)?;
@@ -365,6 +373,9 @@ pub fn relax_run<'py>(
         skin,
         dtype: parse_dtype(dtype)?,
         even_counts: matches!(parse_balance(balance)?, BalancePolicy::Atoms),
+        cell: relax_cell.then(|| CellRelax {
+            pressure_gpa: pressure.unwrap_or(0.0),
+        }),
         ..Default::default()
     };
     let cell = sys.cell_or_zero();

@@ -193,3 +193,29 @@ def test_bad_input_raises_the_cli_message(tmp_path):
         ddmlip.md("lj", atoms, dt=1.0, steps=5, ranks=0)
     with pytest.raises(ValueError, match="backend"):
         ddmlip.relax("lj", atoms, backend="mpi")
+
+
+def test_relax_cell_equals_ase_unit_cell_filter():
+    """``relax(cell=True, pressure=P)`` follows ASE's FIRE on a
+    ``UnitCellFilter`` step for step: same steps, same energy and cell."""
+    from ase.filters import UnitCellFilter
+    from ase.optimize import FIRE
+
+    atoms = bulk("Ar", "fcc", a=5.2, cubic=True).repeat((2, 2, 2))
+    atoms.rattle(0.05, seed=3)
+    atoms.set_cell(atoms.cell[:] @ np.diag([1.02, 0.99, 1.0]), scale_atoms=True)
+    ref = atoms.copy()
+    ref.calc = ase_lj()
+    opt = FIRE(UnitCellFilter(ref, scalar_pressure=0.1 * units.GPa), logfile=None)
+    opt.run(fmax=1e-4, steps=2000)
+
+    out = ddmlip.relax("lj", atoms, fmax=1e-4, max_steps=2000, ranks=2, cell=True, pressure=0.1)
+    assert out.summary["converged"]
+    assert out.summary["steps"] == opt.nsteps
+    assert abs(out.summary["energy"] - ref.get_potential_energy()) < 1e-10
+    assert np.max(np.abs(out.atoms.cell[:] - ref.cell[:])) < 1e-8
+    # The returned atoms carry the relaxed cell and its stress (≈ −P).
+    assert np.max(np.abs(out.atoms.get_stress()[:3] + 0.1 * units.GPa)) < 1e-5
+
+    with pytest.raises(ValueError, match="pressure"):
+        ddmlip.relax("lj", atoms, pressure=1.0)

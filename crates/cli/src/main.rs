@@ -9,6 +9,7 @@ mod input;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod output;
+mod progress;
 
 use clap::Parser;
 use std::process::ExitCode;

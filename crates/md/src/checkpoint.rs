@@ -4,7 +4,7 @@
 //! JSON, with every floating-point number stored as its IEEE-754 bit
 //! pattern (`u64`), so that nothing is rounded on the way through text.
 
-use crate::driver::ThermostatState;
+use crate::config::ThermostatState;
 use crate::MdError;
 use serde::{Deserialize, Serialize};
 use std::path::Path;

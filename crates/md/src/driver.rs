@@ -2,450 +2,20 @@
 //! global reductions, and the output hand-off to rank 0's sink.
 
 use crate::checkpoint::{Checkpoint, CHECKPOINT_FORMAT, CHECKPOINT_VERSION};
-use crate::rank_eval::{LocalRows, RankEvaluator, RankForces};
-use crate::rng::{gaussian3, INIT_COUNTER};
-use crate::state::{BuildOptions, RankState, Share, Topology};
+use crate::collective::{gather_rows, periodic_volume, reduce, stress_voigt};
+use crate::config::{CellDof, Ensemble, MdConfig, StartState, ThermostatState};
+use crate::mat3::invert3;
+use crate::progress::StepProgress;
+use crate::rank_eval::{RankEvaluator, RankForces};
+use crate::rng::gaussian3;
+use crate::sink::{Frame, MdSink, MdSummary, ThermoRow};
+use crate::state::{BuildOptions, RankState, Topology};
 use crate::{units, MdError};
-use ddmlip_atoms::{Cell, Column, InfoValue, System};
+use ddmlip_atoms::Cell;
 use ddmlip_comm::Communicator;
-use ddmlip_engine::{DType, Model};
-use ddmlip_spec::MLIPSpec;
-use serde::{Deserialize, Serialize};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use ddmlip_engine::Model;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
-
-/// The ensemble and its parameters.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Ensemble {
-    /// Velocity Verlet (ASE's `VelocityVerlet` step).
-    Nve,
-    /// Langevin dynamics with the BAOAB splitting: half kick, half drift,
-    /// exact Ornstein–Uhlenbeck update of the momenta, half drift, forces,
-    /// half kick. Samples the canonical ensemble at `temperature` (K) with
-    /// friction `friction_per_ps` (1/ps).
-    Langevin {
-        temperature: f64,
-        friction_per_ps: f64,
-    },
-    /// Nosé–Hoover chain (Martyna–Tuckerman–Klein) of `chain` thermostats at
-    /// `temperature` (K) with time constant `tdamp_fs`: Q₁ = N_f·kT·τ²,
-    /// Qⱼ = kT·τ²; the chain is advanced for half a step (Trotter splitting)
-    /// around a velocity Verlet step. Conserved: E_total + Σ pⱼ²/2Qⱼ +
-    /// N_f·kT·η₁ + kT·Σⱼ₍≥₂₎ ηⱼ.
-    NoseHoover {
-        temperature: f64,
-        tdamp_fs: f64,
-        chain: usize,
-    },
-    /// Constant pressure and temperature: BAOAB Langevin at `temperature`
-    /// (K, friction 1/`tdamp_fs`) with stochastic cell rescaling (Bernetti &
-    /// Bussi 2020) towards `pressure_gpa` (GPa) with time constant `pdamp_fs`
-    /// and compressibility `compressibility_per_gpa` (1/GPa, which only sets
-    /// how fast the volume relaxes). After the second drift of each step the
-    /// strain increment dε = −(β/τ)(P₀ − P − kT/V)dt + √(2kTβdt/(Vτ))·ξ
-    /// (per diagonal component with β/3 for `CellDof::Full`) scales cell,
-    /// positions and (inversely) momenta; the decomposition is then rebuilt.
-    /// P is the pressure from the last force evaluation's virial plus the
-    /// current kinetic term.
-    Npt {
-        temperature: f64,
-        tdamp_fs: f64,
-        pressure_gpa: f64,
-        pdamp_fs: f64,
-        compressibility_per_gpa: f64,
-        cell_dof: CellDof,
-    },
-}
-
-/// Which cell degrees of freedom the barostat moves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CellDof {
-    /// The volume only: the cell keeps its shape.
-    Iso,
-    /// All six components of a symmetric strain: lengths and angles
-    /// fluctuate, each driven by its own component of the pressure tensor.
-    Full,
-}
-
-impl Ensemble {
-    /// The CLI name.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::Nve => "nve",
-            Self::Langevin { .. } => "langevin",
-            Self::NoseHoover { .. } => "nose-hoover",
-            Self::Npt { .. } => "npt",
-        }
-    }
-}
-
-/// Thermostat variables carried across steps and checkpoints.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ThermostatState {
-    /// Energy the thermostat has taken out of the system so far (eV); the
-    /// ensemble's conserved quantity is the total energy plus this.
-    #[serde(with = "crate::checkpoint::scalar_bits")]
-    pub heat_removed: f64,
-    /// Nosé–Hoover chain positions ηⱼ and momenta pⱼ (the same on every rank).
-    #[serde(default, with = "crate::checkpoint::vec_bits")]
-    pub chain_positions: Vec<f64>,
-    #[serde(default, with = "crate::checkpoint::vec_bits")]
-    pub chain_momenta: Vec<f64>,
-}
-
-/// Settings of a run.
-#[derive(Clone)]
-pub struct MdConfig {
-    pub ensemble: Ensemble,
-    /// Time step (fs).
-    pub dt_fs: f64,
-    /// Steps to run in this call.
-    pub steps: u64,
-    /// Seed of the random forces.
-    pub seed: u64,
-    /// Verlet skin (Å).
-    pub skin: f64,
-    pub dtype: DType,
-    /// Domains with even atom counts instead of a regular grid.
-    pub even_counts: bool,
-    /// Hand a frame to the sink every this many steps (0: never).
-    pub frame_every: u64,
-    /// Hand a thermo row to the sink every this many steps (0: never).
-    pub thermo_every: u64,
-    /// Hand a checkpoint to the sink every this many steps (0: only at the
-    /// end when `final_checkpoint`, and on interruption).
-    pub checkpoint_every: u64,
-    /// Hand the last state to the sink as the final frame.
-    pub final_frame: bool,
-    /// Hand a checkpoint of the last state to the sink.
-    pub final_checkpoint: bool,
-    /// Set (by a signal handler) to stop after the current step with a checkpoint.
-    pub stop: Option<Arc<AtomicBool>>,
-    /// The decomposition spec; `None` uses the model's declared one.
-    pub spec: Option<MLIPSpec>,
-}
-
-impl MdConfig {
-    /// A configuration with defaults for everything but the essentials.
-    pub fn new(ensemble: Ensemble, dt_fs: f64, steps: u64) -> Self {
-        Self {
-            ensemble,
-            dt_fs,
-            steps,
-            seed: 0,
-            skin: 1.0,
-            dtype: DType::F64,
-            even_counts: false,
-            frame_every: 0,
-            thermo_every: 0,
-            checkpoint_every: 0,
-            final_frame: false,
-            final_checkpoint: false,
-            stop: None,
-            spec: None,
-        }
-    }
-
-    /// Rejects impossible settings, naming the flag.
-    pub fn check(&self) -> Result<(), MdError> {
-        if !(self.dt_fs.is_finite() && self.dt_fs > 0.0) {
-            return Err(MdError::Input(format!(
-                "--dt must be a positive time step in fs, got {}",
-                self.dt_fs
-            )));
-        }
-        if self.steps == 0 {
-            return Err(MdError::Input("--steps must be at least 1".into()));
-        }
-        if !(self.skin.is_finite() && self.skin >= 0.0) {
-            return Err(MdError::Input(format!(
-                "--skin must be a non-negative distance in Å, got {}",
-                self.skin
-            )));
-        }
-        if let Ensemble::NoseHoover {
-            temperature,
-            tdamp_fs,
-            chain,
-        } = self.ensemble
-        {
-            if !(temperature.is_finite() && temperature > 0.0) {
-                return Err(MdError::Input(format!(
-                    "--temperature must be a positive temperature in K for nose-hoover, got {temperature}"
-                )));
-            }
-            if !(tdamp_fs.is_finite() && tdamp_fs > 0.0) {
-                return Err(MdError::Input(format!(
-                    "--tdamp must be a positive time in fs, got {tdamp_fs}"
-                )));
-            }
-            if chain == 0 {
-                return Err(MdError::Input(
-                    "the chain needs at least one thermostat".into(),
-                ));
-            }
-        }
-        if let Ensemble::Npt {
-            temperature,
-            tdamp_fs,
-            pressure_gpa,
-            pdamp_fs,
-            compressibility_per_gpa,
-            ..
-        } = self.ensemble
-        {
-            if !(temperature.is_finite() && temperature > 0.0) {
-                return Err(MdError::Input(format!(
-                    "--temperature must be a positive temperature in K for npt, got {temperature}"
-                )));
-            }
-            for (flag, v) in [
-                ("--tdamp", tdamp_fs),
-                ("--pdamp", pdamp_fs),
-                ("--compressibility", compressibility_per_gpa),
-            ] {
-                if !(v.is_finite() && v > 0.0) {
-                    return Err(MdError::Input(format!("{flag} must be positive, got {v}")));
-                }
-            }
-            if !pressure_gpa.is_finite() {
-                return Err(MdError::Input(format!(
-                    "--pressure must be a finite pressure in GPa, got {pressure_gpa}"
-                )));
-            }
-        }
-        if let Ensemble::Langevin {
-            temperature,
-            friction_per_ps,
-        } = self.ensemble
-        {
-            if !(temperature.is_finite() && temperature >= 0.0) {
-                return Err(MdError::Input(format!(
-                    "--temperature must be a non-negative temperature in K, got {temperature}"
-                )));
-            }
-            if !(friction_per_ps.is_finite() && friction_per_ps >= 0.0) {
-                return Err(MdError::Input(format!(
-                    "--friction must be a non-negative rate in 1/ps, got {friction_per_ps}"
-                )));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Where a run starts: every rank passes the same.
-#[derive(Debug, Clone)]
-pub struct StartState {
-    /// Steps already done.
-    pub step: u64,
-    pub cell: Cell,
-    /// Positions (Å) by global id.
-    pub positions: Vec<[f64; 3]>,
-    /// Momenta (ASE units) by global id.
-    pub momenta: Vec<[f64; 3]>,
-    /// Positions the first neighbour-list build starts from: `positions` for
-    /// a fresh run, a checkpoint's `build_positions` for a restart.
-    pub build_positions: Vec<[f64; 3]>,
-    pub thermostat: ThermostatState,
-    /// Continuing from a checkpoint: `positions` are the rows of the build
-    /// from `build_positions`, and nothing at the start step is re-emitted.
-    pub restarted: bool,
-    pub rebuilds: u64,
-    pub migrated: u64,
-}
-
-impl StartState {
-    /// A fresh start.
-    pub fn fresh(cell: Cell, positions: Vec<[f64; 3]>, momenta: Vec<[f64; 3]>) -> Self {
-        Self {
-            step: 0,
-            cell,
-            build_positions: positions.clone(),
-            positions,
-            momenta,
-            thermostat: ThermostatState::default(),
-            restarted: false,
-            rebuilds: 0,
-            migrated: 0,
-        }
-    }
-
-    /// The state a checkpoint holds, after checking that it belongs to
-    /// `topology` (same atoms, same masses).
-    pub fn from_checkpoint(ck: &Checkpoint, topology: &Topology) -> Result<Self, MdError> {
-        if ck.numbers != topology.numbers {
-            return Err(MdError::Input(format!(
-                "--restart: field `numbers` ({} atoms) does not match --structure ({} atoms){}",
-                ck.numbers.len(),
-                topology.len(),
-                if ck.numbers.len() == topology.len() {
-                    ": the elements differ"
-                } else {
-                    ""
-                }
-            )));
-        }
-        if ck.mass_values() != topology.masses {
-            return Err(MdError::Input(
-                "--restart: field `masses` does not match the structure's masses".into(),
-            ));
-        }
-        Ok(Self {
-            step: ck.step,
-            cell: Cell::new(ck.cell_matrix()),
-            positions: ck.positions.clone(),
-            momenta: ck.momenta.clone(),
-            build_positions: ck.build_positions.clone(),
-            thermostat: ck.thermostat.clone(),
-            restarted: true,
-            rebuilds: ck.rebuilds,
-            migrated: ck.migrated,
-        })
-    }
-}
-
-/// Maxwell–Boltzmann momenta at `temperature` (K) for every atom, by global
-/// id, from the counter-based generator (so any rank computes the same),
-/// with the total momentum removed as ASE's `Stationary` does.
-pub fn maxwell_boltzmann(masses: &[f64], temperature: f64, seed: u64) -> Vec<[f64; 3]> {
-    let kt = units::boltzmann() * temperature;
-    let mut p: Vec<[f64; 3]> = masses
-        .iter()
-        .enumerate()
-        .map(|(i, &m)| {
-            let z = gaussian3(seed, i as u64, INIT_COUNTER);
-            let s = (m * kt).sqrt();
-            [s * z[0], s * z[1], s * z[2]]
-        })
-        .collect();
-    let total_mass: f64 = masses.iter().sum();
-    let mut total = [0.0; 3];
-    for q in &p {
-        for k in 0..3 {
-            total[k] += q[k];
-        }
-    }
-    let v = total.map(|t| t / total_mass);
-    for (q, &m) in p.iter_mut().zip(masses) {
-        for k in 0..3 {
-            q[k] -= m * v[k];
-        }
-    }
-    p
-}
-
-/// One line of the thermo log.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct ThermoRow {
-    pub step: u64,
-    /// Simulated time (ps).
-    pub time_ps: f64,
-    /// Instantaneous temperature (K) with 3N degrees of freedom (ASE's).
-    pub temperature: f64,
-    /// Potential, kinetic and total energy (eV).
-    pub potential: f64,
-    pub kinetic: f64,
-    pub total: f64,
-    /// The ensemble's conserved quantity (eV): the total energy for `nve`,
-    /// plus the heat the thermostat removed for `langevin`.
-    pub conserved: f64,
-    /// Pressure (GPa) from the virial and the kinetic term; `None` without
-    /// a 3-D periodic cell.
-    pub pressure_gpa: Option<f64>,
-    /// Cell volume (Å³); `None` without a 3-D periodic cell.
-    pub volume: Option<f64>,
-    /// Neighbour-list rebuilds and migrated atoms so far.
-    pub rebuilds: u64,
-    pub migrated: u64,
-    /// Simulated ns per wall-clock day since the run (this call) began.
-    pub ns_per_day: f64,
-}
-
-/// A snapshot of the whole system, by global id.
-#[derive(Debug, Clone)]
-pub struct Frame {
-    pub step: u64,
-    pub cell: Cell,
-    pub positions: Vec<[f64; 3]>,
-    pub momenta: Vec<[f64; 3]>,
-    pub forces: Vec<[f64; 3]>,
-    /// Potential energy (eV).
-    pub energy: f64,
-    /// Potential stress (eV/Å³, Voigt xx yy zz yz xz xy, ASE's sign); `None`
-    /// without a 3-D periodic cell.
-    pub stress: Option<[f64; 6]>,
-}
-
-impl Frame {
-    /// This frame as an extended XYZ frame of `template`'s atoms: positions,
-    /// cell, `momenta` (ASE units), energy, forces, stress, `step` and
-    /// `time_fs` (`dt_fs` per step); `template`'s `masses` column is kept
-    /// when `keep_masses` (the input carried one).
-    pub fn to_system(&self, template: &System, keep_masses: bool, dt_fs: f64) -> System {
-        let mut s = System::new(
-            self.positions.clone(),
-            template.numbers.clone(),
-            template.cell.map(|_| self.cell),
-            template.pbc,
-        );
-        if keep_masses {
-            if let Some(m) = template.properties.arrays.get("masses") {
-                s.properties.arrays.insert("masses".into(), m.clone());
-            }
-        }
-        s.properties.arrays.insert(
-            "momenta".into(),
-            Column::Float(self.momenta.iter().flatten().copied().collect(), 3),
-        );
-        s.set_energy(self.energy);
-        s.set_forces(&self.forces);
-        if let Some(st) = self.stress {
-            s.set_stress_voigt(st);
-        }
-        s.properties
-            .info
-            .insert("step".into(), InfoValue::Int(self.step as i64));
-        s.properties
-            .info
-            .insert("time_fs".into(), InfoValue::Float(self.step as f64 * dt_fs));
-        s
-    }
-}
-
-/// Where rank 0 puts what a run produces. A sink error stops every rank.
-pub trait MdSink: Send {
-    fn thermo(&mut self, row: &ThermoRow) -> Result<(), MdError>;
-    /// A trajectory frame, or (`is_final`) the last state.
-    fn frame(&mut self, frame: &Frame, is_final: bool) -> Result<(), MdError>;
-    fn checkpoint(&mut self, checkpoint: &Checkpoint) -> Result<(), MdError>;
-}
-
-/// The end of a run, as rank 0 reports it.
-#[derive(Debug, Clone, Serialize)]
-pub struct MdSummary {
-    pub ensemble: String,
-    pub n_atoms: usize,
-    pub ranks: usize,
-    /// Steps run in this call, and the step count reached.
-    pub steps: u64,
-    pub last_step: u64,
-    pub potential_energy: f64,
-    pub kinetic_energy: f64,
-    pub total_energy: f64,
-    pub conserved: f64,
-    /// Mean temperature over the steps of this call (K).
-    pub mean_temperature: f64,
-    pub wall_s: f64,
-    pub ns_per_day: f64,
-    pub atom_steps_per_s: f64,
-    pub rebuilds: u64,
-    pub migrated: u64,
-    /// Seconds spent in model evaluations (this rank: rank 0).
-    pub eval_s: f64,
-}
 
 /// Per-step global sums and maxima, reduced in rank order.
 struct Reduced {
@@ -454,76 +24,6 @@ struct Reduced {
     stop: bool,
     heat_removed: f64,
     migrated: f64,
-}
-
-/// Sums of `sums` and maxima of `maxes` over ranks, folded in rank order
-/// (the same bits on every rank).
-pub(crate) fn reduce(
-    comm: &dyn Communicator,
-    sums: &[f64],
-    maxes: &[f64],
-) -> Result<(Vec<f64>, Vec<f64>), MdError> {
-    let mut mine = sums.to_vec();
-    mine.extend_from_slice(maxes);
-    let all = comm
-        .all_gather_f64(&mine)
-        .map_err(|e| MdError::Comm(format!("step reduction: {e}")))?;
-    let mut s = vec![0.0; sums.len()];
-    let mut m = vec![f64::NEG_INFINITY; maxes.len()];
-    for part in &all {
-        if part.len() != mine.len() {
-            return Err(MdError::Comm(
-                "step reduction: ranks disagree on its length".into(),
-            ));
-        }
-        for (acc, v) in s.iter_mut().zip(part) {
-            *acc += v;
-        }
-        for (acc, v) in m.iter_mut().zip(&part[sums.len()..]) {
-            *acc = acc.max(*v);
-        }
-    }
-    Ok((s, m))
-}
-
-/// The arrays of every rank's owned rows, by global id (complete on every rank).
-pub(crate) fn gather_rows(
-    comm: &dyn Communicator,
-    n_atoms: usize,
-    gids: &[u64],
-    arrays: &[&[[f64; 3]]],
-) -> Result<Vec<Vec<[f64; 3]>>, MdError> {
-    let err = |e: ddmlip_comm::CommError| MdError::Comm(format!("gather frame: {e}"));
-    let ids = comm.all_gather_u64(gids).map_err(err)?;
-    let mut out = Vec::with_capacity(arrays.len());
-    for a in arrays {
-        let flat: Vec<f64> = a.iter().flatten().copied().collect();
-        let parts = comm.all_gather_f64(&flat).map_err(err)?;
-        let mut rows = vec![[f64::NAN; 3]; n_atoms];
-        for (ids, p) in ids.iter().zip(&parts) {
-            for (k, &id) in ids.iter().enumerate() {
-                rows[id as usize] = [p[3 * k], p[3 * k + 1], p[3 * k + 2]];
-            }
-        }
-        out.push(rows);
-    }
-    Ok(out)
-}
-
-pub(crate) fn periodic_volume(cell: &Cell, pbc: [bool; 3]) -> Option<f64> {
-    (pbc == [true; 3] && cell.volume() > 1e-12).then(|| cell.volume())
-}
-
-pub(crate) fn stress_voigt(geps: &[f64; 9], volume: f64) -> [f64; 6] {
-    let sym = |a: usize, b: usize| 0.5 * (geps[a * 3 + b] + geps[b * 3 + a]) / volume;
-    [
-        sym(0, 0),
-        sym(1, 1),
-        sym(2, 2),
-        sym(1, 2),
-        sym(0, 2),
-        sym(0, 1),
-    ]
 }
 
 /// Everything the loop needs besides the rank state.
@@ -546,16 +46,7 @@ impl Run<'_> {
         evaluator: &mut RankEvaluator<'_>,
     ) -> Result<RankForces, MdError> {
         let clock = Instant::now();
-        let rows = LocalRows {
-            positions: &state.positions,
-            numbers: &state.numbers,
-            n_owned: state.n_owned(),
-            centers: &state.centers,
-            neighbors: &state.neighbors,
-            cell: state.cell,
-        };
-        let out = evaluator.evaluate(&rows, &mut state.halo)?;
-        state.forces.clone_from(&out.forces);
+        let out = evaluator.evaluate_state(state)?;
         self.eval_s += clock.elapsed().as_secs_f64();
         Ok(out)
     }
@@ -1033,28 +524,19 @@ pub fn run_rank(
                 .into(),
         ));
     }
-    let spec = config
-        .spec
-        .clone()
-        .or_else(|| model.declared_spec())
-        .unwrap_or_else(MLIPSpec::standard_energy_model);
-    let opts = BuildOptions {
-        cutoff: model.cutoff(),
-        skin: config.skin,
-        halo_depth: spec.halo_depth.max(1) as usize,
-        even_counts: config.even_counts,
-        with_pairs: model.uses_runtime_graph(),
-    };
-    let (rank, size) = (comm.rank(), comm.size());
-    // Any disjoint split will do for the first build: rank r hands in every
-    // size-th atom.
-    let mine: Vec<usize> = (rank..n_atoms).step_by(size).collect();
-    let share = Share {
-        gids: mine.iter().map(|&i| i as u64).collect(),
-        positions: mine.iter().map(|&i| start.build_positions[i]).collect(),
-        momenta: mine.iter().map(|&i| start.momenta[i]).collect(),
-    };
-    let mut state = RankState::initial(comm, spec.clone(), topology, start.cell, &share, &opts)?;
+    let (mut state, opts, mut evaluator) = crate::state::decompose(
+        model,
+        config.spec.clone(),
+        config.skin,
+        config.even_counts,
+        config.dtype,
+        topology,
+        start.cell,
+        &start.build_positions,
+        &start.momenta,
+        comm,
+    )?;
+    let (rank, size) = (state.rank, state.size);
     if start.restarted {
         // The build reproduced the rows and pairs of the checkpointed run's
         // last build; now its positions since then.
@@ -1066,7 +548,6 @@ pub fn run_rank(
         state.rebuilds = start.rebuilds;
         state.migrated = if rank == 0 { start.migrated } else { 0 };
     }
-    let mut evaluator = RankEvaluator::new(model, spec, config.dtype);
     let mut run = Run {
         topology,
         config,
@@ -1153,6 +634,15 @@ pub fn run_rank(
         Run::check_finite(step, &forces, &red)?;
         let row = run.thermo_row(step, &state, &forces, &red);
         temperature_sum += row.temperature;
+        if let (Some(obs), 0) = (&config.on_step, rank) {
+            obs.report(&StepProgress {
+                done: step - start.step,
+                total: config.steps,
+                ns_per_day: Some(row.ns_per_day),
+                temperature: Some(row.temperature),
+                fmax: None,
+            });
+        }
         let last = step == start.step + config.steps;
         if config.thermo_every > 0 && (step % config.thermo_every == 0 || last) {
             emit(&state, &mut sink, |s| s.thermo(&row))?;
@@ -1202,21 +692,6 @@ pub fn run_rank(
         migrated: row.migrated,
         eval_s: run.eval_s,
     }))
-}
-
-/// The inverse of a 3×3 matrix, `None` when it is singular or not finite.
-fn invert3(m: &[[f64; 3]; 3]) -> Option<[[f64; 3]; 3]> {
-    let c = |r: usize, k: usize| {
-        let (r1, r2) = ((r + 1) % 3, (r + 2) % 3);
-        let (k1, k2) = ((k + 1) % 3, (k + 2) % 3);
-        m[r1][k1] * m[r2][k2] - m[r1][k2] * m[r2][k1]
-    };
-    let det = m[0][0] * c(0, 0) + m[0][1] * c(0, 1) + m[0][2] * c(0, 2);
-    if !(det.is_finite() && det.abs() > 0.0) {
-        return None;
-    }
-    // inverse[i][j] = cofactor(j, i) / det.
-    Some([0, 1, 2].map(|i| [0, 1, 2].map(|j| c(j, i) / det)))
 }
 
 /// Hands something to rank 0's sink; a sink failure (a full disk, say) is

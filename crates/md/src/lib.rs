@@ -14,21 +14,26 @@
 //! stores them.
 
 mod checkpoint;
+mod collective;
+mod config;
 mod driver;
+mod mat3;
+mod progress;
 pub mod rank_eval;
 mod relax;
 pub mod rng;
+mod sink;
 mod state;
 mod threads;
 pub mod units;
 
 pub use checkpoint::{Checkpoint, CHECKPOINT_FORMAT, CHECKPOINT_VERSION};
-pub use driver::{
-    maxwell_boltzmann, run_rank, CellDof, Ensemble, Frame, MdConfig, MdSink, MdSummary, StartState,
-    ThermoRow, ThermostatState,
-};
+pub use config::{maxwell_boltzmann, CellDof, Ensemble, MdConfig, StartState, ThermostatState};
+pub use driver::run_rank;
+pub use progress::{StepObserver, StepProgress};
 pub use rank_eval::{LocalRows, RankEvaluator, RankForces};
-pub use relax::{relax_rank, RelaxConfig, RelaxSummary};
+pub use relax::{relax_rank, CellRelax, RelaxConfig, RelaxSummary};
+pub use sink::{Frame, MdSink, MdSummary, ThermoRow};
 pub use state::{gather_by_gid, BuildOptions, RankState, Rows, Share, Topology};
 pub use threads::{relax_threads, run_threads};
 

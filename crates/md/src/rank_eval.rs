@@ -8,6 +8,7 @@
 //! cutoff, so a model sees exactly the pairs a fresh neighbour search would
 //! give it, whatever it does beyond its cutoff.
 
+use crate::state::RankState;
 use crate::MdError;
 use ddmlip_atoms::Cell;
 use ddmlip_domain::HaloRuntime;
@@ -79,6 +80,22 @@ impl<'m> RankEvaluator<'m> {
     /// The model.
     pub fn model(&self) -> &'m dyn Model {
         self.model
+    }
+
+    /// Evaluates `state`'s local rows and stores the owned forces in
+    /// `state.forces`. Collective, as [`RankEvaluator::evaluate`].
+    pub fn evaluate_state(&mut self, state: &mut RankState) -> Result<RankForces, MdError> {
+        let rows = LocalRows {
+            positions: &state.positions,
+            numbers: &state.numbers,
+            n_owned: state.n_owned(),
+            centers: &state.centers,
+            neighbors: &state.neighbors,
+            cell: state.cell,
+        };
+        let out = self.evaluate(&rows, &mut state.halo)?;
+        state.forces.clone_from(&out.forces);
+        Ok(out)
     }
 
     /// Evaluates energy, owned forces and the strain gradient. Collective:

@@ -3,11 +3,14 @@
 //! built with a skin. Lives across MD steps; rebuilt (with migration) only
 //! when some atom has moved more than half the skin since the last build.
 
+use crate::rank_eval::RankEvaluator;
 use crate::MdError;
 use ddmlip_atoms::{Cell, System};
 use ddmlip_comm::Communicator;
 use ddmlip_domain::{partition_system_balanced, Balance, HaloRuntime, LocalHaloPlan};
+use ddmlip_engine::{DType, Model};
 use ddmlip_neighbors::{pair_list_for_centers_into, NeighborOptions, PairList, PairScratch};
+use ddmlip_spec::MLIPSpec;
 
 /// Message tag of the per-step ghost position refresh.
 const GHOST_TAG: u32 = 21;
@@ -179,6 +182,46 @@ pub fn gather_by_gid(
 
 fn add(a: [f64; 3], b: [f64; 3]) -> [f64; 3] {
     [a[0] + b[0], a[1] + b[1], a[2] + b[2]]
+}
+
+/// The start every run shares: resolves the spec (`spec`, else the model's
+/// declared one, else the standard energy model), the build options, hands
+/// every rank a disjoint share of the atoms (rank r takes every size-th
+/// atom of `positions`/`momenta`, indexed by global id) for the first
+/// build, and makes the rank's evaluator. Collective.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decompose<'m>(
+    model: &'m dyn Model,
+    spec: Option<MLIPSpec>,
+    skin: f64,
+    even_counts: bool,
+    dtype: DType,
+    topology: &Topology,
+    cell: Cell,
+    positions: &[[f64; 3]],
+    momenta: &[[f64; 3]],
+    comm: Box<dyn Communicator>,
+) -> Result<(RankState, BuildOptions, RankEvaluator<'m>), MdError> {
+    let spec = spec
+        .or_else(|| model.declared_spec())
+        .unwrap_or_else(MLIPSpec::standard_energy_model);
+    let opts = BuildOptions {
+        cutoff: model.cutoff(),
+        skin,
+        halo_depth: spec.halo_depth.max(1) as usize,
+        even_counts,
+        with_pairs: model.uses_runtime_graph(),
+    };
+    let (rank, size) = (comm.rank(), comm.size());
+    // Any disjoint split will do for the first build.
+    let mine: Vec<usize> = (rank..topology.len()).step_by(size).collect();
+    let share = Share {
+        gids: mine.iter().map(|&i| i as u64).collect(),
+        positions: mine.iter().map(|&i| positions[i]).collect(),
+        momenta: mine.iter().map(|&i| momenta[i]).collect(),
+    };
+    let state = RankState::initial(comm, spec.clone(), topology, cell, &share, &opts)?;
+    Ok((state, opts, RankEvaluator::new(model, spec, dtype)))
 }
 
 impl RankState {

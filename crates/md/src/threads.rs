@@ -1,7 +1,9 @@
 //! Running a job as N thread ranks of this process.
 
-use crate::driver::{run_rank, MdConfig, MdSink, MdSummary, StartState};
+use crate::config::{MdConfig, StartState};
+use crate::driver::run_rank;
 use crate::relax::{relax_rank, RelaxConfig, RelaxSummary};
+use crate::sink::{MdSink, MdSummary};
 use crate::state::Topology;
 use crate::MdError;
 use ddmlip_atoms::Cell;

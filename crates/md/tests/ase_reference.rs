@@ -10,8 +10,6 @@ use common::*;
 use ddmlip_md::{maxwell_boltzmann, units, Ensemble, MdConfig, StartState};
 use ddmlip_models::load_model;
 use serde_json::{json, Value};
-use std::io::Write;
-use std::process::{Command, Stdio};
 
 const ASE_SCRIPT: &str = r#"
 import json, sys
@@ -34,22 +32,7 @@ print(json.dumps({
 "#;
 
 fn run_ase(request: &Value) -> Value {
-    let mut child = Command::new("python3")
-        .args(["-c", ASE_SCRIPT])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("python3 with ASE is required for this test");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(request.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "the ASE reference failed");
-    serde_json::from_slice(&out.stdout).unwrap()
+    run_python_json(ASE_SCRIPT, request)
 }
 
 fn rows(v: &Value) -> Vec<[f64; 3]> {

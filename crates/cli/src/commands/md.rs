@@ -11,11 +11,10 @@ use ddmlip_md::{
     StartState, ThermoRow, Topology,
 };
 use std::fs::{File, OpenOptions};
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Instant;
 
 /// Exit status after SIGINT (128 + 2), as shells report it.
 pub const EXIT_INTERRUPTED: u8 = 130;
@@ -357,8 +356,7 @@ fn prepare(a: &MdArgs) -> Result<Prepared, CliError> {
     })
 }
 
-/// Rank 0's files: trajectory, thermo log, checkpoints, final structure,
-/// progress on a terminal.
+/// Rank 0's files: trajectory, thermo log, checkpoints, final structure.
 struct FileSink {
     template: System,
     has_masses: bool,
@@ -368,7 +366,6 @@ struct FileSink {
     last_step: u64,
     checkpoint: PathBuf,
     output: Option<PathBuf>,
-    progress: Option<Instant>,
     temperature_rows: Vec<f64>,
     dt_fs: f64,
     first_step: u64,
@@ -418,7 +415,6 @@ impl FileSink {
                 .clone()
                 .unwrap_or_else(|| PathBuf::from("md.ckpt")),
             output: a.output.clone(),
-            progress: std::io::stderr().is_terminal().then(Instant::now),
             temperature_rows: Vec::new(),
             dt_fs: p.config.dt_fs,
             first_step: p.start.step,
@@ -459,25 +455,6 @@ impl MdSink for FileSink {
             )
             .and_then(|_| f.flush())
             .map_err(|e| MdError::Output(format!("{}: {e}", path.display())))?;
-        }
-        if let Some(t0) = self.progress {
-            if write_row || row.step == self.last_step {
-                let done = (row.step - self.first_step) as f64;
-                let total = (self.last_step - self.first_step) as f64;
-                let el = t0.elapsed().as_secs_f64();
-                let eta = if done > 0.0 {
-                    el / done * (total - done)
-                } else {
-                    0.0
-                };
-                eprint!(
-                    "\rstep {}/{}  T {:.1} K  {:.3} ns/day  ETA {:.0} s   ",
-                    row.step, self.last_step, row.temperature, row.ns_per_day, eta
-                );
-                if row.step == self.last_step {
-                    eprintln!();
-                }
-            }
         }
         Ok(())
     }
@@ -531,6 +508,16 @@ fn report(a: &MdArgs, s: &MdSummary, sink: &FileSink) -> Result<(), CliError> {
     Ok(())
 }
 
+/// Removes the progress bar from the terminal when the run ends, however
+/// it ends (before the summary or an error is printed).
+pub(crate) struct ClearOnDrop(pub(crate) indicatif::ProgressBar);
+
+impl Drop for ClearOnDrop {
+    fn drop(&mut self) {
+        self.0.finish_and_clear();
+    }
+}
+
 /// Runs `ddmlip md`.
 pub fn md(a: MdArgs) -> Result<u8, CliError> {
     let prepared = prepare(&a)?;
@@ -541,6 +528,12 @@ pub fn md(a: MdArgs) -> Result<u8, CliError> {
         .map_err(|e| CliError::failed(anyhow!("cannot install the SIGINT handler: {e}")))?;
     let mut config = prepared.config.clone();
     config.stop = Some(stop);
+    // The bar is for interactive runs; `--validate` reports its own way.
+    let bar = (!a.validate)
+        .then(|| crate::progress::step_bar(config.steps, "md"))
+        .flatten();
+    config.on_step = bar.as_ref().map(|(_, observer)| observer.clone());
+    let clear = bar.map(|(bar, _)| ClearOnDrop(bar));
     if a.validate {
         return super::md_validate::validate_trajectory(
             &a.model,
@@ -565,6 +558,7 @@ pub fn md(a: MdArgs) -> Result<u8, CliError> {
                 ranks,
                 &mut sink,
             );
+            drop(clear);
             finish(&a, out, &sink)
         }
         Backend::Mpi => md_mpi(&a, &prepared, &config),

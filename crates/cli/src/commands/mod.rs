@@ -39,7 +39,7 @@ pub enum Command {
     /// Molecular dynamics (nve, langevin, nose-hoover) split over ranks, with
     /// skin lists, migration, trajectory, thermo log and checkpoints.
     Md(md::MdArgs),
-    /// Relax the positions with FIRE, split over ranks.
+    /// Relax the positions (with --cell also the cell) with FIRE, split over ranks.
     Relax(relax::RelaxArgs),
 }
 

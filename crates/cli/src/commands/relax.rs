@@ -6,7 +6,7 @@ use crate::error::{CliError, EXIT_FAILED};
 use anyhow::anyhow;
 use clap::Args;
 use ddmlip_atoms::System;
-use ddmlip_md::{MdError, RelaxConfig, RelaxSummary, Topology};
+use ddmlip_md::{CellRelax, MdError, RelaxConfig, RelaxSummary, Topology};
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -27,10 +27,19 @@ pub struct RelaxArgs {
     /// Give up (exit 1) after this many FIRE steps.
     #[arg(long, default_value_t = 1000)]
     max_steps: u64,
+    /// Relax the cell too (ASE's `UnitCellFilter`: the deformation gradient
+    /// times the atom count as three extra rows; converged when their
+    /// forces, virial·F⁻ᵀ/N, are below --fmax as well). Needs a periodic cell.
+    #[arg(long)]
+    cell: bool,
+    /// With --cell: the external pressure (GPa) the stress relaxes to [default: 0].
+    #[arg(long, allow_negative_numbers = true)]
+    pressure: Option<f64>,
     /// Verlet skin (Å) of the pair list.
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     skin: f64,
-    /// Ranks to split the system over [default: 1].
+    /// Ranks to split the system over [default: 1]. Under `--backend mpi`
+    /// the MPI job's size.
     #[arg(long)]
     ranks: Option<usize>,
     #[arg(long, value_enum, default_value_t = Backend::Threads)]
@@ -56,9 +65,9 @@ fn md_error(e: MdError) -> CliError {
 
 /// Runs `ddmlip relax`.
 pub fn relax(a: RelaxArgs) -> Result<u8, CliError> {
-    if a.backend == Backend::Mpi {
+    if a.pressure.is_some() && !a.cell {
         return Err(CliError::input(anyhow!(
-            "relax runs on thread ranks (--backend threads); `ddmlip md --backend mpi` runs under MPI"
+            "--pressure sets the target of the cell relaxation; it needs --cell"
         )));
     }
     let frames = crate::input::read_structure(&a.structure)?;
@@ -81,22 +90,42 @@ pub fn relax(a: RelaxArgs) -> Result<u8, CliError> {
         skin: a.skin,
         dtype: a.dtype.into(),
         even_counts: matches!(a.balance, BalanceArg::Atoms),
+        cell: a.cell.then(|| CellRelax {
+            pressure_gpa: a.pressure.unwrap_or(0.0),
+        }),
         ..Default::default()
     };
-    let s = ddmlip_md::relax_threads(
-        model.as_ref(),
-        &topology,
-        system.cell_or_zero(),
-        &system.positions,
-        &config,
-        a.ranks.unwrap_or(1),
-    )
-    .map_err(md_error)?;
+    let cell = system.cell_or_zero();
+    let bar = crate::progress::step_bar(config.max_steps, "relax");
+    let config = RelaxConfig {
+        on_step: bar.as_ref().map(|(_, observer)| observer.clone()),
+        ..config
+    };
+    let clear = bar.map(|(bar, _)| super::md::ClearOnDrop(bar));
+    let s = match a.backend {
+        Backend::Threads => ddmlip_md::relax_threads(
+            model.as_ref(),
+            &topology,
+            cell,
+            &system.positions,
+            &config,
+            a.ranks.unwrap_or(1),
+        )
+        .map_err(md_error)?,
+        Backend::Mpi => {
+            match relax_mpi(model.as_ref(), &topology, cell, &system.positions, &config)? {
+                Some(s) => s,
+                // Ranks other than 0 report nothing.
+                None => return Ok(0),
+            }
+        }
+    };
+    drop(clear);
     if let (Some(path), Some(last)) = (&a.output, &s.last) {
         let mut out = System::new(
             last.positions.clone(),
             system.numbers.clone(),
-            system.cell,
+            system.cell.map(|_| last.cell),
             system.pbc,
         );
         out.properties = system.properties.clone();
@@ -113,13 +142,47 @@ pub fn relax(a: RelaxArgs) -> Result<u8, CliError> {
     Ok(if s.converged { 0 } else { EXIT_FAILED })
 }
 
+/// Relaxes as this process's rank of the MPI job; rank 0 gets the summary.
+#[cfg(feature = "mpi")]
+fn relax_mpi(
+    model: &dyn ddmlip_engine::Model,
+    topology: &Topology,
+    cell: ddmlip_atoms::Cell,
+    positions: &[[f64; 3]],
+    config: &RelaxConfig,
+) -> Result<Option<RelaxSummary>, CliError> {
+    let comm = crate::mpi::SharedComm::init(ddmlip_comm::DEFAULT_TIMEOUT)?;
+    ddmlip_md::relax_rank(
+        model,
+        topology,
+        cell,
+        positions,
+        config,
+        Box::new(comm.handle()),
+    )
+    .map_err(md_error)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn relax_mpi(
+    _: &dyn ddmlip_engine::Model,
+    _: &Topology,
+    _: ddmlip_atoms::Cell,
+    _: &[[f64; 3]],
+    _: &RelaxConfig,
+) -> Result<Option<RelaxSummary>, CliError> {
+    Err(CliError::input(anyhow!(
+        "this ddmlip was built without MPI support; rebuild it with `cargo build --release --features mpi`, then launch `mpirun -n N ddmlip relax --backend mpi ...`"
+    )))
+}
+
 fn report(a: &RelaxArgs, s: &RelaxSummary) -> Result<(), CliError> {
     if a.json {
         println!("{}", serde_json::to_string(s).map_err(CliError::failed)?);
         return Ok(());
     }
     println!(
-        "relax {} | model {} | {} atoms | {} rank(s) | FIRE, fmax {} eV/Å",
+        "relax {} | model {} | {} atoms | {} rank(s) | FIRE{}, fmax {} eV/Å",
         if s.converged {
             "converged"
         } else {
@@ -128,12 +191,29 @@ fn report(a: &RelaxArgs, s: &RelaxSummary) -> Result<(), CliError> {
         a.model,
         s.n_atoms,
         s.ranks,
+        if a.cell {
+            format!(
+                " with the cell (UnitCellFilter, {} GPa)",
+                a.pressure.unwrap_or(0.0)
+            )
+        } else {
+            String::new()
+        },
         a.fmax
     );
     println!(
         "{} steps: E {:.10} → {:.10} eV, max |F| = {:.3e} eV/Å | {} rebuilds | {:.3} s",
         s.steps, s.initial_energy, s.energy, s.fmax, s.rebuilds, s.wall_s
     );
+    if let (true, Some(v), Some(p), Some(h)) = (a.cell, s.volume, s.pressure_gpa, s.cell) {
+        let len = |r: [f64; 3]| (r[0] * r[0] + r[1] * r[1] + r[2] * r[2]).sqrt();
+        println!(
+            "cell: a b c = {:.6} {:.6} {:.6} Å | V = {v:.4} Å³ | P = {p:.6} GPa",
+            len(h[0]),
+            len(h[1]),
+            len(h[2])
+        );
+    }
     if !s.converged {
         eprintln!(
             "error: max |F| = {:.3e} eV/Å is still above --fmax {} after --max-steps {}",

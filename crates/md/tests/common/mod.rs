@@ -119,3 +119,26 @@ pub fn max_abs_diff(a: &[[f64; 3]], b: &[[f64; 3]]) -> f64 {
         .flat_map(|(p, q)| (0..3).map(move |k| (p[k] - q[k]).abs()))
         .fold(0.0, f64::max)
 }
+
+/// Runs `script` in `python3` with `request` as JSON on stdin and returns
+/// the JSON it prints (the ASE references; ASE must be installed).
+pub fn run_python_json(script: &str, request: &serde_json::Value) -> serde_json::Value {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("python3")
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("python3 with ASE is required for this test");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(request.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "the ASE reference failed");
+    serde_json::from_slice(&out.stdout).unwrap()
+}

@@ -1,0 +1,117 @@
+//! What a run hands to rank 0's sink: thermo rows, frames, checkpoints,
+//! and the closing summary.
+
+use crate::checkpoint::Checkpoint;
+use crate::MdError;
+use ddmlip_atoms::{Cell, Column, InfoValue, System};
+use serde::Serialize;
+
+/// One line of the thermo log.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ThermoRow {
+    pub step: u64,
+    /// Simulated time (ps).
+    pub time_ps: f64,
+    /// Instantaneous temperature (K) with 3N degrees of freedom (ASE's).
+    pub temperature: f64,
+    /// Potential, kinetic and total energy (eV).
+    pub potential: f64,
+    pub kinetic: f64,
+    pub total: f64,
+    /// The ensemble's conserved quantity (eV): the total energy for `nve`,
+    /// plus the heat the thermostat removed for `langevin`.
+    pub conserved: f64,
+    /// Pressure (GPa) from the virial and the kinetic term; `None` without
+    /// a 3-D periodic cell.
+    pub pressure_gpa: Option<f64>,
+    /// Cell volume (Å³); `None` without a 3-D periodic cell.
+    pub volume: Option<f64>,
+    /// Neighbour-list rebuilds and migrated atoms so far.
+    pub rebuilds: u64,
+    pub migrated: u64,
+    /// Simulated ns per wall-clock day since the run (this call) began.
+    pub ns_per_day: f64,
+}
+
+/// A snapshot of the whole system, by global id.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    pub step: u64,
+    pub cell: Cell,
+    pub positions: Vec<[f64; 3]>,
+    pub momenta: Vec<[f64; 3]>,
+    pub forces: Vec<[f64; 3]>,
+    /// Potential energy (eV).
+    pub energy: f64,
+    /// Potential stress (eV/Å³, Voigt xx yy zz yz xz xy, ASE's sign); `None`
+    /// without a 3-D periodic cell.
+    pub stress: Option<[f64; 6]>,
+}
+
+impl Frame {
+    /// This frame as an extended XYZ frame of `template`'s atoms: positions,
+    /// cell, `momenta` (ASE units), energy, forces, stress, `step` and
+    /// `time_fs` (`dt_fs` per step); `template`'s `masses` column is kept
+    /// when `keep_masses` (the input carried one).
+    pub fn to_system(&self, template: &System, keep_masses: bool, dt_fs: f64) -> System {
+        let mut s = System::new(
+            self.positions.clone(),
+            template.numbers.clone(),
+            template.cell.map(|_| self.cell),
+            template.pbc,
+        );
+        if keep_masses {
+            if let Some(m) = template.properties.arrays.get("masses") {
+                s.properties.arrays.insert("masses".into(), m.clone());
+            }
+        }
+        s.properties.arrays.insert(
+            "momenta".into(),
+            Column::Float(self.momenta.iter().flatten().copied().collect(), 3),
+        );
+        s.set_energy(self.energy);
+        s.set_forces(&self.forces);
+        if let Some(st) = self.stress {
+            s.set_stress_voigt(st);
+        }
+        s.properties
+            .info
+            .insert("step".into(), InfoValue::Int(self.step as i64));
+        s.properties
+            .info
+            .insert("time_fs".into(), InfoValue::Float(self.step as f64 * dt_fs));
+        s
+    }
+}
+
+/// Where rank 0 puts what a run produces. A sink error stops every rank.
+pub trait MdSink: Send {
+    fn thermo(&mut self, row: &ThermoRow) -> Result<(), MdError>;
+    /// A trajectory frame, or (`is_final`) the last state.
+    fn frame(&mut self, frame: &Frame, is_final: bool) -> Result<(), MdError>;
+    fn checkpoint(&mut self, checkpoint: &Checkpoint) -> Result<(), MdError>;
+}
+
+/// The end of a run, as rank 0 reports it.
+#[derive(Debug, Clone, Serialize)]
+pub struct MdSummary {
+    pub ensemble: String,
+    pub n_atoms: usize,
+    pub ranks: usize,
+    /// Steps run in this call, and the step count reached.
+    pub steps: u64,
+    pub last_step: u64,
+    pub potential_energy: f64,
+    pub kinetic_energy: f64,
+    pub total_energy: f64,
+    pub conserved: f64,
+    /// Mean temperature over the steps of this call (K).
+    pub mean_temperature: f64,
+    pub wall_s: f64,
+    pub ns_per_day: f64,
+    pub atom_steps_per_s: f64,
+    pub rebuilds: u64,
+    pub migrated: u64,
+    /// Seconds spent in model evaluations (this rank: rank 0).
+    pub eval_s: f64,
+}
