@@ -184,7 +184,7 @@ impl<T: Real> ConvPaths<T> {
 
     /// e3nn `uvu` paths of `irreps_in ⊗ Y(0..=lmax_sh)` in **sorted** order
     /// (stable sort of the output blocks by irrep, as sevenn ≥ 0.11 uses),
-    /// keeping output degrees for which `keep(l3)` holds. The SH of degree l
+    /// keeping the output irreps for which `keep(ir)` holds. The SH of degree l
     /// has parity `sh_parity(l)`. `cg(l1,l2,l3)` supplies each CG tensor and
     /// is called once per path, in sorted order.
     ///
@@ -195,7 +195,7 @@ impl<T: Real> ConvPaths<T> {
         irreps_in: &Irreps,
         lmax_sh: usize,
         sh_parity: impl Fn(usize) -> i8,
-        keep: impl Fn(usize) -> bool,
+        keep: impl Fn(Irrep) -> bool,
         cg: impl FnMut(usize, usize, usize) -> Result<Vec<f64>, E3nnError>,
     ) -> Result<(Self, Irreps, Vec<usize>), E3nnError> {
         let (paths, msg, order) = uvu_sorted_paths(irreps_in, lmax_sh, sh_parity, keep, cg)?;
@@ -257,7 +257,7 @@ pub fn uvu_sorted_paths(
     irreps_in: &Irreps,
     lmax_sh: usize,
     sh_parity: impl Fn(usize) -> i8,
-    keep: impl Fn(usize) -> bool,
+    keep: impl Fn(Irrep) -> bool,
     mut cg: impl FnMut(usize, usize, usize) -> Result<Vec<f64>, E3nnError>,
 ) -> Result<(Vec<TpPath>, Irreps, Vec<usize>), E3nnError> {
     // Creation order: (input block, l2, l3) and the output block.
@@ -265,11 +265,11 @@ pub fn uvu_sorted_paths(
     for (b, blk) in irreps_in.blocks.iter().enumerate() {
         for l2 in 0..=lmax_sh {
             for l3 in blk.ir.l.abs_diff(l2)..=blk.ir.l + l2 {
-                if keep(l3) {
-                    let ir = Irrep {
-                        l: l3,
-                        p: blk.ir.p * sh_parity(l2),
-                    };
+                let ir = Irrep {
+                    l: l3,
+                    p: blk.ir.p * sh_parity(l2),
+                };
+                if keep(ir) {
                     created.push((b, l2, l3, MulIr { mul: blk.mul, ir }));
                 }
             }

@@ -18,8 +18,9 @@ use crate::gate::Gate;
 use crate::irreps::{Irrep, Irreps, IrrepsLinear, MulIr};
 use crate::radial::{EdgeEmbedding, RadialMlp};
 use crate::real::Real;
-pub use crate::sevennet_config::{ModalInputs, SevenNetConfig};
+pub use crate::sevennet_config::{ModalInputs, SelfConnectionKind, SevenNetConfig};
 use crate::sh::{sh_backward, sh_dim, sh_forward};
+use crate::species_linear::SpeciesLinear;
 use crate::wigner::wigner_3j;
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -160,7 +161,11 @@ pub struct LayerWeights {
     pub irreps_gate_in: Irreps,
     /// Message irreps in sorted path order (unsimplified).
     pub irreps_msg: Irreps,
-    /// Flat self-connection Linear weights (x → gate_in).
+    /// How the self-connection is computed.
+    pub self_connection_kind: SelfConnectionKind,
+    /// Flat self-connection weights (x → gate_in): an e3nn Linear's, or
+    /// for [`SelfConnectionKind::Nequip`] the species tensor product's
+    /// (see [`crate::species_linear`]).
     pub self_connection: Vec<f64>,
     /// Flat Linear_1 weights (x [+ modality one-hot] → x).
     pub linear_1: Vec<f64>,
@@ -274,28 +279,32 @@ fn allclose(a: &[f64], b: &[f64]) -> bool {
             .all(|(x, y)| (x - y).abs() <= 1e-8 + 1e-5 * y.abs())
 }
 
-/// Gate-input irreps and gate layout for an output irreps list: scalars, one
-/// gate scalar per non-scalar copy, then the gated blocks.
+/// Gate-input irreps and gate layout for a sorted output irreps list, as
+/// e3nn's `Gate` sorts and simplifies them: the scalars, one gate scalar
+/// per non-scalar copy (even when a `0e` scalar exists, odd otherwise),
+/// then the gated blocks.
 fn gate_layout(out: &Irreps) -> (Irreps, Gate) {
-    let n_scalars: usize = out
-        .blocks
-        .iter()
-        .filter(|b| b.ir.l == 0)
-        .map(|b| b.mul)
-        .sum();
-    let gated: Vec<(usize, usize)> = out
-        .blocks
-        .iter()
-        .filter(|b| b.ir.l > 0)
-        .map(|b| (b.mul, b.ir.l))
-        .collect();
+    let scalars: Vec<MulIr> = out.blocks.iter().filter(|b| b.ir.l == 0).copied().collect();
+    let n_scalars: usize = scalars.iter().map(|b| b.mul).sum();
+    let gated_blocks: Vec<MulIr> = out.blocks.iter().filter(|b| b.ir.l > 0).copied().collect();
+    let gated: Vec<(usize, usize)> = gated_blocks.iter().map(|b| (b.mul, b.ir.l)).collect();
     let gate = Gate { n_scalars, gated };
-    let mut s = format!("{}x0e", n_scalars + gate.n_gates());
-    for &(m, l) in &gate.gated {
-        s.push_str(&format!("+{m}x{l}e"));
-    }
-    // The string is built from valid parts, so parsing cannot fail.
-    (Irreps::parse(&s).unwrap_or_default(), gate)
+    let gate_parity = if scalars.iter().any(|b| b.ir.p == 1) {
+        1
+    } else {
+        -1
+    };
+    let mut blocks = scalars;
+    blocks.push(MulIr {
+        mul: gate.n_gates(),
+        ir: Irrep {
+            l: 0,
+            p: gate_parity,
+        },
+    });
+    blocks.extend(gated_blocks);
+    blocks.retain(|b| b.mul > 0);
+    (Irreps { blocks }.simplify(), gate)
 }
 
 /// Number of weights of an e3nn Linear `a → b` (pairs of equal irreps).
@@ -470,11 +479,14 @@ impl SevenNetWeights {
         // one (paths with every l > 0), exact wigner_3j otherwise.
         let mut flipped = Vec::new();
         let mut signs = Vec::new();
+        // sevenn's `irreps_out_tp`: every product irrep up to the output's
+        // degree, only even ones in the last layer.
+        let last_layer = t + 1 == c.n_layers();
         let (paths, irreps_msg, order) = uvu_sorted_paths(
             &irreps_in,
             c.lmax_sh,
-            |_| 1,
-            |l| l <= lmax_out,
+            |l| if c.parity && l % 2 == 1 { -1 } else { 1 },
+            |ir| ir.l <= lmax_out && (!last_layer || ir.p == 1),
             |l1, l2, l3| {
                 let exact = wigner_3j(l1, l2, l3)?;
                 let shape = [2 * l1 + 1, 2 * l2 + 1, 2 * l3 + 1];
@@ -566,11 +578,20 @@ impl SevenNetWeights {
                  and must be finite and non-zero"
             )));
         }
-        Ok(LayerWeights {
-            self_connection: dict.get(
+        let self_connection_kind = c.self_connections[t];
+        let self_connection = match self_connection_kind {
+            SelfConnectionKind::Linear => dict.get(
                 &format!("{t}_self_connection_intro.linear.weight"),
                 &[linear_numel(&irreps_in, &irreps_gate_in)],
             )?,
+            SelfConnectionKind::Nequip => dict.get(
+                &format!("{t}_self_connection_intro.fc_tensor_product.weight"),
+                &[linear_numel(&irreps_in, &irreps_gate_in) * c.species.len()],
+            )?,
+        };
+        Ok(LayerWeights {
+            self_connection_kind,
+            self_connection,
             linear_1: dict.get(
                 &format!("{t}_self_interaction_1.linear.weight"),
                 &[linear_numel(&lin1_in, &irreps_in)],
@@ -610,11 +631,44 @@ fn network_linear<T: Real>(
     }
 }
 
+/// The self-connection term of an interaction block, x → gate_in.
+#[derive(Clone, Debug)]
+pub enum SelfConnection<T> {
+    /// An e3nn Linear of x.
+    Linear(IrrepsLinear<T>),
+    /// The tensor product of x with the species one-hot (one Linear per species).
+    Species(SpeciesLinear<T>),
+}
+
+impl<T: Real> SelfConnection<T> {
+    /// `out` (N × dim gate_in, overwritten) from `x` (N × dim_in); `types`
+    /// (N type indices) pick the species Linear and are ignored by `Linear`.
+    pub fn forward(&self, x: &[T], types: &[usize], out: &mut [T]) -> Result<(), E3nnError> {
+        match self {
+            Self::Linear(l) => l.forward(x, types.len(), out),
+            Self::Species(s) => s.forward(x, types, out),
+        }
+    }
+
+    /// Gradient w.r.t. x (N × dim_in, overwritten) from `grad_out`.
+    pub fn backward(
+        &self,
+        grad_out: &[T],
+        types: &[usize],
+        grad_x: &mut [T],
+    ) -> Result<(), E3nnError> {
+        match self {
+            Self::Linear(l) => l.backward(grad_out, types.len(), grad_x),
+            Self::Species(s) => s.backward(grad_out, types, grad_x),
+        }
+    }
+}
+
 /// One interaction block's kernels in precision `T`.
 #[derive(Clone, Debug)]
 pub struct InteractionBlock<T> {
-    /// sc = Linear(x), x → gate_in.
-    pub self_connection: IrrepsLinear<T>,
+    /// sc = SelfConnection(x [, species]), x → gate_in.
+    pub self_connection: SelfConnection<T>,
     /// h = Linear_1(x) [+ modality row], x → x.
     pub linear_1: AffineLinear<T>,
     /// Per-edge TP weights from the radial embedding.
@@ -672,12 +726,21 @@ impl<T: Real> InteractionBlock<T> {
             .chain(std::iter::once(dim_w))
             .collect();
         let n_modals = c.modals.len();
-        Ok(Self {
-            self_connection: IrrepsLinear::new(
+        let self_connection = match w.self_connection_kind {
+            SelfConnectionKind::Linear => SelfConnection::Linear(IrrepsLinear::new(
                 &w.irreps_in,
                 &w.irreps_gate_in,
                 &w.self_connection,
-            )?,
+            )?),
+            SelfConnectionKind::Nequip => SelfConnection::Species(SpeciesLinear::new(
+                &w.irreps_in,
+                c.species.len(),
+                &w.irreps_gate_in,
+                &w.self_connection,
+            )?),
+        };
+        Ok(Self {
+            self_connection,
             linear_1: network_linear(
                 &w.irreps_in,
                 &w.irreps_in,
@@ -717,32 +780,37 @@ impl<T: Real> InteractionBlock<T> {
         self.gate.dim_out()
     }
 
-    /// Forward over `graph.n_rows()` rows: `x` (N × dim_in), `emb` (E × 8),
-    /// `sh` (E × 9). Returns the block output (N × dim_out) and its cache.
+    /// Forward over `graph.n_rows()` rows: `x` (N × dim_in), `types` (N
+    /// type indices), `emb` (E × n_basis), `sh` (E × sh_dim). Returns the
+    /// block output (N × dim_out) and its cache.
     pub fn forward(
         &self,
         graph: &ConvGraph,
         x: &[T],
+        types: &[usize],
         emb: &[T],
         sh: &[T],
     ) -> Result<(Vec<T>, BlockCache<T>), E3nnError> {
-        self.forward_timed(graph, x, emb, sh, &mut Timings::default())
+        self.forward_timed(graph, x, types, emb, sh, &mut Timings::default())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn forward_timed(
         &self,
         graph: &ConvGraph,
         x: &[T],
+        types: &[usize],
         emb: &[T],
         sh: &[T],
         tm: &mut Timings,
     ) -> Result<(Vec<T>, BlockCache<T>), E3nnError> {
         let n = graph.n_rows();
+        check_len("block types", n, types.len())?;
         let dg = self.gate.dim_in();
         let mut sc = vec![T::ZERO; n * dg];
         let mut h = vec![T::ZERO; n * self.dim_in()];
         timed(&mut tm.linear, || -> Result<(), E3nnError> {
-            self.self_connection.forward(x, n, &mut sc)?;
+            self.self_connection.forward(x, types, &mut sc)?;
             self.linear_1.forward(x, n, &mut h)
         })?;
         let mut a = vec![T::ZERO; n * self.conv.dim_msg()];
@@ -772,12 +840,14 @@ impl<T: Real> InteractionBlock<T> {
     }
 
     /// Backward: from `grad_out` (N × dim_out) returns the gradient w.r.t. the
-    /// block input (N × dim_in) and **adds** into `grad_emb` (E × 8) and
-    /// `grad_sh` (E × 9). Recomputes the radial MLP instead of storing it.
+    /// block input (N × dim_in) and **adds** into `grad_emb` (E × n_basis)
+    /// and `grad_sh` (E × sh_dim). `types` as in [`Self::forward`].
+    /// Recomputes the radial MLP instead of storing it.
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
         graph: &ConvGraph,
+        types: &[usize],
         emb: &[T],
         sh: &[T],
         cache: &BlockCache<T>,
@@ -787,6 +857,7 @@ impl<T: Real> InteractionBlock<T> {
     ) -> Result<Vec<T>, E3nnError> {
         self.backward_timed(
             graph,
+            types,
             emb,
             sh,
             cache,
@@ -801,6 +872,7 @@ impl<T: Real> InteractionBlock<T> {
     fn backward_timed(
         &self,
         graph: &ConvGraph,
+        types: &[usize],
         emb: &[T],
         sh: &[T],
         cache: &BlockCache<T>,
@@ -851,7 +923,7 @@ impl<T: Real> InteractionBlock<T> {
         let mut gx_sc = vec![T::ZERO; n * di];
         timed(&mut tm.linear, || -> Result<(), E3nnError> {
             self.linear_1.backward(&gh, n, &mut gx)?;
-            self.self_connection.backward(&gy, n, &mut gx_sc)
+            self.self_connection.backward(&gy, types, &mut gx_sc)
         })?;
         gx.par_iter_mut()
             .zip(gx_sc.par_iter())
@@ -1215,7 +1287,8 @@ pub fn evaluate<T: Real>(
     let mut caches = Vec::with_capacity(model.blocks.len());
     let mut inputs_dims = Vec::new();
     for block in &model.blocks {
-        let (out, cache) = block.forward_timed(&graph, &x, &feats.emb, &feats.sh, &mut tm)?;
+        let (out, cache) =
+            block.forward_timed(&graph, &x, types, &feats.emb, &feats.sh, &mut tm)?;
         inputs_dims.push(block.dim_in());
         caches.push(cache);
         x = out;
@@ -1230,6 +1303,7 @@ pub fn evaluate<T: Real>(
     for (block, cache) in model.blocks.iter().zip(&caches).rev() {
         gx = block.backward_timed(
             &graph,
+            types,
             &feats.emb,
             &feats.sh,
             cache,
