@@ -29,14 +29,7 @@ fn triclinic(dir: &tempfile::TempDir) -> (PathBuf, f64, Vec<f64>) {
         .find(|r| r["name"] == "alloy_triclinic_32")
         .expect("the triclinic structure")
         .clone();
-    let nums: Vec<f64> = |x: &serde_json::Value| -> Vec<f64> {
-        x.as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|row| row.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()))
-            .collect()
-    }(&r["cell"]);
-    let lattice: Vec<String> = nums.iter().map(|v| v.to_string()).collect();
+    let lattice: Vec<String> = flat(&r["cell"]).iter().map(|v| v.to_string()).collect();
     let mut xyz = format!(
         "{}\nLattice=\"{}\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\n",
         r["numbers"].as_array().unwrap().len(),
@@ -64,13 +57,17 @@ fn triclinic(dir: &tempfile::TempDir) -> (PathBuf, f64, Vec<f64>) {
     }
     let path = dir.path().join("triclinic.xyz");
     std::fs::write(&path, xyz).unwrap();
-    let forces = r["float64"]["forces"]
-        .as_array()
+    let forces = flat(&r["float64"]["forces"]);
+    (path, r["float64"]["energy"].as_f64().unwrap(), forces)
+}
+
+/// The rows of a JSON matrix, concatenated.
+fn flat(x: &serde_json::Value) -> Vec<f64> {
+    x.as_array()
         .unwrap()
         .iter()
         .flat_map(|row| row.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()))
-        .collect();
-    (path, r["float64"]["energy"].as_f64().unwrap(), forces)
+        .collect()
 }
 
 #[test]
@@ -97,12 +94,7 @@ fn eval_of_a_sevenn_train_checkpoint_matches_upstream() {
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let e = v["energy"][0].as_f64().unwrap();
         assert!((e - e_ref).abs() < 1e-10, "{ranks} ranks: E {e} vs {e_ref}");
-        let f: Vec<f64> = v["forces"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|row| row.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()))
-            .collect();
+        let f = flat(&v["forces"]);
         assert_eq!(f.len(), f_ref.len());
         let worst = f
             .iter()
