@@ -20,6 +20,10 @@ use crate::real::Real;
 use crate::sh::sh_dim;
 use rayon::prelude::*;
 
+mod graph;
+
+pub use graph::ConvGraph;
+
 /// Largest degree the fused kernels are specialised for.
 pub const CONV_LMAX: usize = 3;
 
@@ -184,7 +188,7 @@ impl<T: Real> ConvPaths<T> {
 
     /// e3nn `uvu` paths of `irreps_in ⊗ Y(0..=lmax_sh)` in **sorted** order
     /// (stable sort of the output blocks by irrep, as sevenn ≥ 0.11 uses),
-    /// keeping output degrees for which `keep(l3)` holds. The SH of degree l
+    /// keeping the output irreps for which `keep(ir)` holds. The SH of degree l
     /// has parity `sh_parity(l)`. `cg(l1,l2,l3)` supplies each CG tensor and
     /// is called once per path, in sorted order.
     ///
@@ -195,7 +199,7 @@ impl<T: Real> ConvPaths<T> {
         irreps_in: &Irreps,
         lmax_sh: usize,
         sh_parity: impl Fn(usize) -> i8,
-        keep: impl Fn(usize) -> bool,
+        keep: impl Fn(Irrep) -> bool,
         cg: impl FnMut(usize, usize, usize) -> Result<Vec<f64>, E3nnError>,
     ) -> Result<(Self, Irreps, Vec<usize>), E3nnError> {
         let (paths, msg, order) = uvu_sorted_paths(irreps_in, lmax_sh, sh_parity, keep, cg)?;
@@ -257,7 +261,7 @@ pub fn uvu_sorted_paths(
     irreps_in: &Irreps,
     lmax_sh: usize,
     sh_parity: impl Fn(usize) -> i8,
-    keep: impl Fn(usize) -> bool,
+    keep: impl Fn(Irrep) -> bool,
     mut cg: impl FnMut(usize, usize, usize) -> Result<Vec<f64>, E3nnError>,
 ) -> Result<(Vec<TpPath>, Irreps, Vec<usize>), E3nnError> {
     // Creation order: (input block, l2, l3) and the output block.
@@ -265,11 +269,11 @@ pub fn uvu_sorted_paths(
     for (b, blk) in irreps_in.blocks.iter().enumerate() {
         for l2 in 0..=lmax_sh {
             for l3 in blk.ir.l.abs_diff(l2)..=blk.ir.l + l2 {
-                if keep(l3) {
-                    let ir = Irrep {
-                        l: l3,
-                        p: blk.ir.p * sh_parity(l2),
-                    };
+                let ir = Irrep {
+                    l: l3,
+                    p: blk.ir.p * sh_parity(l2),
+                };
+                if keep(ir) {
                     created.push((b, l2, l3, MulIr { mul: blk.mul, ir }));
                 }
             }
@@ -305,93 +309,6 @@ pub fn uvu_sorted_paths(
         w_off += out.mul;
     }
     Ok((paths, msg_sorted, order))
-}
-
-/// Receiver- and sender-sorted views (CSR) of an edge list over `n_rows` rows.
-/// Build it once per graph and reuse it for every layer.
-#[derive(Clone, Debug)]
-pub struct ConvGraph {
-    n_rows: usize,
-    centers: Vec<u32>,
-    neighbors: Vec<u32>,
-    center_offsets: Vec<usize>,
-    center_edges: Vec<u32>,
-    neighbor_offsets: Vec<usize>,
-    neighbor_edges: Vec<u32>,
-    /// Inverse of `neighbor_edges`: the sender-CSR position of every edge.
-    neighbor_pos: Vec<u32>,
-}
-
-fn csr(n_rows: usize, idx: &[u32]) -> (Vec<usize>, Vec<u32>) {
-    let mut offsets = vec![0usize; n_rows + 1];
-    for &i in idx {
-        offsets[i as usize + 1] += 1;
-    }
-    for r in 0..n_rows {
-        offsets[r + 1] += offsets[r];
-    }
-    let mut fill = offsets.clone();
-    let mut edges = vec![0u32; idx.len()];
-    for (e, &i) in idx.iter().enumerate() {
-        edges[fill[i as usize]] = e as u32;
-        fill[i as usize] += 1;
-    }
-    (offsets, edges)
-}
-
-impl ConvGraph {
-    /// Indexes the edges `(centers[e] ← neighbors[e])`; both must be
-    /// `< n_rows`. Rows that appear in no edge are allowed (their `A` row is 0).
-    pub fn new(n_rows: usize, centers: &[u32], neighbors: &[u32]) -> Result<Self, E3nnError> {
-        check_len("neighbors", centers.len(), neighbors.len())?;
-        if centers.len() > u32::MAX as usize {
-            return Err(E3nnError::Unsupported("more than 2^32 edges".into()));
-        }
-        for (what, arr) in [("centers", centers), ("neighbors", neighbors)] {
-            if let Some((position, &i)) =
-                arr.iter().enumerate().find(|(_, &i)| i as usize >= n_rows)
-            {
-                return Err(E3nnError::Index {
-                    what,
-                    position,
-                    index: i as usize,
-                    n_rows,
-                });
-            }
-        }
-        let (center_offsets, center_edges) = csr(n_rows, centers);
-        let (neighbor_offsets, neighbor_edges) = csr(n_rows, neighbors);
-        let mut neighbor_pos = vec![0u32; neighbor_edges.len()];
-        for (pos, &e) in neighbor_edges.iter().enumerate() {
-            neighbor_pos[e as usize] = pos as u32;
-        }
-        Ok(Self {
-            n_rows,
-            centers: centers.to_vec(),
-            neighbors: neighbors.to_vec(),
-            center_offsets,
-            center_edges,
-            neighbor_offsets,
-            neighbor_edges,
-            neighbor_pos,
-        })
-    }
-    /// Number of rows (atoms) the indices address.
-    pub fn n_rows(&self) -> usize {
-        self.n_rows
-    }
-    /// Number of edges.
-    pub fn n_edges(&self) -> usize {
-        self.centers.len()
-    }
-    /// Receiver of every edge.
-    pub fn centers(&self) -> &[u32] {
-        &self.centers
-    }
-    /// Sender of every edge.
-    pub fn neighbors(&self) -> &[u32] {
-        &self.neighbors
-    }
 }
 
 macro_rules! dispatch {
@@ -790,441 +707,8 @@ multiversion!(bwd_sender_row_mv, bwd_sender_row_avx2, bwd_sender_row, (
     gh_row: &mut [T], sc: &mut Scratch<T>
 ));
 
-fn check_inputs<T: Real>(
-    paths: &ConvPaths<T>,
-    graph: &ConvGraph,
-    h: &[T],
-    sh: &[T],
-    w: &[T],
-    denominator: f64,
-) -> Result<T, E3nnError> {
-    let (n, e) = (graph.n_rows, graph.n_edges());
-    check_len("conv h", n * paths.dim_in, h.len())?;
-    check_len("conv sh", e * paths.dim_sh(), sh.len())?;
-    check_len("conv w", e * paths.dim_w, w.len())?;
-    if !(denominator.is_finite() && denominator != 0.0) {
-        return Err(E3nnError::Config(format!(
-            "conv denominator must be finite and non-zero, got {denominator}"
-        )));
-    }
-    Ok(T::from_f64(1.0 / denominator))
-}
+mod fused;
+mod unfused;
 
-/// Forward: `out` (n_rows × dim_msg, overwritten) = Σ_{edges into i} msg_e / denominator.
-/// `h` is n_rows × dim_in (read at senders), `sh` E × dim_sh, `w` E × dim_w.
-pub fn conv_forward<T: Real>(
-    paths: &ConvPaths<T>,
-    graph: &ConvGraph,
-    h: &[T],
-    sh: &[T],
-    w: &[T],
-    denominator: f64,
-    out: &mut [T],
-) -> Result<(), E3nnError> {
-    let inv_den = check_inputs(paths, graph, h, sh, w, denominator)?;
-    let dm = paths.dim_msg;
-    check_len("conv out", graph.n_rows * dm, out.len())?;
-    if dm == 0 {
-        return Ok(());
-    }
-    let ht = rows_to_cm(&paths.in_ranges, h, paths.dim_in);
-    let avx2 = use_avx2();
-    out.par_chunks_mut(dm).enumerate().for_each_init(
-        || paths.scratch(dm),
-        |sc, (i, row)| fwd_row_mv(avx2, paths, graph, &ht, sh, w, None, inv_den, i, row, sc),
-    );
-    Ok(())
-}
-
-/// Backward of [`conv_forward`] from `grad_a` (n_rows × dim_msg). Overwrites
-/// `grad_h` (n_rows × dim_in; sums over the edges each row sends),
-/// `grad_sh` (E × dim_sh) and `grad_w` (E × dim_w).
-#[allow(clippy::too_many_arguments)]
-pub fn conv_backward<T: Real>(
-    paths: &ConvPaths<T>,
-    graph: &ConvGraph,
-    h: &[T],
-    sh: &[T],
-    w: &[T],
-    denominator: f64,
-    grad_a: &[T],
-    grad_h: &mut [T],
-    grad_sh: &mut [T],
-    grad_w: &mut [T],
-) -> Result<(), E3nnError> {
-    let inv_den = check_inputs(paths, graph, h, sh, w, denominator)?;
-    let (n, ne) = (graph.n_rows, graph.n_edges());
-    let (dm, di, dw, ds) = (paths.dim_msg, paths.dim_in, paths.dim_w, paths.dim_sh());
-    check_len("conv grad_a", n * dm, grad_a.len())?;
-    check_len("conv grad_h", n * di, grad_h.len())?;
-    check_len("conv grad_sh", ne * ds, grad_sh.len())?;
-    check_len("conv grad_w", ne * dw, grad_w.len())?;
-    let avx2 = use_avx2();
-    let gat = rows_to_cm(&paths.out_ranges, grad_a, dm);
-
-    // Pass 1, over edges: weight and filter gradients (disjoint rows per edge).
-    if dw == 0 {
-        grad_sh.fill(T::ZERO);
-    } else if ne > 0 {
-        let ht = rows_to_cm(&paths.in_ranges, h, di);
-        grad_w
-            .par_chunks_mut(dw)
-            .zip(grad_sh.par_chunks_mut(ds))
-            .enumerate()
-            .for_each_init(
-                || paths.scratch(0),
-                |sc, (e, (gw, gy))| {
-                    bwd_edge_mv(avx2, paths, graph, &ht, sh, w, &gat, inv_den, e, gw, gy, sc)
-                },
-            );
-    }
-
-    // Pass 2, over sender rows: feature gradient.
-    if di > 0 {
-        grad_h.par_chunks_mut(di).enumerate().for_each_init(
-            || paths.scratch(di),
-            |sc, (j, gh)| bwd_sender_row_mv(avx2, paths, graph, sh, w, &gat, inv_den, j, gh, sc),
-        );
-    }
-    Ok(())
-}
-
-// ---------------------------------------------------------------------------
-// Radial MLP fused with the convolution.
-//
-// The per-edge weights `w = radial(emb)` (E × dim_w, up to ~1000 values per
-// edge) dominate memory if materialised for all edges. The fused kernels
-// split the rows into blocks of about `FUSED_BLOCK_EDGES` edges (receiver
-// rows in the forward, sender rows in the backward), run the MLP on just
-// that block's edges into per-task scratch, and consume the weights at once.
-// Each block writes only its own rows (and its own range of sender-CSR
-// positions), so the results are race-free and independent of scheduling.
-
-/// Target number of edges per fused block (rows of the block's MLP GEMMs).
-const FUSED_BLOCK_EDGES: usize = 256;
-
-/// Splits rows into consecutive blocks `(row0, row1)` of about
-/// `FUSED_BLOCK_EDGES` CSR positions each (a single row may exceed it).
-fn row_blocks(offsets: &[usize]) -> Vec<(usize, usize)> {
-    let n = offsets.len() - 1;
-    let mut blocks = Vec::new();
-    let mut r0 = 0;
-    while r0 < n {
-        let mut r1 = r0 + 1;
-        while r1 < n && offsets[r1 + 1] - offsets[r0] <= FUSED_BLOCK_EDGES {
-            r1 += 1;
-        }
-        blocks.push((r0, r1));
-        r0 = r1;
-    }
-    blocks
-}
-
-/// Splits `buf` into consecutive pieces of `width × (b.1 − b.0)` elements,
-/// where `b` runs over `bounds` (which must tile `0..buf.len()/width`).
-fn split_blocks<T>(
-    mut buf: &mut [T],
-    bounds: impl Iterator<Item = (usize, usize)>,
-    width: usize,
-) -> Vec<&mut [T]> {
-    let mut out = Vec::new();
-    for (a, b) in bounds {
-        let (head, tail) = std::mem::take(&mut buf).split_at_mut((b - a) * width);
-        out.push(head);
-        buf = tail;
-    }
-    out
-}
-
-/// Per-task scratch of the fused kernels.
-struct FusedScratch<T> {
-    conv: Scratch<T>,
-    mlp: MlpScratch<T>,
-    /// Gathered radial embeddings of the block's edges.
-    emb: Vec<T>,
-    /// The block's per-edge weights.
-    w: Vec<T>,
-    /// Their gradient.
-    gw: Vec<T>,
-}
-
-fn fused_scratch<T: Real>(
-    paths: &ConvPaths<T>,
-    radial: &RadialMlp<T>,
-    row: usize,
-    max_edges: usize,
-) -> FusedScratch<T> {
-    FusedScratch {
-        conv: paths.scratch(row),
-        mlp: radial.scratch(max_edges),
-        emb: vec![T::ZERO; max_edges * radial.dim_in()],
-        w: vec![T::ZERO; max_edges * paths.dim_w],
-        gw: vec![T::ZERO; max_edges * paths.dim_w],
-    }
-}
-
-/// Largest number of CSR positions in one block.
-fn max_block_edges(offsets: &[usize], blocks: &[(usize, usize)]) -> usize {
-    blocks
-        .iter()
-        .map(|&(a, b)| offsets[b] - offsets[a])
-        .max()
-        .unwrap_or(0)
-}
-
-/// Weights of the edges at CSR positions `p0..p1` of `edges` into `sc.w`.
-fn block_weights<T: Real>(
-    radial: &RadialMlp<T>,
-    edges: &[u32],
-    emb: &[T],
-    p0: usize,
-    p1: usize,
-    sc: &mut FusedScratch<T>,
-) {
-    let (nb, rows) = (radial.dim_in(), p1 - p0);
-    for (dst, &e) in sc.emb.chunks_exact_mut(nb.max(1)).zip(&edges[p0..p1]) {
-        let e = e as usize;
-        dst[..nb].copy_from_slice(&emb[e * nb..(e + 1) * nb]);
-    }
-    radial.forward_block(&sc.emb, rows, &mut sc.mlp, &mut sc.w);
-}
-
-/// Backward of sender row `j` with the weights of its edges in `w` (rows by
-/// sender-CSR position minus `p0`): the feature gradient `gh_row`, the weight
-/// gradients into `gw` and the SH gradients into `gy` (both by position − p0).
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn fused_bwd_sender_row<T: Real>(
-    paths: &ConvPaths<T>,
-    graph: &ConvGraph,
-    ht: &[T],
-    sh: &[T],
-    w: &[T],
-    gat: &[T],
-    inv_den: T,
-    j: usize,
-    p0: usize,
-    gh_row: &mut [T],
-    gw: &mut [T],
-    gy: &mut [T],
-    sc: &mut Scratch<T>,
-) {
-    let (di, dw, ds, dm) = (paths.dim_in, paths.dim_w, paths.dim_sh(), paths.dim_msg);
-    let hj = &ht[j * di..(j + 1) * di];
-    sc.row.fill(T::ZERO);
-    for pos in graph.neighbor_offsets[j]..graph.neighbor_offsets[j + 1] {
-        let e = graph.neighbor_edges[pos] as usize;
-        let i = graph.centers[e] as usize;
-        let r = pos - p0;
-        let (we, gi) = (&w[r * dw..(r + 1) * dw], &gat[i * dm..(i + 1) * dm]);
-        let gwe = &mut gw[r * dw..(r + 1) * dw];
-        paths.filters(&sh[e * ds..(e + 1) * ds], inv_den, &mut sc.t);
-        for p in &paths.paths {
-            let (tp, wp) = (
-                &sc.t[p.t_off..p.t_off + p.d1 * p.d3],
-                &we[p.w_off..p.w_off + p.mul],
-            );
-            let gp = &gi[p.out_off..p.out_off + p.mul * p.d3];
-            dispatch!(
-                p.d1,
-                p.d3,
-                bwd_edge_kernel,
-                &hj[p.in_off..p.in_off + p.mul * p.d1],
-                tp,
-                wp,
-                gp,
-                &mut gwe[p.w_off..p.w_off + p.mul],
-                &mut sc.gt[p.t_off..p.t_off + p.d1 * p.d3],
-                &mut sc.s,
-                &mut sc.prod
-            );
-            dispatch!(
-                p.d1,
-                p.d3,
-                bwd_h_kernel,
-                tp,
-                wp,
-                gp,
-                &mut sc.prod,
-                &mut sc.row[p.in_off..p.in_off + p.mul * p.d1]
-            );
-        }
-        paths.filters_adjoint(&sc.gt, inv_den, &mut gy[r * ds..(r + 1) * ds]);
-    }
-    gh_row.fill(T::ZERO);
-    transpose_ranges(&paths.in_ranges, &sc.row, gh_row, false);
-}
-
-multiversion!(fused_bwd_sender_row_mv, fused_bwd_sender_row_avx2, fused_bwd_sender_row, (
-    paths: &ConvPaths<T>, graph: &ConvGraph, ht: &[T], sh: &[T], w: &[T], gat: &[T], inv_den: T,
-    j: usize, p0: usize, gh_row: &mut [T], gw: &mut [T], gy: &mut [T], sc: &mut Scratch<T>
-));
-
-fn check_fused<T: Real>(
-    paths: &ConvPaths<T>,
-    radial: &RadialMlp<T>,
-    graph: &ConvGraph,
-    h: &[T],
-    emb: &[T],
-    sh: &[T],
-    denominator: f64,
-) -> Result<T, E3nnError> {
-    if radial.dim_out() != paths.dim_w {
-        return Err(E3nnError::Config(format!(
-            "radial MLP gives {} weights per edge, the TP paths need {}",
-            radial.dim_out(),
-            paths.dim_w
-        )));
-    }
-    let (n, ne) = (graph.n_rows, graph.n_edges());
-    check_len("conv h", n * paths.dim_in, h.len())?;
-    check_len("conv sh", ne * paths.dim_sh(), sh.len())?;
-    check_len("conv emb", ne * radial.dim_in(), emb.len())?;
-    if !(denominator.is_finite() && denominator != 0.0) {
-        return Err(E3nnError::Config(format!(
-            "conv denominator must be finite and non-zero, got {denominator}"
-        )));
-    }
-    Ok(T::from_f64(1.0 / denominator))
-}
-
-/// [`conv_forward`] with `w = radial.forward(emb)` computed block by block
-/// and never stored for all edges: `out` (n_rows × dim_msg, overwritten),
-/// `h` n_rows × dim_in, `emb` E × radial.dim_in(), `sh` E × dim_sh.
-/// `radial.dim_out()` must equal `paths.dim_w()`.
-#[allow(clippy::too_many_arguments)]
-pub fn radial_conv_forward<T: Real>(
-    paths: &ConvPaths<T>,
-    radial: &RadialMlp<T>,
-    denominator: f64,
-    graph: &ConvGraph,
-    h: &[T],
-    emb: &[T],
-    sh: &[T],
-    out: &mut [T],
-) -> Result<(), E3nnError> {
-    let inv_den = check_fused(paths, radial, graph, h, emb, sh, denominator)?;
-    let dm = paths.dim_msg;
-    check_len("conv out", graph.n_rows * dm, out.len())?;
-    if dm == 0 {
-        return Ok(());
-    }
-    let ht = rows_to_cm(&paths.in_ranges, h, paths.dim_in);
-    let avx2 = use_avx2();
-    let blocks = row_blocks(&graph.center_offsets);
-    let max_edges = max_block_edges(&graph.center_offsets, &blocks);
-    let pieces = split_blocks(out, blocks.iter().copied(), dm);
-    blocks.into_par_iter().zip(pieces).for_each_init(
-        || fused_scratch(paths, radial, dm, max_edges),
-        |sc, ((r0, r1), piece)| {
-            let (p0, p1) = (graph.center_offsets[r0], graph.center_offsets[r1]);
-            block_weights(radial, &graph.center_edges, emb, p0, p1, sc);
-            for (i, row) in (r0..r1).zip(piece.chunks_exact_mut(dm)) {
-                fwd_row_mv(
-                    avx2,
-                    paths,
-                    graph,
-                    &ht,
-                    sh,
-                    &sc.w,
-                    Some(p0),
-                    inv_den,
-                    i,
-                    row,
-                    &mut sc.conv,
-                );
-            }
-        },
-    );
-    Ok(())
-}
-
-/// Backward of [`radial_conv_forward`] from `grad_a` (n_rows × dim_msg).
-/// Overwrites `grad_h` (n_rows × dim_in), `grad_emb` (E × radial.dim_in())
-/// and `grad_sh` (E × dim_sh). The weights are recomputed block by block.
-#[allow(clippy::too_many_arguments)]
-pub fn radial_conv_backward<T: Real>(
-    paths: &ConvPaths<T>,
-    radial: &RadialMlp<T>,
-    denominator: f64,
-    graph: &ConvGraph,
-    h: &[T],
-    emb: &[T],
-    sh: &[T],
-    grad_a: &[T],
-    grad_h: &mut [T],
-    grad_emb: &mut [T],
-    grad_sh: &mut [T],
-) -> Result<(), E3nnError> {
-    let inv_den = check_fused(paths, radial, graph, h, emb, sh, denominator)?;
-    let (n, ne) = (graph.n_rows, graph.n_edges());
-    let (dm, di, ds, nb) = (paths.dim_msg, paths.dim_in, paths.dim_sh(), radial.dim_in());
-    check_len("conv grad_a", n * dm, grad_a.len())?;
-    check_len("conv grad_h", n * di, grad_h.len())?;
-    check_len("conv grad_emb", ne * nb, grad_emb.len())?;
-    check_len("conv grad_sh", ne * ds, grad_sh.len())?;
-    let avx2 = use_avx2();
-    let gat = rows_to_cm(&paths.out_ranges, grad_a, dm);
-    let ht = rows_to_cm(&paths.in_ranges, h, di);
-    // Edge gradients by sender-CSR position, so that each block's are contiguous.
-    let mut gsh_pos = vec![T::ZERO; ne * ds];
-    let mut gemb_pos = vec![T::ZERO; ne * nb];
-    let blocks = row_blocks(&graph.neighbor_offsets);
-    let max_edges = max_block_edges(&graph.neighbor_offsets, &blocks);
-    let off = &graph.neighbor_offsets;
-    let edge_bounds = || blocks.iter().map(|&(a, b)| (off[a], off[b]));
-    let gh_pieces = split_blocks(grad_h, blocks.iter().copied(), di);
-    let gsh_pieces = split_blocks(&mut gsh_pos, edge_bounds(), ds);
-    let gemb_pieces = split_blocks(&mut gemb_pos, edge_bounds(), nb);
-    blocks
-        .par_iter()
-        .zip(gh_pieces)
-        .zip(gsh_pieces)
-        .zip(gemb_pieces)
-        .for_each_init(
-            || fused_scratch(paths, radial, di, max_edges),
-            |sc, (((&(r0, r1), gh), gy), gemb)| {
-                let (p0, p1) = (off[r0], off[r1]);
-                block_weights(radial, &graph.neighbor_edges, emb, p0, p1, sc);
-                // Weight columns no path reads must get a zero gradient.
-                sc.gw[..(p1 - p0) * paths.dim_w].fill(T::ZERO);
-                for j in r0..r1 {
-                    fused_bwd_sender_row_mv(
-                        avx2,
-                        paths,
-                        graph,
-                        &ht,
-                        sh,
-                        &sc.w,
-                        &gat,
-                        inv_den,
-                        j,
-                        p0,
-                        &mut gh[(j - r0) * di..(j - r0 + 1) * di],
-                        &mut sc.gw,
-                        gy,
-                        &mut sc.conv,
-                    );
-                }
-                radial.backward_block(p1 - p0, &mut sc.mlp, &sc.gw, gemb);
-            },
-        );
-    // Back to edge order.
-    if ds > 0 {
-        grad_sh
-            .par_chunks_mut(ds)
-            .zip(graph.neighbor_pos.par_iter())
-            .for_each(|(g, &p)| {
-                g.copy_from_slice(&gsh_pos[p as usize * ds..(p as usize + 1) * ds])
-            });
-    }
-    if nb > 0 {
-        grad_emb
-            .par_chunks_mut(nb)
-            .zip(graph.neighbor_pos.par_iter())
-            .for_each(|(g, &p)| {
-                g.copy_from_slice(&gemb_pos[p as usize * nb..(p as usize + 1) * nb])
-            });
-    }
-    Ok(())
-}
+pub use fused::{radial_conv_backward, radial_conv_forward};
+pub use unfused::{conv_backward, conv_forward};

@@ -21,6 +21,7 @@ pub mod real;
 pub mod sevennet;
 pub mod sevennet_config;
 pub mod sh;
+pub mod species_linear;
 pub mod wigner;
 
 pub use affine::AffineLinear;

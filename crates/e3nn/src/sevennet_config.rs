@@ -24,9 +24,21 @@ pub struct ModalInputs {
     pub output_block: bool,
 }
 
+/// How an interaction block computes the self-connection term that is
+/// added to the convolution's output before the gate (sevenn's
+/// `self_connection_type`, per layer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SelfConnectionKind {
+    /// `linear`: an e3nn Linear of the block input.
+    Linear,
+    /// `nequip`: a fully connected tensor product of the block input with
+    /// the species one-hot, i.e. one Linear per species.
+    Nequip,
+}
+
 /// Everything needed to build a SevenNet network of sevenn's `nequip`
-/// interaction type, SO(3) irreps (`is_parity: False`), `linear`
-/// self-connections and the two-Linear readout.
+/// interaction type (SO(3) or O(3) irreps, `linear` or `nequip`
+/// self-connections) with the two-Linear readout.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SevenNetConfig {
     /// sevenn version that wrote the checkpoint (`version`).
@@ -50,6 +62,11 @@ pub struct SevenNetConfig {
     pub normalize_sh: bool,
     /// Node irreps: entry t is the input of layer t, entry t+1 its output.
     pub node_irreps: Vec<Irreps>,
+    /// `is_parity`: O(3) irreps, the edge SH of degree l having parity
+    /// (−1)^l; SO(3) (all even) when false.
+    pub parity: bool,
+    /// Self-connection of every layer (`self_connection_type`).
+    pub self_connections: Vec<SelfConnectionKind>,
     /// Modality names by modality index (`_modal_map`); empty when the
     /// checkpoint is not multi-fidelity.
     pub modals: Vec<String>,
@@ -149,6 +166,11 @@ impl SevenNetConfig {
                 .iter()
                 .map(|s| parse(s))
                 .collect(),
+            parity: false,
+            self_connections: vec![
+                SelfConnectionKind::Linear;
+                crate::sevennet::NODE_IRREPS.len() - 1
+            ],
             modals: Vec::new(),
             modal_inputs: ModalInputs::default(),
             modal_wise_shift: false,
@@ -223,37 +245,7 @@ impl SevenNetConfig {
                 "only `nequip` is implemented",
             ));
         }
-        if c.bool_or("is_parity", true)? {
-            return Err(unsupported(
-                "is_parity",
-                "True",
-                "only SO(3) models (is_parity: False, all irreps even) are implemented",
-            ));
-        }
-        match c.get("self_connection_type") {
-            Some(PyValue::Str(s)) if s == "linear" => {}
-            Some(v @ (PyValue::List(_) | PyValue::Tuple(_)))
-                if v.as_seq()
-                    .is_some_and(|s| s.iter().all(|x| x.as_str() == Some("linear"))) => {}
-            Some(v) => {
-                let shown = match v.as_seq() {
-                    Some(s) => format!("{:?}", s.iter().map(show).collect::<Vec<_>>()),
-                    None => show(v),
-                };
-                return Err(unsupported(
-                    "self_connection_type",
-                    shown,
-                    "only `linear` self-connections are implemented",
-                ));
-            }
-            None => {
-                return Err(unsupported(
-                    "self_connection_type",
-                    "missing (sevenn default `nequip`)",
-                    "only `linear` self-connections are implemented",
-                ))
-            }
-        }
+        let parity = c.bool_or("is_parity", true)?;
         if c.bool_or("use_bias_in_linear", false)? {
             return Err(unsupported(
                 "use_bias_in_linear",
@@ -276,6 +268,8 @@ impl SevenNetConfig {
                 "only `silu` is implemented",
             ));
         }
+        // The odd-parity activations are checked below, once the irreps
+        // show whether any odd scalar reaches a gate.
         for key in ["act_scalar", "act_gate"] {
             if let Some(v) = c.get(key) {
                 let even = v.get("e").and_then(PyValue::as_str);
@@ -480,7 +474,7 @@ impl SevenNetConfig {
                     .ok_or_else(|| {
                         unsupported("channel", channel, "expected a positive integer")
                     })?;
-                inferred_irreps(channel, n_layers, lmax_sh, lmax_node)
+                inferred_irreps(channel, n_layers, lmax_sh, lmax_node, parity)
             }
             Some(v) => {
                 let list = v
@@ -504,11 +498,11 @@ impl SevenNetConfig {
                 for s in list {
                     let ir = Irreps::parse(s)
                         .map_err(|e| unsupported("irreps_manual", s, &e.to_string()))?;
-                    if ir.blocks.iter().any(|b| b.ir.p != 1) {
+                    if !parity && ir.blocks.iter().any(|b| b.ir.p != 1) {
                         return Err(unsupported(
                             "irreps_manual",
                             s,
-                            "odd irreps need is_parity, which is not implemented",
+                            "odd irreps need is_parity: True",
                         ));
                     }
                     if ir.lmax() > SH_LMAX {
@@ -538,6 +532,30 @@ impl SevenNetConfig {
                 "the last layer must output scalars",
             ));
         }
+        // Odd scalars at a gate need the normalised odd activation
+        // (e3nn's Monte-Carlo `normalize2mom` constant of tanh), which is
+        // not implemented: refuse the checkpoints whose irreps use it.
+        for (t, out) in node_irreps.iter().enumerate().skip(1) {
+            let scalar = |p: i8| {
+                out.blocks
+                    .iter()
+                    .any(|b| b.ir.l == 0 && b.ir.p == p && b.mul > 0)
+            };
+            let gated = out.blocks.iter().any(|b| b.ir.l > 0 && b.mul > 0);
+            let (key, what) = if scalar(-1) {
+                ("act_scalar", "odd scalars (0o)")
+            } else if gated && !scalar(1) {
+                ("act_gate", "odd gates (no 0e scalars)")
+            } else {
+                continue;
+            };
+            return Err(unsupported(
+                key,
+                format!("o (layer {} output {out})", t - 1),
+                &format!("{what} reach a gate; only gates on even scalars (silu) are implemented"),
+            ));
+        }
+        let self_connections = self_connection_kinds(c.get("self_connection_type"), n_layers)?;
         // Modalities.
         let use_modality = c.bool_or("use_modality", false)?;
         let mut modals = Vec::new();
@@ -599,6 +617,8 @@ impl SevenNetConfig {
             lmax_sh,
             normalize_sh,
             node_irreps,
+            parity,
+            self_connections,
             modals,
             modal_inputs,
             modal_wise_shift,
@@ -607,14 +627,51 @@ impl SevenNetConfig {
     }
 }
 
-/// sevenn's `infer_irreps_out` for SO(3) models without `irreps_manual`:
-/// layer outputs carry `channel` copies of every degree ≤ `lmax_node` that
-/// the product of the input with the SH reaches; the last layer keeps 0e.
+/// sevenn's `self_connection_type`: one name for every layer or a list of
+/// `num_convolution_layer` names; absent means sevenn's default `nequip`.
+fn self_connection_kinds(
+    value: Option<&PyValue>,
+    n_layers: usize,
+) -> Result<Vec<SelfConnectionKind>, E3nnError> {
+    const KEY: &str = "self_connection_type";
+    let kind = |v: &PyValue| match v.as_str() {
+        Some("linear") => Ok(SelfConnectionKind::Linear),
+        Some("nequip") => Ok(SelfConnectionKind::Nequip),
+        _ => Err(unsupported(
+            KEY,
+            show(v),
+            "expected `linear` or `nequip` (or a list of them, one per layer)",
+        )),
+    };
+    match value {
+        None => Ok(vec![SelfConnectionKind::Nequip; n_layers]),
+        Some(v) => match v.as_seq() {
+            Some(list) => {
+                if list.len() != n_layers {
+                    return Err(unsupported(
+                        KEY,
+                        format!("{} entries", list.len()),
+                        "a list needs one entry per convolution layer",
+                    ));
+                }
+                list.iter().map(kind).collect()
+            }
+            None => Ok(vec![kind(v)?; n_layers]),
+        },
+    }
+}
+
+/// sevenn's `infer_irreps_out` for models without `irreps_manual`: layer
+/// outputs carry `channel` copies of every irrep of degree ≤ `lmax_node`
+/// that the product of the input with the SH reaches (SH of degree l odd
+/// for l odd when `parity`), sorted as e3nn sorts (by l, odd before even);
+/// the last layer keeps `channel x 0e`.
 fn inferred_irreps(
     channel: usize,
     n_layers: usize,
     lmax_sh: usize,
     lmax_node: usize,
+    parity: bool,
 ) -> Vec<Irreps> {
     let scalar = |m: usize| Irreps {
         blocks: vec![MulIr {
@@ -622,19 +679,21 @@ fn inferred_irreps(
             ir: Irrep { l: 0, p: 1 },
         }],
     };
+    let sh_parity = |l: usize| if parity && l % 2 == 1 { -1i8 } else { 1 };
     let mut out = vec![scalar(channel)];
-    let mut ls = vec![0usize];
+    let mut irs = vec![(0usize, 1i8)];
     for t in 0..n_layers {
         if t + 1 == n_layers {
             out.push(scalar(channel));
             break;
         }
-        let mut reach: Vec<usize> = Vec::new();
-        for &l1 in &ls {
+        let mut reach: Vec<(usize, i8)> = Vec::new();
+        for &(l1, p1) in &irs {
             for l2 in 0..=lmax_sh {
                 for l3 in l1.abs_diff(l2)..=l1 + l2 {
-                    if l3 <= lmax_node && !reach.contains(&l3) {
-                        reach.push(l3);
+                    let ir = (l3, p1 * sh_parity(l2));
+                    if l3 <= lmax_node && !reach.contains(&ir) {
+                        reach.push(ir);
                     }
                 }
             }
@@ -643,13 +702,13 @@ fn inferred_irreps(
         out.push(Irreps {
             blocks: reach
                 .iter()
-                .map(|&l| MulIr {
+                .map(|&(l, p)| MulIr {
                     mul: channel,
-                    ir: Irrep { l, p: 1 },
+                    ir: Irrep { l, p },
                 })
                 .collect(),
         });
-        ls = reach;
+        irs = reach;
     }
     out
 }
@@ -660,15 +719,30 @@ mod tests {
 
     #[test]
     fn inferred_irreps_follow_sevenn() {
-        let ir = inferred_irreps(32, 3, 2, 2);
+        let ir = inferred_irreps(32, 3, 2, 2, false);
         let s: Vec<String> = ir.iter().map(|i| i.to_string()).collect();
         assert_eq!(
             s,
             ["32x0e", "32x0e+32x1e+32x2e", "32x0e+32x1e+32x2e", "32x0e"]
         );
-        let ir = inferred_irreps(8, 1, 1, 1);
+        let ir = inferred_irreps(8, 1, 1, 1, false);
         assert_eq!(ir.len(), 2);
         assert_eq!(ir[1].to_string(), "8x0e");
+        // O(3), checked by hand against e3nn's FullTensorProduct: layer 1
+        // reaches 1e from 1o⊗1o and 2o from 2e⊗1o; layer 2 reaches 0o
+        // from 1e⊗1o.
+        let ir = inferred_irreps(8, 4, 2, 2, true);
+        let s: Vec<String> = ir.iter().map(|i| i.to_string()).collect();
+        assert_eq!(
+            s,
+            [
+                "8x0e",
+                "8x0e+8x1o+8x2e",
+                "8x0e+8x1o+8x1e+8x2o+8x2e",
+                "8x0o+8x0e+8x1o+8x1e+8x2o+8x2e",
+                "8x0e"
+            ]
+        );
     }
 
     #[test]

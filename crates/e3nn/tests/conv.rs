@@ -48,7 +48,7 @@ fn setup(irreps: &str, lmax_sh: usize, lmax_out: usize) -> Setup {
         &ir,
         lmax_sh,
         |_| 1,
-        |l| l <= lmax_out,
+        |ir| ir.l <= lmax_out,
         |a, b, c| {
             let s = 0.5 + rng.next().abs();
             Ok(wigner_3j(a, b, c)?.iter().map(|v| v * s).collect())
@@ -61,7 +61,7 @@ fn setup(irreps: &str, lmax_sh: usize, lmax_out: usize) -> Setup {
         &ir,
         lmax_sh,
         |_| 1,
-        |l| l <= lmax_out,
+        |ir| ir.l <= lmax_out,
         |a, b, c| {
             let s = 0.5 + rng2.next().abs();
             let cg: Vec<f64> = wigner_3j(a, b, c)?.iter().map(|v| v * s).collect();
@@ -268,7 +268,7 @@ fn parallel_result_is_deterministic_and_f32_close() {
         &ir,
         2,
         |_| 1,
-        |l| l <= 2,
+        |ir| ir.l <= 2,
         |x, y, z| {
             let sc = 0.5 + rng.next().abs();
             Ok(wigner_3j(x, y, z)?.iter().map(|v| v * sc).collect())
@@ -302,7 +302,8 @@ fn bad_inputs_are_errors() {
 #[test]
 fn fused_radial_conv_matches_unfused() {
     let ir = Irreps::parse("4x0e+3x1e+2x2e+1x3e").unwrap();
-    let (paths, _, _) = ConvPaths::<f64>::uvu_sorted(&ir, 3, |_| 1, |l| l <= 3, wigner_3j).unwrap();
+    let (paths, _, _) =
+        ConvPaths::<f64>::uvu_sorted(&ir, 3, |_| 1, |ir| ir.l <= 3, wigner_3j).unwrap();
     let mut rng = Rng(11);
     let (n, ne, nb) = (150usize, 2000usize, 8usize);
     let mut centers = Vec::new();

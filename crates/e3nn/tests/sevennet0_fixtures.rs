@@ -328,9 +328,9 @@ fn tric8_layer_checksums() {
     for (t, block) in model.blocks.iter().enumerate() {
         // Self-connection and the aggregated messages through the kernels.
         let mut sc = vec![0.0; 8 * block.gate.dim_in()];
-        block.self_connection.forward(&x, 8, &mut sc).unwrap();
+        block.self_connection.forward(&x, &types, &mut sc).unwrap();
         check_sum(&format!("sc t={t}"), &sc, sc_want[t]);
-        let (out, cache) = block.forward(&graph, &x, &f.emb, &f.sh).unwrap();
+        let (out, cache) = block.forward(&graph, &x, &types, &f.emb, &f.sh).unwrap();
         let mut w = vec![0.0; 200 * block.radial.dim_out()];
         block.radial.forward(&f.emb, 200, &mut w).unwrap();
         let mut a = vec![0.0; 8 * block.conv.dim_msg()];

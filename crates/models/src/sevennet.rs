@@ -4,7 +4,8 @@
 //! scatter (messages onto centres) and can run it decomposed.
 
 use crate::registry::ModelError;
-use ddmlip_e3nn::sevennet::{InteractionBlock, SevenNet, SevenNetWeights};
+use ddmlip_e3nn::sevennet::{InteractionBlock, SelfConnection, SevenNet, SevenNetWeights};
+use ddmlip_e3nn::species_linear::SpeciesLinear;
 use ddmlip_e3nn::{radial_conv_backward, radial_conv_forward, AffineLinear, ConvGraph, Gate, Real};
 use ddmlip_engine::ops::opaque::Shape;
 use ddmlip_engine::{
@@ -96,18 +97,49 @@ impl SevenNetModel {
         g.pop_scope();
         let table = g.param(net.embedding_table(), n_types, net.dim_node_in())?;
         let mut x = g.gather(table, type_idx)?;
+        // sevenn's node attribute, the species one-hot, read by `nequip`
+        // self-connections.
+        let needs_onehot = net
+            .blocks
+            .iter()
+            .any(|b| matches!(b.self_connection, SelfConnection::Species(_)));
+        let onehot = if needs_onehot {
+            let mut identity = vec![0.0; n_types * n_types];
+            for k in 0..n_types {
+                identity[k * n_types + k] = 1.0;
+            }
+            let table = g.param(&identity, n_types, n_types)?;
+            Some(g.gather(table, type_idx)?)
+        } else {
+            None
+        };
         for (t, block) in net.blocks.iter().enumerate() {
             g.push_scope(format!("interaction_{t}"));
-            let sc = g.rowwise(
-                Arc::new(LinearKernel {
-                    name: format!("{t}_self_connection"),
-                    lin: AffineLinear {
-                        linear: block.self_connection.clone(),
-                        bias: None,
-                    },
-                }),
-                &[x],
-            )?;
+            let sc = match (&block.self_connection, onehot) {
+                (SelfConnection::Linear(linear), _) => g.rowwise(
+                    Arc::new(LinearKernel {
+                        name: format!("{t}_self_connection"),
+                        lin: AffineLinear {
+                            linear: linear.clone(),
+                            bias: None,
+                        },
+                    }),
+                    &[x],
+                )?,
+                (SelfConnection::Species(species), Some(onehot)) => g.rowwise(
+                    Arc::new(SpeciesLinearKernel {
+                        name: format!("{t}_self_connection"),
+                        lin: species.clone(),
+                    }),
+                    &[x, onehot],
+                )?,
+                (SelfConnection::Species(_), None) => {
+                    return Err(EngineError::Input(format!(
+                        "{}: the species one-hot was not built",
+                        self.name
+                    )))
+                }
+            };
             let h = g.rowwise(
                 Arc::new(LinearKernel {
                     name: format!("{t}_self_interaction_1"),
@@ -322,6 +354,55 @@ impl<T: Scalar + Real> OpaqueKernel<T> for LinearKernel<T> {
                 .backward(g, shapes[0].1, &mut grads[0])
                 .map_err(kernel_err),
         )
+    }
+}
+
+/// The `nequip` self-connection: inputs the features and the species
+/// one-hot (N × n_types), one e3nn Linear per species. The one-hot is a
+/// constant of the structure, so its gradient is left at zero.
+struct SpeciesLinearKernel<T> {
+    name: String,
+    lin: SpeciesLinear<T>,
+}
+
+impl<T: Scalar + Real> OpaqueKernel<T> for SpeciesLinearKernel<T> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, String> {
+        let (dx, dt) = (self.lin.irreps_in().dim(), self.lin.n_types());
+        if inputs.len() != 2 || inputs[0].2 != dx || inputs[1].2 != dt || inputs[0].1 != inputs[1].1
+        {
+            return Err(format!(
+                "expects features (N × {dx}) and a species one-hot (N × {dt})"
+            ));
+        }
+        Ok((inputs[0].0, inputs[0].1, self.lin.irreps_out().dim()))
+    }
+    fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), String> {
+        let types = self
+            .lin
+            .types_of(inputs[1], shapes[1].1)
+            .map_err(kernel_err)?;
+        self.lin.forward(inputs[0], &types, out).map_err(kernel_err)
+    }
+    fn backward(
+        &self,
+        inputs: &[&[T]],
+        shapes: &[Shape],
+        g: &[T],
+        grads: &mut [Vec<T>],
+    ) -> Option<Result<(), String>> {
+        let mut run = || -> Result<(), String> {
+            let types = self
+                .lin
+                .types_of(inputs[1], shapes[1].1)
+                .map_err(kernel_err)?;
+            self.lin
+                .backward(g, &types, &mut grads[0])
+                .map_err(kernel_err)
+        };
+        Some(run())
     }
 }
 

@@ -120,12 +120,11 @@ fn patched_checkpoint(src: &Path, from: &[u8], to: &[u8], dir: &Path) -> PathBuf
 #[test]
 fn unsupported_architecture_names_the_file_and_config_key() {
     let dir = tempfile::tempdir().unwrap();
-    // self_connection_type: 'linear' → 'nequip' (the species-dependent
-    // FullyConnectedTensorProduct, not implemented).
+    // self_connection_type: 'linear' → 'convex', a type sevenn does not have.
     let path = patched_checkpoint(
         &checkpoint("sevennet-0"),
         b"X\x06\x00\x00\x00linear",
-        b"X\x06\x00\x00\x00nequip",
+        b"X\x06\x00\x00\x00convex",
         dir.path(),
     );
     let err = load_err(&path, None);
@@ -136,7 +135,7 @@ fn unsupported_architecture_names_the_file_and_config_key() {
             ..
         } => {
             assert_eq!(key, "self_connection_type");
-            assert!(value.contains("nequip"), "{value}");
+            assert!(value.contains("convex"), "{value}");
         }
         other => panic!("expected an unsupported config key, got {other:?}"),
     }
@@ -144,6 +143,37 @@ fn unsupported_architecture_names_the_file_and_config_key() {
         msg.contains("patched.pth") && msg.contains("self_connection_type"),
         "{msg}"
     );
+}
+
+/// The `sevenn train` checkpoint of the tests' data with four layers
+/// instead of two: O(3) features then reach odd scalars (0o) at the third
+/// layer's gate, whose normalised tanh is not implemented; refused naming
+/// `act_scalar` before any weight is read.
+#[test]
+fn user_trained_config_with_odd_scalars_names_act_scalar() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/sevenn-train/sevenn_train_parity.pth"
+    ));
+    let path = patched_checkpoint(
+        &src,
+        b"num_convolution_layerr\xe8\x03\x00\x00K\x02",
+        b"num_convolution_layerr\xe8\x03\x00\x00K\x04",
+        dir.path(),
+    );
+    let err = load_err(&path, None);
+    match &err {
+        ModelError::SevenNet {
+            source: E3nnError::UnsupportedConfig { key, value, .. },
+            ..
+        } => {
+            assert_eq!(key, "act_scalar");
+            assert!(value.contains("0o"), "{value}");
+        }
+        other => panic!("expected an unsupported config key, got {other:?}"),
+    }
+    assert!(err.to_string().contains("patched.pth"), "{err}");
 }
 
 #[test]

@@ -1,0 +1,257 @@
+//! A checkpoint written by `sevenn train` with sevenn's training defaults
+//! (O(3) irreps, `nequip` self-connections, element-wise reference-energy
+//! shifts; made by `scripts/fixtures/make_sevenn_train_fixture.py`) through
+//! the op engine, against the real upstream code's outputs on four
+//! structures (periodic, triclinic, slab, cluster), single process and
+//! decomposed.
+
+use ddmlip_atoms::{Cell, System};
+use ddmlip_engine::{DType, Model};
+use ddmlip_runtime::{evaluate, EvalOptions, EvalResult};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+fn data(file: &str) -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/sevenn-train/"
+    ))
+    .join(file)
+}
+
+fn fixtures() -> &'static Value {
+    static F: OnceLock<Value> = OnceLock::new();
+    F.get_or_init(|| {
+        let text = std::fs::read_to_string(data("sevenn_train_parity.json"))
+            .expect("read the sevenn-train fixture");
+        serde_json::from_str(&text).expect("parse the sevenn-train fixture")
+    })
+}
+
+fn model() -> Box<dyn Model> {
+    let path = data("sevenn_train_parity.pth");
+    ddmlip_models::load_model(path.to_str().expect("utf-8 path")).expect("load the checkpoint")
+}
+
+struct Case {
+    name: String,
+    system: System,
+    f64: Value,
+    f32: Value,
+}
+
+fn vec3s(v: &Value) -> Vec<[f64; 3]> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|r| {
+            let r = r.as_array().expect("row");
+            [
+                r[0].as_f64().unwrap(),
+                r[1].as_f64().unwrap(),
+                r[2].as_f64().unwrap(),
+            ]
+        })
+        .collect()
+}
+
+fn cases() -> Vec<Case> {
+    fixtures()["checkpoints"]["sevenn_train_parity"]["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|r| {
+            let numbers = r["numbers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|z| z.as_u64().unwrap() as u32)
+                .collect();
+            let cell = vec3s(&r["cell"]);
+            let pbc: Vec<bool> = r["pbc"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p.as_bool().unwrap())
+                .collect();
+            Case {
+                name: r["name"].as_str().unwrap().to_string(),
+                system: System::new(
+                    vec3s(&r["positions"]),
+                    numbers,
+                    Some(Cell::new([cell[0], cell[1], cell[2]])),
+                    [pbc[0], pbc[1], pbc[2]],
+                ),
+                f64: r["float64"].clone(),
+                f32: r["float32"].clone(),
+            }
+        })
+        .collect()
+}
+
+fn systems(cases: &[Case]) -> Vec<System> {
+    cases.iter().map(|c| c.system.clone()).collect()
+}
+
+/// Largest differences to a reference block: energy per atom (eV/atom),
+/// force component (eV/Å), stress component of periodic cells (eV/Å³),
+/// per-atom energy (eV).
+#[derive(Default, Debug)]
+struct Gap {
+    energy: f64,
+    forces: f64,
+    stress: f64,
+    atomic: f64,
+}
+
+fn gap(cases: &[Case], r: &EvalResult, block: impl Fn(&Case) -> &Value) -> Gap {
+    let mut g = Gap::default();
+    let (forces, atomic, stress) = (r.forces(), r.atomic_energies(), r.stress());
+    let mut offset = 0;
+    for (s, c) in cases.iter().enumerate() {
+        let reference = block(c);
+        let n = c.system.len();
+        let e_ref = reference["energy"].as_f64().unwrap();
+        g.energy = g.energy.max((r.energy()[s] - e_ref).abs() / n as f64);
+        for (i, f) in vec3s(&reference["forces"]).iter().enumerate() {
+            for k in 0..3 {
+                g.forces = g.forces.max((forces[offset + i][k] - f[k]).abs());
+            }
+        }
+        let atomic = atomic.expect("per-atom energies");
+        for (i, e) in reference["energies"].as_array().unwrap().iter().enumerate() {
+            g.atomic = g
+                .atomic
+                .max((atomic[offset + i] - e.as_f64().unwrap()).abs());
+        }
+        if c.system.pbc.iter().all(|&p| p) {
+            let st = stress[s].expect("stress of a periodic cell");
+            for (k, v) in reference["stress"].as_array().unwrap().iter().enumerate() {
+                g.stress = g.stress.max((st[k] - v.as_f64().unwrap()).abs());
+            }
+        }
+        offset += n;
+    }
+    g
+}
+
+#[test]
+fn sevenn_train_checkpoint_f64_matches_upstream_f64() {
+    let m = model();
+    let cases = cases();
+    assert_eq!(cases.len(), 4, "periodic, triclinic, slab, cluster");
+    let r = evaluate(m.as_ref(), &systems(&cases), &EvalOptions::default()).unwrap();
+    let g = gap(&cases, &r, |c| &c.f64);
+    eprintln!(
+        "sevenn-train f64 vs upstream f64: energy {:.2e} eV/atom, forces {:.2e} eV/Å, stress {:.2e} eV/Å³, atomic {:.2e} eV",
+        g.energy, g.forces, g.stress, g.atomic
+    );
+    assert!(g.energy < 1e-12, "energy off by {} eV/atom", g.energy);
+    assert!(g.forces < 1e-11, "forces off by {} eV/Å", g.forces);
+    assert!(g.stress < 1e-12, "stress off by {} eV/Å³", g.stress);
+    assert!(g.atomic < 1e-11, "atomic energies off by {} eV", g.atomic);
+}
+
+#[test]
+fn sevenn_train_checkpoint_f32_matches_upstream_f32() {
+    let m = model();
+    let cases = cases();
+    let r = evaluate(
+        m.as_ref(),
+        &systems(&cases),
+        &EvalOptions {
+            dtype: DType::F32,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let ours_vs_f32 = gap(&cases, &r, |c| &c.f32);
+    let ours = gap(&cases, &r, |c| &c.f64);
+    // Upstream's own float32-vs-float64 gap, from the fixture alone.
+    let mut up = Gap::default();
+    for c in &cases {
+        let n = c.system.len() as f64;
+        let (a, b) = (&c.f32, &c.f64);
+        up.energy = up
+            .energy
+            .max((a["energy"].as_f64().unwrap() - b["energy"].as_f64().unwrap()).abs() / n);
+        for (fa, fb) in vec3s(&a["forces"]).iter().zip(vec3s(&b["forces"])) {
+            for k in 0..3 {
+                up.forces = up.forces.max((fa[k] - fb[k]).abs());
+            }
+        }
+    }
+    eprintln!(
+        "sevenn-train f32 vs upstream f64: energy {:.2e} eV/atom, forces {:.2e} eV/Å (upstream's f32 gap {:.2e}, {:.2e}); vs upstream f32: {:.2e}, {:.2e}",
+        ours.energy, ours.forces, up.energy, up.forces, ours_vs_f32.energy, ours_vs_f32.forces
+    );
+    assert!(
+        up.forces > 0.0 && up.energy > 0.0,
+        "the fixture's f32 differs from its f64"
+    );
+    // The bounds of the SevenNet family's f32 tests against upstream's
+    // float32 calculator. Measured: energy 1.4e-7 eV/atom and forces
+    // 1.2e-5 eV/Å off upstream's f32, i.e. 3.1× and 2.7× upstream's own
+    // f32 gap to f64 — our f32 rounds more than upstream's.
+    assert!(
+        ours_vs_f32.energy < 5e-6,
+        "f32 energy off upstream's f32 by {} eV/atom",
+        ours_vs_f32.energy
+    );
+    assert!(
+        ours_vs_f32.forces < 5e-5,
+        "f32 forces off upstream's f32 by {} eV/Å",
+        ours_vs_f32.forces
+    );
+}
+
+/// Two and four ranks against one process, f64, on the 108-atom periodic alloy.
+#[test]
+fn sevenn_train_checkpoint_decomposed_equals_single_process() {
+    let m = model();
+    let cases: Vec<Case> = cases()
+        .into_iter()
+        .filter(|c| c.name == "alloy_fcc_108")
+        .collect();
+    assert_eq!(cases.len(), 1);
+    let frames = systems(&cases);
+    let single = evaluate(m.as_ref(), &frames, &EvalOptions::default()).unwrap();
+    for ranks in [2, 4] {
+        let split = evaluate(
+            m.as_ref(),
+            &frames,
+            &EvalOptions {
+                ranks,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let e = (split.energy()[0] - single.energy()[0]).abs() / single.energy()[0].abs();
+        let (f1, fr) = (single.forces(), split.forces());
+        let scale = f1.iter().flatten().fold(0.0f64, |m, v| m.max(v.abs()));
+        let f = f1
+            .iter()
+            .flatten()
+            .zip(fr.iter().flatten())
+            .fold(0.0f64, |m, (a, b)| m.max((a - b).abs() / scale));
+        let (s1, sr) = (single.stress()[0].unwrap(), split.stress()[0].unwrap());
+        let sscale = s1.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        let s = (0..6).fold(0.0f64, |m, k| m.max((s1[k] - sr[k]).abs() / sscale));
+        let (a1, ar) = (
+            single.atomic_energies().unwrap(),
+            split.atomic_energies().unwrap(),
+        );
+        let a = a1
+            .iter()
+            .zip(ar)
+            .fold(0.0f64, |m, (x, y)| m.max((x - y).abs() / x.abs().max(1e-3)));
+        eprintln!(
+            "sevenn-train {ranks} ranks vs 1: energy {e:.1e}, forces {f:.1e}, stress {s:.1e}, atomic {a:.1e} (relative)"
+        );
+        assert!(
+            e < 1e-10 && f < 1e-10 && s < 1e-10 && a < 1e-10,
+            "{ranks} ranks differ: {e} {f} {s} {a}"
+        );
+    }
+}
