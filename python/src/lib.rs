@@ -392,9 +392,8 @@ fn validate(
     let model = load_model(py, model)?;
     let report = py
         .detach(|| trace_and_validate(model.as_ref(), &batch, &options))
-        .map_err(|e| match e {
-            ValidateError::Options(_) | ValidateError::Input(_) => value_error(e),
-        })?;
+        // Every validate error is about the caller's input or options.
+        .map_err(|e: ValidateError| value_error(e))?;
     Ok(report.to_json())
 }
 

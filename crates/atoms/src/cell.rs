@@ -2,6 +2,7 @@ use thiserror::Error;
 
 /// Errors about a simulation cell.
 #[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum CellError {
     #[error("cell contains a non-finite entry ({0})")]
     NonFinite(f64),

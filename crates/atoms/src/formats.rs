@@ -21,6 +21,7 @@ use thiserror::Error;
 
 /// Why a structure file could not be read or written.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum StructureError {
     /// An extended XYZ problem (names the file and line).
     #[error(transparent)]

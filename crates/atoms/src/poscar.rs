@@ -13,6 +13,7 @@ use thiserror::Error;
 
 /// Why a POSCAR could not be read or written.
 #[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum PoscarError {
     /// A line is missing or malformed (1-based line number).
     #[error("line {line}: {what}")]

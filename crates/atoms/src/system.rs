@@ -4,6 +4,7 @@ use thiserror::Error;
 
 /// Errors about the content of a system.
 #[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum SystemError {
     #[error("positions ({positions}) and atomic numbers ({numbers}) differ in length")]
     LengthMismatch { positions: usize, numbers: usize },

@@ -1,7 +1,9 @@
+use std::sync::Arc;
 use thiserror::Error;
 
 /// Errors raised while building or differentiating a graph.
 #[derive(Debug, Error, Clone)]
+#[non_exhaustive]
 pub enum EngineError {
     /// Inputs of an op do not fit together (a bug in model code or a bad model file).
     #[error("op `{op}`: {message}")]
@@ -9,9 +11,13 @@ pub enum EngineError {
     /// A communication step of a distributed op failed (a peer failed, a timeout…).
     #[error("communication failed in `{op}`: {message}")]
     Comm { op: String, message: String },
-    /// An opaque kernel reported an error.
-    #[error("opaque op `{op}` failed: {message}")]
-    Kernel { op: String, message: String },
+    /// A user kernel (opaque, row-wise or message) reported an error.
+    #[error("opaque op `{op}` failed: {source}")]
+    Kernel {
+        op: String,
+        #[source]
+        source: KernelError,
+    },
     /// Gradient requested through an op that has no backward.
     #[error("op `{op}` has no backward pass, so the gradient path from the inputs to the output is severed there")]
     NoBackward { op: String },
@@ -39,5 +45,39 @@ impl EngineError {
             op: op.to_string(),
             message: message.into(),
         }
+    }
+}
+
+/// Why a user kernel ([`OpaqueKernel`](crate::OpaqueKernel) or
+/// [`MessageKernel`](crate::MessageKernel)) could not run. The graph wraps it
+/// in [`EngineError::Kernel`] with the op's name.
+#[derive(Debug, Error, Clone)]
+#[non_exhaustive]
+pub enum KernelError {
+    /// An input has `got` columns where the kernel was built for `expected`.
+    #[error("expects {expected} columns, got {got}")]
+    Columns {
+        /// Columns the kernel takes.
+        expected: usize,
+        /// Columns of the input it was given.
+        got: usize,
+    },
+    /// The inputs' count, row domains or shapes are not what the kernel
+    /// takes; `expected` describes what it takes ("one Atom×1 input").
+    #[error("expects {expected}")]
+    Inputs {
+        /// What the kernel takes, in words.
+        expected: String,
+    },
+    /// The computation inside the kernel failed; the wrapped error says why
+    /// (its message is shown as is).
+    #[error(transparent)]
+    Failed(Arc<dyn std::error::Error + Send + Sync>),
+}
+
+impl KernelError {
+    /// Wraps the error of a computation the kernel delegates to.
+    pub fn failed(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::Failed(Arc::new(error))
     }
 }

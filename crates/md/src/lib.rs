@@ -37,6 +37,7 @@ use thiserror::Error;
 
 /// Errors of an MD run.
 #[derive(Debug, Error, Clone)]
+#[non_exhaustive]
 pub enum MdError {
     /// Bad input: an impossible setting, a structure the run cannot use, a
     /// checkpoint that does not fit.

@@ -146,6 +146,7 @@ impl PairList {
 
 /// Why a neighbour list could not be built.
 #[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum NeighborError {
     /// The cutoff is zero, negative, NaN or infinite.
     #[error("cutoff must be finite and > 0 Å, got {0}")]

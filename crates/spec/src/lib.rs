@@ -13,6 +13,7 @@ pub const SPEC_VERSION: u32 = 1;
 
 /// Errors reading or checking a spec.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum SpecError {
     #[error("spec is not valid JSON for MLIPSpec: {0}")]
     Json(#[from] serde_json::Error),

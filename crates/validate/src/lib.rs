@@ -29,6 +29,7 @@ use thiserror::Error;
 
 /// Errors that stop validation before any verdict: the input cannot be run.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ValidateError {
     /// Bad options (zero ranks, non-positive tolerances, …).
     #[error("invalid validate options: {0}")]

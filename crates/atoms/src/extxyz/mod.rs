@@ -24,6 +24,7 @@ pub use writer::{write_file, write_frames, write_string};
 
 /// Why a line of an extended XYZ input could not be read.
 #[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum ParseErrorKind {
     /// The first line of a frame is not a non-negative integer.
     #[error("expected the atom count of a frame, found `{found}` (if the previous frame has more atom lines than its count says, its count is wrong)")]
@@ -77,6 +78,7 @@ pub enum ParseErrorKind {
 /// Errors of extended XYZ IO. Parse errors carry the file (when reading a
 /// file) and the 1-based line number.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum XyzError {
     /// A line could not be parsed.
     #[error("{}line {line}: {kind}", file_prefix(.file))]

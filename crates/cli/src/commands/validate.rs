@@ -107,10 +107,9 @@ fn prepare(a: &ValidateArgs, ranks: usize) -> Result<Prepared, CliError> {
     })
 }
 
+/// Every validate error is about the user's input or options (exit status 2).
 fn validate_error(e: ValidateError) -> CliError {
-    match e {
-        ValidateError::Options(_) | ValidateError::Input(_) => CliError::input(e),
-    }
+    CliError::input(e)
 }
 
 /// Writes `--spec-out`, prints the report; returns the exit status.

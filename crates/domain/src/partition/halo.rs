@@ -28,6 +28,7 @@ pub struct HaloPlan {
 
 /// Errors of the serial reference exchanges.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HaloError {
     /// `per_rank_data` does not have one buffer per plan.
     #[error("expected data for {expected} ranks, got {got}")]

@@ -51,6 +51,7 @@ const MAX_FRACTIONAL: f64 = 1.0e8;
 
 /// Errors of [`partition_system`].
 #[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum PartitionError {
     /// `n_ranks` was zero.
     #[error("the number of ranks must be at least 1")]
@@ -106,6 +107,9 @@ pub enum PartitionError {
     /// An atom coordinate beyond [`ddmlip_atoms::MAX_ABS_LENGTH`].
     #[error("{0}")]
     PositionOutOfRange(#[source] SystemError),
+    /// Any other inconsistency [`System::validate`] reports.
+    #[error("{0}")]
+    InvalidSystem(#[source] SystemError),
 }
 
 /// One ghost row of a rank: periodic image `S` of global atom `global`,
@@ -582,6 +586,7 @@ pub fn partition_system_balanced(
         SystemError::PeriodicWithoutCell { axis } => PartitionError::PeriodicWithoutCell { axis },
         SystemError::Cell(c) => PartitionError::InvalidCell(c),
         e @ SystemError::PositionOutOfRange { .. } => PartitionError::PositionOutOfRange(e),
+        e => PartitionError::InvalidSystem(e),
     })?;
     let periodic = system.pbc;
     let frame = Frame::of(system)?;
