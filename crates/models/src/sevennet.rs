@@ -242,7 +242,12 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
             self.net.n_basis() + self.net.sh_dim(),
         ))
     }
-    fn forward(&self, inputs: &[&[T]], _shapes: &[Shape], out: &mut [T]) -> Result<(), KernelError> {
+    fn forward(
+        &self,
+        inputs: &[&[T]],
+        _shapes: &[Shape],
+        out: &mut [T],
+    ) -> Result<(), KernelError> {
         let f = self
             .net
             .edge_features(&as_vec3(inputs[0]))

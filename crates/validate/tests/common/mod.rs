@@ -83,7 +83,12 @@ impl<T: Scalar> OpaqueKernel<T> for SystemSumKernel {
             }),
         }
     }
-    fn forward(&self, inputs: &[&[T]], _: &[Shape], out: &mut [T]) -> Result<(), ddmlip_engine::KernelError> {
+    fn forward(
+        &self,
+        inputs: &[&[T]],
+        _: &[Shape],
+        out: &mut [T],
+    ) -> Result<(), ddmlip_engine::KernelError> {
         let mut acc = T::zero();
         for &x in inputs[0] {
             acc += x;
