@@ -129,8 +129,8 @@ pub fn evaluate_on_communicator(
     };
     let mut r = RankBuffers::default().run_rank(model, batch, &split, comm, opts)?;
     if let Some(res) = r.result.as_mut() {
-        res.partition_s = split.partition_s;
-        res.partitions = split.parts;
+        res.diagnostics.partition_s = split.partition_s;
+        res.diagnostics.partitions = split.parts;
     }
     Ok(r)
 }

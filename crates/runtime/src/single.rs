@@ -39,12 +39,12 @@ pub(crate) fn evaluate_single<T: Scalar>(
     let grads = g.grad(out.energy, None, &[pos, eps])?;
     timings.backward = lap(&mut clock);
     let mut result = collect_outputs(&g, &out, &grads, batch);
-    result.handler_counts = g.handler_counts().clone();
+    result.diagnostics.handler_counts = g.handler_counts().clone();
     if let Some(tr) = g.take_trace() {
-        result.traces.push(tr);
+        result.diagnostics.traces.push(tr);
     }
     timings.gather = lap(&mut clock);
-    result.rank_timings = vec![timings];
+    result.diagnostics.rank_timings = vec![timings];
     *buffers = g.into_buffers();
     Ok(result)
 }

@@ -393,7 +393,12 @@ pub fn trace_and_validate_with(
             ))
         }
     };
-    let trace = reference.traces.first().cloned().unwrap_or_default();
+    let trace = reference
+        .diagnostics
+        .traces
+        .first()
+        .cloned()
+        .unwrap_or_default();
     let facts = infer::trace_facts(&trace);
     let cutoff = model.cutoff();
     let graph_radius = facts
@@ -729,12 +734,12 @@ fn run_attempt(
             attempt.ratio = c.ratio.clone();
             attempt.passed_outputs = c.passed.clone();
             attempt.failed_outputs = c.failed.clone();
-            attempt.handler_counts = res.handler_counts.clone();
+            attempt.handler_counts = res.diagnostics.handler_counts.clone();
             attempt.passed =
                 attempt.failed_outputs.is_empty() && !attempt.passed_outputs.is_empty();
             attempt.diagnostics.halo_completeness = diagnose::halo_completeness(
                 batch,
-                &res.partitions,
+                &res.diagnostics.partitions,
                 Some(&res),
                 halo_radius,
                 model.uses_runtime_graph(),
@@ -745,7 +750,7 @@ fn run_attempt(
             if !attempt.passed && beyond_rounding {
                 attempt.diagnostics.layer_divergence = diagnose::layer_divergence(
                     layers.trace,
-                    &res.traces,
+                    &res.diagnostics.traces,
                     layers.compare_edges,
                     layers.tolerance,
                 );
