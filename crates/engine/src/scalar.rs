@@ -6,7 +6,9 @@ use std::ops::{AddAssign, MulAssign, SubAssign};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DType {
+    /// IEEE single precision.
     F32,
+    /// IEEE double precision.
     F64,
 }
 
@@ -32,6 +34,7 @@ pub trait Scalar:
     + MulAssign
     + std::iter::Sum
 {
+    /// The [`DType`] naming this element type.
     const DTYPE: DType;
     /// Converts from f64 (rounding for f32).
     fn of(x: f64) -> Self;

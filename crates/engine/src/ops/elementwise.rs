@@ -7,18 +7,23 @@ use crate::{EngineError, Graph, RowDomain, Scalar, Tensor};
 pub enum Unary {
     /// x·σ(x)
     Silu,
+    /// Hyperbolic tangent.
     Tanh,
     /// 1/(1+e^(−x))
     Sigmoid,
     /// ln(½eˣ + ½), SchNet's activation (zero at zero).
     ShiftedSoftplus,
+    /// eˣ
     Exp,
     /// Natural logarithm.
     Ln,
+    /// √x (x ≥ 0).
     Sqrt,
+    /// x²
     Square,
     /// 1/x
     Recip,
+    /// −x
     Neg,
     /// c·x
     Scale(f64),
