@@ -11,11 +11,29 @@ use thiserror::Error;
 #[non_exhaustive]
 pub enum ModelError {
     #[error("unknown model `{name}`; built-in models are: {known}. A path to a .toml model file also works")]
-    Unknown { name: String, known: String },
+    /// A name that is neither built in nor a model file.
+    Unknown {
+        /// The name asked for.
+        name: String,
+        /// Built-in names, comma-separated.
+        known: String,
+    },
+    /// A model file that cannot be read (missing, unreadable).
     #[error("cannot read model file {path}: {message}")]
-    Io { path: String, message: String },
+    Io {
+        /// The file as given.
+        path: String,
+        /// The I/O error, in words.
+        message: String,
+    },
+    /// A model file whose content is wrong (unknown kind, bad field, bad value).
     #[error("model file {path}: {message}")]
-    Invalid { path: String, message: String },
+    Invalid {
+        /// The file as given.
+        path: String,
+        /// What is wrong, naming the field.
+        message: String,
+    },
     /// The SevenNet-0 checkpoint could not be located (see
     /// `ddmlip_checkpoint::find_sevennet_checkpoint`).
     #[error("{0}")]
@@ -25,16 +43,28 @@ pub enum ModelError {
     /// unknown modality (listing the valid ones), a damaged file.
     #[error("{path}: {source}")]
     SevenNet {
+        /// The checkpoint file.
         path: String,
+        /// What is wrong with it.
         #[source]
         source: ddmlip_e3nn::E3nnError,
     },
     /// A built-in SevenNet name whose checkpoint is not in the cache.
     #[error("model `{name}`: checkpoint not found at {path}; fetch it with `bash scripts/fetch-sevennet.sh`")]
-    NotInstalled { name: String, path: String },
+    NotInstalled {
+        /// The registry name.
+        name: String,
+        /// Where the checkpoint was looked for.
+        path: String,
+    },
     /// `--modal` given for a model that is not a SevenNet checkpoint.
     #[error("--modal {modal}: model `{model}` has no modals (--modal applies to multi-fidelity SevenNet checkpoints such as sevennet-mf-0)")]
-    ModalNotApplicable { model: String, modal: String },
+    ModalNotApplicable {
+        /// The model named.
+        model: String,
+        /// The modal given.
+        modal: String,
+    },
 }
 
 /// Registry name of the pretrained SevenNet-0 (11Jul2024) potential.
