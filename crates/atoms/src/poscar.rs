@@ -17,7 +17,12 @@ use thiserror::Error;
 pub enum PoscarError {
     /// A line is missing or malformed (1-based line number).
     #[error("line {line}: {what}")]
-    Parse { line: usize, what: String },
+    Parse {
+        /// 1-based line number.
+        line: usize,
+        /// What is missing or malformed.
+        what: String,
+    },
     /// The structure cannot be written as a POSCAR.
     #[error("cannot write a POSCAR: {0}")]
     Write(String),
