@@ -58,7 +58,12 @@ pub enum PartitionError {
     NoRanks,
     /// `n_ranks` exceeded [`MAX_RANKS`].
     #[error("{n_ranks} ranks is more than the supported maximum of {max}")]
-    TooManyRanks { n_ranks: usize, max: usize },
+    TooManyRanks {
+        /// Ranks asked for.
+        n_ranks: usize,
+        /// The supported maximum.
+        max: usize,
+    },
     /// The ghost width was zero, negative or not finite.
     #[error("ghost width must be a positive finite length in Å, got {0}")]
     InvalidGhostWidth(f64),
@@ -67,24 +72,40 @@ pub enum PartitionError {
     EmptySystem,
     /// Positions and atomic numbers differ in length.
     #[error("positions ({positions}) and atomic numbers ({numbers}) differ in length")]
-    LengthMismatch { positions: usize, numbers: usize },
+    LengthMismatch {
+        /// Number of positions.
+        positions: usize,
+        /// Number of atomic numbers.
+        numbers: usize,
+    },
     /// The cell cannot be used (non-finite, singular with a periodic axis).
     #[error("invalid cell: {0}")]
     InvalidCell(#[source] CellError),
     /// A periodic axis without any cell.
     #[error("axis {axis} is periodic but the system has no cell")]
-    PeriodicWithoutCell { axis: usize },
+    PeriodicWithoutCell {
+        /// The periodic axis (0, 1, 2).
+        axis: usize,
+    },
     /// The per-rank weights of [`Balance::Weighted`] cannot be used.
     #[error("invalid rank weights: {0}")]
     BadRankWeights(String),
     /// An atom position is NaN or infinite.
     #[error("atom {atom} has a non-finite position {position:?}")]
-    NonFinitePosition { atom: usize, position: [f64; 3] },
+    NonFinitePosition {
+        /// 0-based atom index.
+        atom: usize,
+        /// The position (Å).
+        position: [f64; 3],
+    },
     /// An atom lies absurdly many cells away from the origin cell.
     #[error("atom {atom} lies {fractional:.3e} cells away along axis {axis}; positions are probably in the wrong unit")]
     PositionTooFar {
+        /// 0-based atom index.
         atom: usize,
+        /// Lattice axis (0, 1, 2).
         axis: usize,
+        /// Its fractional coordinate along that axis.
         fractional: f64,
     },
     /// The ghost width is so large compared with the cell that the ghost set
@@ -97,11 +118,17 @@ pub enum PartitionError {
         ddmlip_neighbors::format_bytes(*.budget_bytes)
     )]
     TooManyGhosts {
+        /// Ghost entries expected.
         estimated: f64,
+        /// Memory they would take (bytes).
         estimated_bytes: f64,
+        /// The most ghost entries accepted.
         limit: f64,
+        /// Memory available (bytes).
         budget_bytes: f64,
+        /// The ghost width asked for (Å).
         ghost_width: f64,
+        /// Perpendicular heights of the cell (Å).
         heights: [f64; 3],
     },
     /// An atom coordinate beyond [`ddmlip_atoms::MAX_ABS_LENGTH`].
