@@ -109,6 +109,7 @@ pub struct Inferred {
 /// One validated spec.
 #[derive(Debug, Clone, Serialize)]
 pub struct Attempt {
+    /// The spec this attempt ran the decomposed evaluation with.
     pub spec: MLIPSpec,
     /// Why this spec was tried.
     pub rationale: String,
@@ -119,7 +120,9 @@ pub struct Attempt {
     /// Least-squares scale of decomposed onto reference values per output
     /// (≈ 1 right, ≈ ranks for an extra all-reduce, ≈ 2 for a double count).
     pub ratio: BTreeMap<String, f64>,
+    /// Outputs within `atol + rtol·max|reference|`.
     pub passed_outputs: Vec<String>,
+    /// Outputs beyond that tolerance.
     pub failed_outputs: Vec<String>,
     /// Distributed handler firings summed over ranks (empty when the run failed).
     pub handler_counts: BTreeMap<String, usize>,
@@ -146,6 +149,7 @@ impl Attempt {
 pub struct AttemptDiagnostics {
     /// Health of every system's split under this attempt's spec.
     pub partition_health: Vec<PartitionHealth>,
+    /// Whether every owned atom saw its single-process neighbourhood (`None` when not checked).
     pub halo_completeness: Option<HaloCompleteness>,
     /// The first op whose sum over ranks departs from the reference (failed
     /// attempts that completed).
@@ -188,6 +192,7 @@ pub struct MissingNeighbors {
 /// Does every owned atom see its single-process neighbourhood?
 #[derive(Debug, Clone, Serialize)]
 pub struct HaloCompleteness {
+    /// True when no checked atom misses a neighbour.
     pub verified: bool,
     /// Radius checked (Å): the runtime cutoff, or the model's own graph radius.
     pub radius: f64,
@@ -195,10 +200,13 @@ pub struct HaloCompleteness {
     pub ghost_width: f64,
     /// Where the counts come from.
     pub source: String,
+    /// Owned atoms whose counts were compared.
     pub atoms_checked: usize,
+    /// Of those, atoms with fewer neighbours than in one process.
     pub atoms_missing: usize,
     /// Up to 10 atoms that miss neighbours.
     pub examples: Vec<MissingNeighbors>,
+    /// What the result means for the spec, in one sentence.
     pub interpretation: String,
 }
 
@@ -207,16 +215,23 @@ pub struct HaloCompleteness {
 pub struct LayerDivergence {
     /// False when every compared op agreed.
     pub first_divergent: bool,
+    /// Name of the op (the last compared one when none diverged).
     pub op: String,
+    /// The model's scope labels at that op, `/`-joined.
     pub scope: String,
     /// Position of the op in the reference trace.
     pub seq: usize,
+    /// Sum of the op's output in the single-process run.
     pub reference_sum: f64,
+    /// Sum over ranks of the op's owned output (NaN when a rank lacks the op).
     pub ranks_sum: f64,
+    /// |ranks_sum − reference_sum| relative to |reference_sum| (∞ when missing).
     pub rel_diff: f64,
     /// Ops compared up to (and including) the verdict.
     pub checked: usize,
+    /// Largest relative difference over the ops compared.
     pub max_rel_diff: f64,
+    /// What the divergence points to, in one sentence.
     pub note: String,
 }
 
@@ -240,6 +255,7 @@ pub struct TranslatedError {
 /// Opaque ops the starting spec does not declare, with a paste-able delta.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Preflight {
+    /// Opaque ops in the reference trace without an adapter in the starting spec.
     pub undeclared_opaque_ops: Vec<String>,
     /// `{"op_adapters": [...]}` to merge into the spec, when any.
     pub spec_delta: Option<serde_json::Value>,
@@ -267,9 +283,13 @@ pub struct Diagnostics {
     pub receptive_field: Option<ReceptiveField>,
     /// Health of every system's split under the reported spec.
     pub partition_health: Vec<PartitionHealth>,
+    /// Halo completeness under the reported spec (`None` when not checked).
     pub halo_completeness: Option<HaloCompleteness>,
+    /// Where the reported spec's run first departs from the reference (failed runs).
     pub layer_divergence: Option<LayerDivergence>,
+    /// Every run error met, translated, in the order met.
     pub errors: Vec<TranslatedError>,
+    /// Opaque ops the starting spec does not declare.
     pub preflight: Preflight,
 }
 
@@ -278,9 +298,13 @@ pub struct Diagnostics {
 pub struct TraceReport {
     /// True when a spec made every output match within tolerance.
     pub ok: bool,
+    /// The model's name.
     pub model: String,
+    /// Ranks of the decomposed runs.
     pub ranks: usize,
+    /// Absolute tolerance per output (output units).
     pub atol: f64,
+    /// Relative tolerance per output (relative to max |reference|).
     pub rtol: f64,
     /// Precision of both runs.
     pub dtype: DType,
@@ -288,6 +312,7 @@ pub struct TraceReport {
     pub prior_source: String,
     /// The working spec, or the best failing one.
     pub spec: MLIPSpec,
+    /// Every spec tried, in order.
     pub attempts: Vec<Attempt>,
     /// Rationale of the fix that made it pass (null when the first spec passed or none did).
     pub fix_applied: Option<String>,
@@ -296,9 +321,11 @@ pub struct TraceReport {
     /// The fix a rule would try next, when the search ended before trying
     /// it (auto-fix off, or `max_attempts` reached).
     pub untried_fix: Option<String>,
+    /// Spec fields inferred from the reference run, with their evidence.
     pub inferred: Vec<Inferred>,
     /// One actionable instruction.
     pub next_action: String,
+    /// Evidence in causal order: receptive field, partition health, halo, divergence, errors.
     pub diagnostics: Diagnostics,
     /// Wall time of the whole validation (s).
     pub seconds: f64,
