@@ -422,7 +422,7 @@ impl<T: Scalar> Graph<T> {
                 ),
             ));
         }
-        let v: Vec<T> = value.iter().map(|&x| T::of(x)).collect();
+        let v: Vec<T> = value.iter().map(|&x| T::from_f64(x)).collect();
         Ok(self.constant(v, rows, cols, RowDomain::None))
     }
 

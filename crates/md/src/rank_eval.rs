@@ -175,7 +175,7 @@ impl<'m> RankEvaluator<'m> {
         let positions: Vec<T> = rows
             .positions
             .iter()
-            .flat_map(|p| p.iter().map(|&x| T::of(x)))
+            .flat_map(|p| p.iter().map(|&x| T::from_f64(x)))
             .collect();
         let pos = g.leaf(positions, n_local, 3, RowDomain::Atom);
         let strain = g.leaf(vec![T::zero(); 9], 1, 9, RowDomain::System);
@@ -184,7 +184,7 @@ impl<'m> RankEvaluator<'m> {
             .matrix
             .iter()
             .flatten()
-            .map(|&x| T::of(x))
+            .map(|&x| T::from_f64(x))
             .collect();
         let cell = g.constant(cell_values, 3, 3, RowDomain::System);
         let atom_system = g.index(

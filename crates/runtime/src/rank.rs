@@ -342,7 +342,7 @@ fn rank_problem<T: Scalar>(
                 .matrix
                 .iter()
                 .flatten()
-                .map(|&x| T::of(x)),
+                .map(|&x| T::from_f64(x)),
         );
         let (local_pos, rows) = arrays.add_system(sys, dom, layout, rank, s);
         let cutoff = if model.uses_runtime_graph() {
@@ -473,7 +473,7 @@ impl<T: Scalar> RankRows<T> {
         }
         for (p, &row) in local_pos.iter().zip(&rows) {
             for (slot, &x) in self.positions[row * 3..row * 3 + 3].iter_mut().zip(p) {
-                *slot = T::of(x);
+                *slot = T::from_f64(x);
             }
         }
         (local_pos, rows)

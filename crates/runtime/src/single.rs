@@ -72,12 +72,12 @@ fn batch_problem<T: Scalar>(
         positions.extend(
             sys.positions
                 .iter()
-                .flat_map(|p| p.iter().map(|&x| T::of(x))),
+                .flat_map(|p| p.iter().map(|&x| T::from_f64(x))),
         );
         numbers.extend_from_slice(&sys.numbers);
         atom_system.extend(std::iter::repeat_n(s as u32, sys.len()));
         let cell = sys.cell_or_zero();
-        cells.extend(cell.matrix.iter().flatten().map(|&x| T::of(x)));
+        cells.extend(cell.matrix.iter().flatten().map(|&x| T::from_f64(x)));
         let cutoff = if model.uses_runtime_graph() {
             model.cutoff()
         } else {

@@ -133,8 +133,8 @@ impl<T: Scalar> Graph<T> {
                 {
                     f.eval(dv[ci * chunk + lr].to_f64_lossless(), &mut v64, &mut d64);
                     for c in 0..k {
-                        vrow[c] = T::of(v64[c]);
-                        drow[c] = T::of(d64[c]);
+                        vrow[c] = T::from_f64(v64[c]);
+                        drow[c] = T::from_f64(d64[c]);
                     }
                 }
             });
