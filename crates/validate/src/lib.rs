@@ -100,7 +100,6 @@ impl ValidateOptions {
     }
 }
 
-
 /// What one attempt left behind for the auto-fix rules.
 struct RunData {
     comparison: Option<compare::Comparison>,
