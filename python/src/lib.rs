@@ -292,12 +292,10 @@ impl Engine {
         let n = batch[0].len();
         let mut result = py.detach(|| self.run(&batch))?;
         let out = PyDict::new(py);
-        out.set_item("energy", result.energy().first().copied())?;
+        out.set_item("energy", result.energy().and_then(|e| e.first().copied()))?;
         let stress = result
             .stress()
-            .first()
-            .copied()
-            .flatten()
+            .and_then(|s| s.first().copied().flatten())
             .map(|s| PyArray1::from_vec(py, s.to_vec()));
         out.set_item("stress", stress)?;
         let forces = take_output(&mut result, "forces").unwrap_or_default();
@@ -392,9 +390,8 @@ fn validate(
     let model = load_model(py, model)?;
     let report = py
         .detach(|| trace_and_validate(model.as_ref(), &batch, &options))
-        .map_err(|e| match e {
-            ValidateError::Options(_) | ValidateError::Input(_) => value_error(e),
-        })?;
+        // Every validate error is about the caller's input or options.
+        .map_err(|e: ValidateError| value_error(e))?;
     Ok(report.to_json())
 }
 

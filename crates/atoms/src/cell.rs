@@ -2,22 +2,36 @@ use thiserror::Error;
 
 /// Errors about a simulation cell.
 #[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum CellError {
+    /// An entry is NaN or infinite (the entry).
     #[error("cell contains a non-finite entry ({0})")]
     NonFinite(f64),
+    /// Periodic lattice vectors that are not independent.
     #[error("cell is singular or degenerate (volume {volume:.3e} Å³); periodic axes need three independent lattice vectors")]
-    Singular { volume: f64 },
+    Singular {
+        /// |det| of the cell (Å³), below the degeneracy threshold.
+        volume: f64,
+    },
+    /// A periodic axis with a zero lattice vector.
     #[error("lattice vector {axis} is zero but axis {axis} is periodic")]
-    ZeroPeriodicVector { axis: usize },
+    ZeroPeriodicVector {
+        /// The axis (0, 1, 2) whose lattice vector is zero.
+        axis: usize,
+    },
     /// A periodic lattice vector has an entry far outside any physical length.
     #[error(
         "cell entry [{row}][{col}] of periodic lattice vector {row} is {value:e} Å, \
          beyond the supported {limit:e} Å; lengths are probably in the wrong unit"
     )]
     OutOfRange {
+        /// Lattice vector (0, 1, 2).
         row: usize,
+        /// Cartesian component (0, 1, 2).
         col: usize,
+        /// The entry (Å).
         value: f64,
+        /// The largest supported magnitude (Å), `MAX_ABS_LENGTH`.
         limit: f64,
     },
 }

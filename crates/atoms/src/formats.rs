@@ -21,6 +21,7 @@ use thiserror::Error;
 
 /// Why a structure file could not be read or written.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum StructureError {
     /// An extended XYZ problem (names the file and line).
     #[error(transparent)]
@@ -28,35 +29,46 @@ pub enum StructureError {
     /// A POSCAR problem.
     #[error("{}: {source}", .file.display())]
     Poscar {
+        /// The file.
         file: PathBuf,
+        /// What is wrong in it.
         #[source]
         source: PoscarError,
     },
     /// A LAMMPS data file problem.
     #[error("{}: {source}", .file.display())]
     Lammps {
+        /// The file.
         file: PathBuf,
+        /// What is wrong in it.
         #[source]
         source: crate::lammps::LammpsError,
     },
     /// The system cannot be written as a LAMMPS data file.
     #[error("{}: cannot write a LAMMPS data file: {source}", .file.display())]
     LammpsWrite {
+        /// The file.
         file: PathBuf,
+        /// Why the system does not fit the format.
         #[source]
         source: crate::lammps::LammpsWriteError,
     },
     /// Several frames for a format that holds one.
     #[error("{}: {frames} frames, but a {format} file holds one; write several frames as extended XYZ (`.xyz`)", .file.display())]
     OneFrameOnly {
+        /// The file.
         file: PathBuf,
+        /// Its format (chosen from the name).
         format: Format,
+        /// Frames given.
         frames: usize,
     },
     /// Opening, decompressing or writing failed.
     #[error("{}: {source}", .file.display())]
     Io {
+        /// The file.
         file: PathBuf,
+        /// The OS or decompression error.
         #[source]
         source: std::io::Error,
     },

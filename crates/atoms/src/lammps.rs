@@ -238,6 +238,7 @@ fn element_of_mass(mass: f64) -> Option<u32> {
 
 /// Why a system cannot be written as a LAMMPS data file.
 #[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum LammpsWriteError {
     /// LAMMPS needs a box.
     #[error("the system has no cell; a LAMMPS data file needs a box")]

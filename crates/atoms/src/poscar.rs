@@ -13,10 +13,16 @@ use thiserror::Error;
 
 /// Why a POSCAR could not be read or written.
 #[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum PoscarError {
     /// A line is missing or malformed (1-based line number).
     #[error("line {line}: {what}")]
-    Parse { line: usize, what: String },
+    Parse {
+        /// 1-based line number.
+        line: usize,
+        /// What is missing or malformed.
+        what: String,
+    },
     /// The structure cannot be written as a POSCAR.
     #[error("cannot write a POSCAR: {0}")]
     Write(String),

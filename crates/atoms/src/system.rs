@@ -4,24 +4,46 @@ use thiserror::Error;
 
 /// Errors about the content of a system.
 #[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum SystemError {
+    /// Positions and atomic numbers of different lengths.
     #[error("positions ({positions}) and atomic numbers ({numbers}) differ in length")]
-    LengthMismatch { positions: usize, numbers: usize },
+    LengthMismatch {
+        /// Number of positions.
+        positions: usize,
+        /// Number of atomic numbers.
+        numbers: usize,
+    },
+    /// A position component is NaN or infinite.
     #[error("atom {atom} has a non-finite position {position:?}")]
-    NonFinitePosition { atom: usize, position: [f64; 3] },
+    NonFinitePosition {
+        /// 0-based atom index.
+        atom: usize,
+        /// The position (Å).
+        position: [f64; 3],
+    },
     /// A coordinate beyond [`crate::MAX_ABS_LENGTH`]: a unit mistake or a corrupted file.
     #[error(
         "atom {atom} has coordinate {axis} = {value:e} Å, beyond the supported {limit:e} Å; \
          positions are probably in the wrong unit"
     )]
     PositionOutOfRange {
+        /// 0-based atom index.
         atom: usize,
+        /// Cartesian axis (0, 1, 2).
         axis: usize,
+        /// The coordinate (Å).
         value: f64,
+        /// The largest supported magnitude (Å), `MAX_ABS_LENGTH`.
         limit: f64,
     },
+    /// A periodic axis without a cell.
     #[error("axis {axis} is periodic but the system has no cell")]
-    PeriodicWithoutCell { axis: usize },
+    PeriodicWithoutCell {
+        /// The periodic axis (0, 1, 2).
+        axis: usize,
+    },
+    /// An invalid cell.
     #[error(transparent)]
     Cell(#[from] crate::CellError),
 }

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 /// Malformed input is always reported through one of these variants; the
 /// reader never panics on user-supplied bytes.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CheckpointError {
     /// The SevenNet-0 checkpoint is not in the cache and no override is set.
     #[error(

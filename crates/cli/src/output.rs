@@ -32,10 +32,11 @@ pub fn eval_json(r: &EvalResult, health: &[PartitionHealth]) -> String {
     if !health.is_empty() {
         obj.insert("partition_health".into(), json!(health));
     }
-    obj.insert("energy".into(), json!(r.energy()));
-    obj.insert("forces".into(), json!(r.forces()));
+    obj.insert("energy".into(), json!(r.energy().unwrap_or_default()));
+    obj.insert("forces".into(), json!(r.forces().unwrap_or_default()));
     let stress: Vec<Value> = r
         .stress()
+        .unwrap_or_default()
         .into_iter()
         .map(|s| s.map(|v| json!(v)).unwrap_or(Value::Null))
         .collect();
@@ -82,11 +83,13 @@ pub fn eval_text(
         ranks,
         seconds
     ));
-    let forces = r.forces();
-    let stress = r.stress();
+    let forces = r.forces().unwrap_or_default();
+    let stress = r.stress().unwrap_or_default();
+    let energy = r.energy().unwrap_or_default();
     let mut offset = 0;
     for (i, sys) in frames.iter().enumerate() {
-        let f = &forces[offset..offset + sys.len()];
+        let f = forces.get(offset..offset + sys.len()).unwrap_or_default();
+        let e = energy.get(i).copied().unwrap_or(f64::NAN);
         let fmax = f
             .iter()
             .map(|v| (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt())
@@ -97,8 +100,8 @@ pub fn eval_text(
         s.push_str(&format!(
             "frame {i}: {} atoms  E = {:.10} eV  ({:.6} eV/atom)  max|F| = {:.6} eV/Å  |ΣF| = {:.1e}\n",
             sys.len(),
-            r.energy()[i],
-            r.energy()[i] / sys.len() as f64,
+            e,
+            e / sys.len() as f64,
             fmax,
             (sum[0] * sum[0] + sum[1] * sum[1] + sum[2] * sum[2]).sqrt()
         ));
@@ -113,10 +116,10 @@ pub fn eval_text(
         }
         offset += sys.len();
     }
-    if r.bytes_sent > 0 {
+    if r.diagnostics.bytes_sent > 0 {
         s.push_str(&format!(
             "halo/collective traffic: {} bytes sent\n",
-            r.bytes_sent
+            r.diagnostics.bytes_sent
         ));
     }
     s
@@ -223,7 +226,8 @@ pub fn partition_text(h: &PartitionHealth) -> String {
 /// The health of each frame's split in a decomposed evaluation, in frame
 /// order; empty for a single-process run.
 pub fn eval_health(frames: &[System], r: &EvalResult) -> Vec<PartitionHealth> {
-    r.partitions
+    r.diagnostics
+        .partitions
         .iter()
         .zip(frames)
         .map(|(p, sys)| ddmlip::partition::partition_health(p, sys))
@@ -312,14 +316,18 @@ pub fn demo_text(
     tn: f64,
 ) -> String {
     let mut s = String::new();
-    let e1 = single.energy()[0];
-    let en = split.energy()[0];
+    let first_energy = |r: &EvalResult| {
+        r.energy()
+            .and_then(|e| e.first().copied())
+            .unwrap_or(f64::NAN)
+    };
+    let (e1, en) = (first_energy(single), first_energy(split));
     s.push_str(&format!("  1 process : E = {e1:.12} eV  ({:.3} s)\n", t1));
     s.push_str(&format!(
         "  {ranks} ranks   : E = {en:.12} eV  ({:.3} s)\n",
         tn
     ));
-    let f = single.forces();
+    let f = single.forces().unwrap_or_default();
     let fmax = f
         .iter()
         .map(|v| (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt())
@@ -328,20 +336,20 @@ pub fn demo_text(
         "  max |F| = {fmax:.6} eV/Å over {} atoms\n",
         sys.len()
     ));
-    if let Some(Some(st)) = single.stress().first() {
+    if let Some(Some(st)) = single.stress().unwrap_or_default().first() {
         s.push_str(&format!(
             "  pressure = {:.6} GPa\n",
             -(st[0] + st[1] + st[2]) / 3.0 * 160.21766208
         ));
     }
-    for (r, (owned, ghost, edges)) in split.rank_sizes.iter().enumerate() {
+    for (r, (owned, ghost, edges)) in split.diagnostics.rank_sizes.iter().enumerate() {
         s.push_str(&format!(
             "  rank {r}: {owned} owned, {ghost} ghosts, {edges} edges\n"
         ));
     }
     s.push_str(&format!(
         "  halo + collective traffic: {} bytes\n",
-        split.bytes_sent
+        split.diagnostics.bytes_sent
     ));
     s
 }

@@ -1,53 +1,17 @@
 //! `ddmlip md` through the real binary: files ASE reads back, momenta in and
 //! out, restart from a checkpoint, SIGINT, a non-finite state, bad input.
 
-use ddmlip_atoms::{Cell, Column, System};
+use ddmlip_atoms::Column;
+use ddmlip_testkit::cli::{argon_fcc, momenta, path_str as s, read_xyz as read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ddmlip");
 
-/// 32 argon atoms (FCC 2×2×2, a = 5.3 Å, rattled) with a `momenta` column.
+/// 32 argon atoms (FCC 2×2×2, a = 5.3 Å, rattled), with a `momenta`
+/// column when asked, written as extended XYZ into `dir`.
 fn argon(dir: &Path, with_momenta: bool) -> PathBuf {
-    let basis = [
-        [0.0, 0.0, 0.0],
-        [0.5, 0.5, 0.0],
-        [0.5, 0.0, 0.5],
-        [0.0, 0.5, 0.5],
-    ];
-    let mut pos = Vec::new();
-    let mut mom = Vec::new();
-    let mut k = 0.0f64;
-    for i in 0..2 {
-        for j in 0..2 {
-            for l in 0..2 {
-                for b in basis {
-                    k += 1.0;
-                    pos.push([
-                        (i as f64 + b[0]) * 5.3 + 0.05 * (k * 1.3).sin(),
-                        (j as f64 + b[1]) * 5.3 + 0.05 * (k * 2.1).cos(),
-                        (l as f64 + b[2]) * 5.3 + 0.05 * (k * 0.7).sin(),
-                    ]);
-                    mom.extend([
-                        0.3 * (k * 0.9).sin(),
-                        0.3 * (k * 1.7).cos(),
-                        0.3 * (k * 2.9).sin(),
-                    ]);
-                }
-            }
-        }
-    }
-    let mut sys = System::new(
-        pos,
-        vec![18; 32],
-        Some(Cell::orthorhombic(10.6, 10.6, 10.6)),
-        [true; 3],
-    );
-    if with_momenta {
-        sys.properties
-            .arrays
-            .insert("momenta".into(), Column::Float(mom, 3));
-    }
+    let sys = argon_fcc(2, 0.05, with_momenta);
     let path = dir.join(if with_momenta { "ar_p.xyz" } else { "ar.xyz" });
     ddmlip_atoms::extxyz::write_file(&path, &[sys]).unwrap();
     path
@@ -55,21 +19,6 @@ fn argon(dir: &Path, with_momenta: bool) -> PathBuf {
 
 fn md(args: &[&str]) -> Output {
     Command::new(BIN).arg("md").args(args).output().unwrap()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn read(p: &Path) -> Vec<System> {
-    ddmlip_atoms::extxyz::read_file(p).unwrap()
-}
-
-fn momenta(sys: &System) -> Vec<f64> {
-    match sys.properties.arrays.get("momenta") {
-        Some(Column::Float(v, 3)) => v.clone(),
-        other => panic!("no momenta column: {other:?}"),
-    }
 }
 
 #[test]

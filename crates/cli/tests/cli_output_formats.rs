@@ -11,12 +11,7 @@ use std::process::Command;
 const BIN: &str = env!("CARGO_BIN_EXE_ddmlip");
 
 fn run(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(BIN).args(args).output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
+    ddmlip_testkit::cli::run_binary(BIN, args)
 }
 
 fn python(script: &str, dir: &Path) -> Value {

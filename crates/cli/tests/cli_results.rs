@@ -19,12 +19,7 @@ fn examples(name: &str) -> PathBuf {
 }
 
 fn run(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(BIN).args(args).output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
+    ddmlip_testkit::cli::run_binary(BIN, args)
 }
 
 fn python(script: &str, args: &[&str]) -> String {

@@ -31,12 +31,7 @@ fn fetch() {
 }
 
 fn run(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(BIN).args(args).output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    ddmlip_testkit::cli::run_binary(BIN, args)
 }
 
 fn si8(dir: &tempfile::TempDir) -> PathBuf {

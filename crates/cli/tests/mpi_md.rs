@@ -2,48 +2,13 @@
 //! compared with the same job on 3 thread ranks of one process.
 #![cfg(feature = "mpi")]
 
-use ddmlip_atoms::{Cell, Column, System};
+use ddmlip_testkit::cli::{argon_fcc, momenta};
 use std::path::Path;
 use std::process::Command;
 
+/// 108 argon atoms (FCC 3×3×3, a = 5.3 Å, rattled) written to `path`.
 fn argon(path: &Path) {
-    let basis = [
-        [0.0, 0.0, 0.0],
-        [0.5, 0.5, 0.0],
-        [0.5, 0.0, 0.5],
-        [0.0, 0.5, 0.5],
-    ];
-    let mut pos = Vec::new();
-    let mut k = 0.0f64;
-    for i in 0..3 {
-        for j in 0..3 {
-            for l in 0..3 {
-                for b in basis {
-                    k += 1.0;
-                    pos.push([
-                        (i as f64 + b[0]) * 5.3 + 0.1 * (k * 1.3).sin(),
-                        (j as f64 + b[1]) * 5.3 + 0.1 * (k * 2.1).cos(),
-                        (l as f64 + b[2]) * 5.3 + 0.1 * (k * 0.7).sin(),
-                    ]);
-                }
-            }
-        }
-    }
-    let n = pos.len();
-    let sys = System::new(
-        pos,
-        vec![18; n],
-        Some(Cell::orthorhombic(15.9, 15.9, 15.9)),
-        [true; 3],
-    );
-    ddmlip_atoms::extxyz::write_file(path, &[sys]).unwrap();
-}
-
-fn momenta(sys: &System) -> Vec<f64> {
-    match sys.properties.arrays.get("momenta") {
-        Some(Column::Float(v, 3)) => v.clone(),
-        other => panic!("no momenta: {other:?}"),
-    }
+    ddmlip_atoms::extxyz::write_file(path, &[argon_fcc(3, 0.1, false)]).unwrap();
 }
 
 #[test]

@@ -45,6 +45,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Errors returned by every fallible [`Communicator`] method.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum CommError {
     /// A rank of the world failed (its function returned an error, panicked,
     /// or called [`Communicator::abort`]); `rank` is the first rank that

@@ -80,14 +80,17 @@ fn finite_difference_error(
     sys: &System,
 ) -> Result<f64, Box<dyn std::error::Error>> {
     let opts = EvalOptions::default();
-    let forces = evaluate(model, std::slice::from_ref(sys), &opts)?.forces();
+    let forces = evaluate(model, std::slice::from_ref(sys), &opts)?
+        .forces()
+        .ok_or("the run has no forces")?;
     let h = 1e-5;
     let mut worst: f64 = 0.0;
     for (atom, axis) in [(0, 0), (5, 1), (17, 2), (30, 0)] {
         let energy_at = |dx: f64| -> Result<f64, Box<dyn std::error::Error>> {
             let mut moved = sys.clone();
             moved.positions[atom][axis] += dx;
-            Ok(evaluate(model, &[moved], &opts)?.energy()[0])
+            let result = evaluate(model, &[moved], &opts)?;
+            Ok(result.energy().ok_or("the run has no energy")?[0])
         };
         let numeric = -(energy_at(h)? - energy_at(-h)?) / (2.0 * h);
         worst = worst.max((numeric - forces[atom][axis]).abs());

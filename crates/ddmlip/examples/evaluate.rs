@@ -28,18 +28,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ..Default::default()
         },
     )?;
+    let energy = |r: &ddmlip::EvalResult| r.energy().map(|e| e[0]).ok_or("the run has no energy");
     println!(
         "{} on {} atoms: E = {:.12} eV (1 process), {:.12} eV (4 ranks)",
         model.name(),
         frames[0].len(),
-        single.energy()[0],
-        split.energy()[0]
+        energy(&single)?,
+        energy(&split)?
     );
-    let worst = single
-        .forces()
+    let (f_single, f_split) = (
+        single.forces().ok_or("no forces")?,
+        split.forces().ok_or("no forces")?,
+    );
+    let worst = f_single
         .iter()
         .flatten()
-        .zip(split.forces().iter().flatten())
+        .zip(f_split.iter().flatten())
         .map(|(a, b)| (a - b).abs())
         .fold(0.0, f64::max);
     println!("largest force difference between the two runs: {worst:.2e} eV/Å");

@@ -36,11 +36,13 @@
 //!     &[crystal],
 //!     &EvalOptions { ranks: 2, ..Default::default() },
 //! )?;
-//! let (e1, e2) = (single.energy()[0], split.energy()[0]);
+//! // Physics outputs are `Option`s: a run may lack one (an empty batch).
+//! let (e1, e2) = (single.energy().ok_or("no energy")?[0], split.energy().ok_or("no energy")?[0]);
 //! assert!((e1 - e2).abs() <= 1e-10 * e1.abs());
-//! assert_eq!(single.forces().len(), 32);
+//! let forces = single.forces().ok_or("no forces")?;
+//! assert_eq!(forces.len(), 32);
 //! // Newton's third law: the forces of a periodic crystal sum to zero.
-//! let total: f64 = single.forces().iter().map(|f| f[0]).sum();
+//! let total: f64 = forces.iter().map(|f| f[0]).sum();
 //! assert!(total.abs() < 1e-10);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

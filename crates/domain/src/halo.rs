@@ -14,7 +14,9 @@ const HALO_TAG: u32 = 7;
 /// sides list rows in the same order, so position k of a message is row k.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LocalHaloPlan {
+    /// Rows this rank owns (local rows `0..n_owned`).
     pub n_owned: usize,
+    /// Owned plus ghost rows (ghosts are rows `n_owned..n_local`).
     pub n_local: usize,
     /// (peer, owned rows sent to it).
     pub sends: Vec<(usize, Vec<u32>)>,
@@ -24,8 +26,11 @@ pub struct LocalHaloPlan {
 
 /// A rank's decomposition runtime as the engine sees it.
 pub struct HaloRuntime {
+    /// The communicator the exchanges go through.
     pub comm: Box<dyn Communicator>,
+    /// This rank's halo plan.
     pub plan: LocalHaloPlan,
+    /// The spec deciding how gathers, scatters and opaque ops cross ranks.
     pub spec: MLIPSpec,
     /// Seconds spent in halo exchanges and all-reduces so far (packing,
     /// waiting for peers and unpacking included).

@@ -2,6 +2,7 @@
 
 /// Errors reported by the kernels and the SevenNet-0 weight loader.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum E3nnError {
     /// A slice does not have the length the kernel needs.
     #[error("wrong length for {what}: expected {expected}, found {found}")]

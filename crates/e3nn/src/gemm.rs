@@ -46,26 +46,24 @@ pub(crate) fn gemm<T: Real>(alpha: T, a: MatRef<T>, b: MatRef<T>, beta: T, c: Ma
         }
         return;
     }
-    // SAFETY: the asserts above guarantee that every addressed element lies
-    // inside its slice; `c` is a unique borrow so it cannot alias `a` or `b`.
-    unsafe {
-        T::gemm_raw(
-            a.rows,
-            a.cols,
-            b.cols,
-            alpha,
-            a.data.as_ptr(),
-            a.rs as isize,
-            a.cs as isize,
-            b.data.as_ptr(),
-            b.rs as isize,
-            b.cs as isize,
-            beta,
-            c.data.as_mut_ptr(),
-            c.rs as isize,
-            c.cs as isize,
-        );
-    }
+    // The asserts above are the callers' contract; `ddmlip_float::gemm`
+    // checks the views again before the kernel touches memory.
+    ddmlip_float::gemm(
+        a.rows,
+        a.cols,
+        b.cols,
+        alpha,
+        a.data,
+        a.rs as isize,
+        a.cs as isize,
+        b.data,
+        b.rs as isize,
+        b.cs as isize,
+        beta,
+        c.data,
+        c.rs as isize,
+        c.cs as isize,
+    );
 }
 
 /// Row-major `C (m×n) = A (m×k) · B (k×n)`, overwriting `C`.

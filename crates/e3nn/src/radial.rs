@@ -426,7 +426,7 @@ mod tests {
                 f1.abs() < 1e-12 && d1.abs() < 1e-12,
                 "p={p}: f(rc) = {f1}, f'(rc) = {d1}"
             );
-            for r in [0.7, 2.5, 4.2, 4.9] {
+            for r in [0.7f64, 2.5, 4.2, 4.9] {
                 let h = 1e-6;
                 let fd = (polynomial_cutoff(r + h, p, 5.0).0 - polynomial_cutoff(r - h, p, 5.0).0)
                     / (2.0 * h);
@@ -439,7 +439,7 @@ mod tests {
     #[test]
     fn xplor_published_values() {
         let cases = [
-            (4.4, 1.0),
+            (4.4f64, 1.0f64),
             (4.5, 1.0),
             (4.6, 0.9039553707537549),
             (4.75, 0.5197322860475287),
@@ -497,7 +497,7 @@ mod tests {
             ),
         ];
         let e = emb();
-        let mut out = vec![0.0; 8];
+        let mut out = vec![0.0f64; 8];
         for (r, w) in want {
             e.forward(&[r], &mut out).unwrap();
             for (g, w) in out.iter().zip(w) {

@@ -571,8 +571,8 @@ pub fn forces_from_edge_gradients<T: Real>(
             });
         }
         for k in 0..3 {
-            f[i][k] += g[k].to_f64();
-            f[j][k] -= g[k].to_f64();
+            f[i][k] += g[k].to_f64_lossless();
+            f[j][k] -= g[k].to_f64_lossless();
         }
     }
     Ok(f)
@@ -589,8 +589,16 @@ pub fn virial_from_edge_gradients<T: Real>(
     let mut w = [0.0f64; 6];
     for (r, g) in vectors.iter().zip(grads) {
         let (r, g) = (
-            [r[0].to_f64(), r[1].to_f64(), r[2].to_f64()],
-            [g[0].to_f64(), g[1].to_f64(), g[2].to_f64()],
+            [
+                r[0].to_f64_lossless(),
+                r[1].to_f64_lossless(),
+                r[2].to_f64_lossless(),
+            ],
+            [
+                g[0].to_f64_lossless(),
+                g[1].to_f64_lossless(),
+                g[2].to_f64_lossless(),
+            ],
         );
         w[0] += r[0] * g[0];
         w[1] += r[1] * g[1];

@@ -120,7 +120,11 @@ fn run<T: Real>(model: &SevenNet<T>, s: &Structure, g: &Graph) -> Result3 {
     .unwrap();
     let w = virial_from_edge_gradients(&vecs, &ev.edge_gradients).unwrap();
     Result3 {
-        energies: ev.atomic_energies.iter().map(|e| e.to_f64()).collect(),
+        energies: ev
+            .atomic_energies
+            .iter()
+            .map(|e| e.to_f64_lossless())
+            .collect(),
         forces,
         stress: stress_from_virial(&w, volume(&s.cell)),
     }

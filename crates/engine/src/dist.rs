@@ -3,7 +3,9 @@ use ddmlip_spec::MLIPSpec;
 
 /// A mutable slice of either element type, for communication.
 pub enum DataMut<'a> {
+    /// Elements of an f64 graph.
     F64(&'a mut [f64]),
+    /// Elements of an f32 graph.
     F32(&'a mut [f32]),
 }
 
@@ -14,7 +16,9 @@ pub enum DataMut<'a> {
 /// rows first, then ghost rows. All methods are collective: every rank calls
 /// them in the same order.
 pub trait Distributor: Send {
+    /// This rank's index, in `0..world_size()`.
     fn rank(&self) -> usize;
+    /// Number of ranks taking part (1 for a single process).
     fn world_size(&self) -> usize;
     /// Owned atom rows (the first rows of every Atom tensor).
     fn n_owned(&self) -> usize;

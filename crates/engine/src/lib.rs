@@ -20,7 +20,7 @@ mod scalar;
 mod trace;
 
 pub use dist::{DataMut, Distributor};
-pub use error::EngineError;
+pub use error::{EngineError, KernelError};
 pub use graph::{Buffers, Graph, Index, Tensor};
 pub use model::{Edges, Model, ModelForward, ModelInfo, ModelInputs, ModelOutputs, SpeciesSupport};
 pub use ops::message::{MessageInputs, MessageKernel};

@@ -78,6 +78,7 @@ pub struct ModelInputs {
     pub numbers: Arc<Vec<u32>>,
     /// Atom → System.
     pub atom_system: Index,
+    /// Systems in the batch (rows of per-system outputs).
     pub n_systems: usize,
     /// Periodicity per system as this process sees it (all false when
     /// decomposed: ghost images are explicit atoms).
@@ -144,6 +145,9 @@ pub trait ModelInfo {
 
 /// The forward pass, written once for both precisions.
 pub trait ModelForward {
+    /// Records the model on `g` from `inputs` and returns the output
+    /// tensors: energy per system (eV) and, when the model has them, per-atom
+    /// energies; forces and stress come from differentiating the energy.
     fn forward<T: Scalar>(
         &self,
         g: &mut Graph<T>,
@@ -153,11 +157,13 @@ pub trait ModelForward {
 
 /// An object-safe model (what registries hold).
 pub trait Model: ModelInfo + Send + Sync {
+    /// [`ModelForward::forward`] on an f64 graph.
     fn forward_f64(
         &self,
         g: &mut Graph<f64>,
         inputs: &ModelInputs,
     ) -> Result<ModelOutputs, EngineError>;
+    /// [`ModelForward::forward`] on an f32 graph.
     fn forward_f32(
         &self,
         g: &mut Graph<f32>,

@@ -5,15 +5,20 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
+    /// Recorded while the model builds its outputs.
     Forward,
+    /// Run while differentiating the outputs.
     Backward,
 }
 
 /// Domain and shape of one tensor in a trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TraceShape {
+    /// What the rows index (atoms, edges, systems…).
     pub domain: RowDomain,
+    /// Number of rows on this rank.
     pub rows: usize,
+    /// Values per row.
     pub cols: usize,
 }
 
@@ -22,12 +27,15 @@ pub struct TraceShape {
 pub struct TraceEvent {
     /// Position in the trace (0-based).
     pub seq: usize,
+    /// Whether the event was recorded in the forward or the backward pass.
     pub phase: Phase,
     /// Op name (`gather`, `scatter_add`, `halo_refresh`, an opaque op's name, …).
     pub op: String,
     /// Scope labels pushed by the model (e.g. `interaction_2`), joined by `/`.
     pub scope: String,
+    /// Shapes of the op's tensor inputs, in argument order.
     pub inputs: Vec<TraceShape>,
+    /// Shape of the op's output.
     pub output: TraceShape,
     /// Index arrays the op used, e.g. `edge_center (Edge → Atom)`.
     pub indices: Vec<String>,
@@ -48,6 +56,7 @@ pub struct TraceEvent {
 /// The record of one run: every op in order.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Trace {
+    /// Events in execution order (`seq` = index).
     pub events: Vec<TraceEvent>,
 }
 

@@ -520,7 +520,7 @@ impl OpaqueKernel<f64> for Cube {
     fn output_shape(
         &self,
         inputs: &[(RowDomain, usize, usize)],
-    ) -> Result<(RowDomain, usize, usize), String> {
+    ) -> Result<(RowDomain, usize, usize), ddmlip_engine::KernelError> {
         Ok(inputs[0])
     }
     fn forward(
@@ -528,7 +528,7 @@ impl OpaqueKernel<f64> for Cube {
         inputs: &[&[f64]],
         _s: &[(RowDomain, usize, usize)],
         out: &mut [f64],
-    ) -> Result<(), String> {
+    ) -> Result<(), ddmlip_engine::KernelError> {
         for (o, x) in out.iter_mut().zip(inputs[0]) {
             *o = x * x * x;
         }
@@ -540,7 +540,7 @@ impl OpaqueKernel<f64> for Cube {
         _s: &[(RowDomain, usize, usize)],
         g: &[f64],
         grads: &mut [Vec<f64>],
-    ) -> Option<Result<(), String>> {
+    ) -> Option<Result<(), ddmlip_engine::KernelError>> {
         for i in 0..g.len() {
             grads[0][i] += 3.0 * inputs[0][i] * inputs[0][i] * g[i];
         }
@@ -563,7 +563,7 @@ impl OpaqueKernel<f64> for NoBackward {
     fn output_shape(
         &self,
         inputs: &[(RowDomain, usize, usize)],
-    ) -> Result<(RowDomain, usize, usize), String> {
+    ) -> Result<(RowDomain, usize, usize), ddmlip_engine::KernelError> {
         Ok(inputs[0])
     }
     fn forward(
@@ -571,7 +571,7 @@ impl OpaqueKernel<f64> for NoBackward {
         inputs: &[&[f64]],
         _s: &[(RowDomain, usize, usize)],
         out: &mut [f64],
-    ) -> Result<(), String> {
+    ) -> Result<(), ddmlip_engine::KernelError> {
         out.copy_from_slice(inputs[0]);
         Ok(())
     }
@@ -668,7 +668,7 @@ impl ddmlip_engine::MessageKernel<f64> for TanhMessage {
         &self,
         x: &ddmlip_engine::MessageInputs<'_, f64>,
         out: &mut [f64],
-    ) -> Result<(), String> {
+    ) -> Result<(), ddmlip_engine::KernelError> {
         for e in 0..x.center.len() {
             let (i, j) = (x.center[e] as usize, x.neighbor[e] as usize);
             for c in 0..2 {
@@ -685,7 +685,7 @@ impl ddmlip_engine::MessageKernel<f64> for TanhMessage {
         g: &[f64],
         gn: &mut [Vec<f64>],
         ge: &mut [Vec<f64>],
-    ) -> Result<(), String> {
+    ) -> Result<(), ddmlip_engine::KernelError> {
         for e in 0..x.center.len() {
             let (i, j) = (x.center[e] as usize, x.neighbor[e] as usize);
             for c in 0..2 {

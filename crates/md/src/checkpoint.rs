@@ -76,6 +76,7 @@ pub struct Checkpoint {
     pub ranks: usize,
     /// Rebuilds and migrated atoms so far.
     pub rebuilds: u64,
+    /// Atoms that changed owner so far (summed over ranks).
     pub migrated: u64,
 }
 

@@ -24,7 +24,9 @@ pub enum Ensemble {
     /// half kick. Samples the canonical ensemble at `temperature` (K) with
     /// friction `friction_per_ps` (1/ps).
     Langevin {
+        /// Target temperature (K).
         temperature: f64,
+        /// Friction γ (1/ps).
         friction_per_ps: f64,
     },
     /// Nosé–Hoover chain (Martyna–Tuckerman–Klein) of `chain` thermostats at
@@ -33,8 +35,11 @@ pub enum Ensemble {
     /// around a velocity Verlet step. Conserved: E_total + Σ pⱼ²/2Qⱼ +
     /// N_f·kT·η₁ + kT·Σⱼ₍≥₂₎ ηⱼ.
     NoseHoover {
+        /// Target temperature (K).
         temperature: f64,
+        /// Time constant τ of the chain (fs).
         tdamp_fs: f64,
+        /// Number of thermostats in the chain (≥ 1).
         chain: usize,
     },
     /// Constant pressure and temperature: BAOAB Langevin at `temperature`
@@ -48,11 +53,17 @@ pub enum Ensemble {
     /// P is the pressure from the last force evaluation's virial plus the
     /// current kinetic term.
     Npt {
+        /// Target temperature (K).
         temperature: f64,
+        /// Time constant of the Langevin thermostat (fs): friction 1/`tdamp_fs`.
         tdamp_fs: f64,
+        /// Target pressure (GPa).
         pressure_gpa: f64,
+        /// Time constant τ of the barostat (fs).
         pdamp_fs: f64,
+        /// Compressibility β (1/GPa): sets how fast the volume relaxes, not where to.
         compressibility_per_gpa: f64,
+        /// Isotropic or full-cell rescaling.
         cell_dof: CellDof,
     },
 }
@@ -91,12 +102,14 @@ pub struct ThermostatState {
     #[serde(default, with = "crate::checkpoint::vec_bits")]
     pub chain_positions: Vec<f64>,
     #[serde(default, with = "crate::checkpoint::vec_bits")]
+    /// Nosé–Hoover chain momenta pⱼ (the same on every rank).
     pub chain_momenta: Vec<f64>,
 }
 
 /// Settings of a run.
 #[derive(Clone)]
 pub struct MdConfig {
+    /// The integrator and its parameters.
     pub ensemble: Ensemble,
     /// Time step (fs).
     pub dt_fs: f64,
@@ -106,6 +119,7 @@ pub struct MdConfig {
     pub seed: u64,
     /// Verlet skin (Å).
     pub skin: f64,
+    /// Working precision of the model evaluation (positions and momenta stay f64).
     pub dtype: DType,
     /// Domains with even atom counts instead of a regular grid.
     pub even_counts: bool,
@@ -243,6 +257,7 @@ impl MdConfig {
 pub struct StartState {
     /// Steps already done.
     pub step: u64,
+    /// The cell at `step` (lattice vectors as rows, Å).
     pub cell: Cell,
     /// Positions (Å) by global id.
     pub positions: Vec<[f64; 3]>,
@@ -251,11 +266,14 @@ pub struct StartState {
     /// Positions the first neighbour-list build starts from: `positions` for
     /// a fresh run, a checkpoint's `build_positions` for a restart.
     pub build_positions: Vec<[f64; 3]>,
+    /// Thermostat and barostat variables at `step` (heat removed, chain).
     pub thermostat: ThermostatState,
     /// Continuing from a checkpoint: `positions` are the rows of the build
     /// from `build_positions`, and nothing at the start step is re-emitted.
     pub restarted: bool,
+    /// Neighbour-list rebuilds so far.
     pub rebuilds: u64,
+    /// Atoms that changed owner so far.
     pub migrated: u64,
 }
 

@@ -42,6 +42,7 @@ use thiserror::Error;
 
 /// Errors of an MD run.
 #[derive(Debug, Error, Clone)]
+#[non_exhaustive]
 pub enum MdError {
     /// Bad input: an impossible setting, a structure the run cannot use, a
     /// checkpoint that does not fit.
@@ -60,16 +61,29 @@ pub enum MdError {
     #[error(
         "step {step}: {what} is not finite; the run stopped (the last checkpoint written is kept)"
     )]
-    NonFinite { step: u64, what: String },
+    NonFinite {
+        /// The step whose evaluation was not finite.
+        step: u64,
+        /// What was not finite ("the energy", "a force").
+        what: String,
+    },
     /// Stopped on request (SIGINT) after writing a checkpoint.
     #[error("interrupted at step {step}; checkpoint written")]
-    Interrupted { step: u64 },
+    Interrupted {
+        /// The step after which the run stopped.
+        step: u64,
+    },
     /// Writing output failed.
     #[error("{0}")]
     Output(String),
     /// A rank failed.
     #[error("rank {rank} failed: {message}")]
-    RankFailed { rank: usize, message: String },
+    RankFailed {
+        /// The rank that failed.
+        rank: usize,
+        /// Its error, as it reported it.
+        message: String,
+    },
     /// Broken internal invariant.
     #[error("internal error: {0}")]
     Internal(String),

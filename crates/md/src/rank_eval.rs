@@ -27,6 +27,7 @@ pub struct LocalRows<'a> {
     /// Candidate pairs (centre row, neighbour row), centres owned, listed
     /// with cutoff + skin; the evaluation keeps those closer than the cutoff.
     pub centers: &'a [u32],
+    /// Neighbour rows of the candidate pairs, one per entry of `centers`.
     pub neighbors: &'a [u32],
     /// The system's cell (zero for a non-periodic system): the volume of the
     /// stress and the model's `cell` input.
@@ -192,7 +193,7 @@ impl<'m> RankEvaluator<'m> {
         let positions: Vec<T> = rows
             .positions
             .iter()
-            .flat_map(|p| p.iter().map(|&x| T::of(x)))
+            .flat_map(|p| p.iter().map(|&x| T::from_f64(x)))
             .collect();
         let pos = g.leaf(positions, n_local, 3, RowDomain::Atom);
         let strain = g.leaf(vec![T::zero(); 9], 1, 9, RowDomain::System);
@@ -201,7 +202,7 @@ impl<'m> RankEvaluator<'m> {
             .matrix
             .iter()
             .flatten()
-            .map(|&x| T::of(x))
+            .map(|&x| T::from_f64(x))
             .collect();
         let cell = g.constant(cell_values, 3, 3, RowDomain::System);
         let atom_system = g.index(

@@ -124,8 +124,9 @@ pub struct RelaxSummary {
     pub converged: bool,
     /// FIRE steps taken (force evaluations − 1).
     pub steps: u64,
-    /// Potential energy at the start and at the end (eV).
+    /// Potential energy at the start (eV).
     pub initial_energy: f64,
+    /// Potential energy at the end (eV).
     pub energy: f64,
     /// Largest force at the end (eV/Å): over the atoms, and with the cell
     /// relaxed also over the three generalized cell rows (the quantity
@@ -138,6 +139,7 @@ pub struct RelaxSummary {
     /// Neighbour-list rebuilds (the initial build counts) and atoms that
     /// changed owner.
     pub rebuilds: u64,
+    /// Atoms that changed owner.
     pub migrated: u64,
     /// Wall-clock time (s).
     pub wall_s: f64,
@@ -146,6 +148,7 @@ pub struct RelaxSummary {
     /// Final volume (Å³) and pressure −tr(σ)/3 (GPa) of the potential
     /// stress; `None` without a 3-D periodic cell.
     pub volume: Option<f64>,
+    /// Final pressure (GPa); see `volume`.
     pub pressure_gpa: Option<f64>,
     /// The final state (positions, forces; momenta are zero).
     #[serde(skip)]

@@ -9,14 +9,17 @@ use serde::Serialize;
 /// One line of the thermo log.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct ThermoRow {
+    /// Step count reached.
     pub step: u64,
     /// Simulated time (ps).
     pub time_ps: f64,
     /// Instantaneous temperature (K) with 3N degrees of freedom (ASE's).
     pub temperature: f64,
-    /// Potential, kinetic and total energy (eV).
+    /// Potential energy (eV).
     pub potential: f64,
+    /// Kinetic energy (eV).
     pub kinetic: f64,
+    /// Total energy, potential + kinetic (eV).
     pub total: f64,
     /// The ensemble's conserved quantity (eV): the total energy for `nve`,
     /// plus the heat the thermostat removed for `langevin`.
@@ -28,6 +31,7 @@ pub struct ThermoRow {
     pub volume: Option<f64>,
     /// Neighbour-list rebuilds and migrated atoms so far.
     pub rebuilds: u64,
+    /// Atoms that changed owner so far.
     pub migrated: u64,
     /// Simulated ns per wall-clock day since the run (this call) began.
     pub ns_per_day: f64,
@@ -36,10 +40,15 @@ pub struct ThermoRow {
 /// A snapshot of the whole system, by global id.
 #[derive(Debug, Clone)]
 pub struct Frame {
+    /// Step count reached.
     pub step: u64,
+    /// The cell (lattice vectors as rows, Å; zero without one).
     pub cell: Cell,
+    /// Positions (Å) by global id, wrapped into the cell at the last build.
     pub positions: Vec<[f64; 3]>,
+    /// Momenta (ASE units, u·Å per ASE time unit) by global id.
     pub momenta: Vec<[f64; 3]>,
+    /// Forces (eV/Å) by global id.
     pub forces: Vec<[f64; 3]>,
     /// Potential energy (eV).
     pub energy: f64,
@@ -86,31 +95,46 @@ impl Frame {
 
 /// Where rank 0 puts what a run produces. A sink error stops every rank.
 pub trait MdSink: Send {
+    /// A thermo row, every `thermo_every` steps and at the last step.
     fn thermo(&mut self, row: &ThermoRow) -> Result<(), MdError>;
     /// A trajectory frame, or (`is_final`) the last state.
     fn frame(&mut self, frame: &Frame, is_final: bool) -> Result<(), MdError>;
+    /// A checkpoint of the whole state (periodic, on SIGINT, or at the end).
     fn checkpoint(&mut self, checkpoint: &Checkpoint) -> Result<(), MdError>;
 }
 
 /// The end of a run, as rank 0 reports it.
 #[derive(Debug, Clone, Serialize)]
 pub struct MdSummary {
+    /// The ensemble name (`nve`, `langevin`, `nose-hoover`, `npt`).
     pub ensemble: String,
+    /// Number of atoms.
     pub n_atoms: usize,
+    /// Ranks the system was split over.
     pub ranks: usize,
-    /// Steps run in this call, and the step count reached.
+    /// Steps run in this call.
     pub steps: u64,
+    /// The step count reached (a restart continues from its checkpoint's).
     pub last_step: u64,
+    /// Final potential energy (eV).
     pub potential_energy: f64,
+    /// Final kinetic energy (eV).
     pub kinetic_energy: f64,
+    /// Final total energy (eV).
     pub total_energy: f64,
+    /// Final value of the ensemble's conserved quantity (eV).
     pub conserved: f64,
     /// Mean temperature over the steps of this call (K).
     pub mean_temperature: f64,
+    /// Wall-clock time of this call (s).
     pub wall_s: f64,
+    /// Simulated ns per wall-clock day.
     pub ns_per_day: f64,
+    /// Atoms × steps per wall-clock second.
     pub atom_steps_per_s: f64,
+    /// Neighbour-list rebuilds so far.
     pub rebuilds: u64,
+    /// Atoms that changed owner so far.
     pub migrated: u64,
     /// Seconds spent in model evaluations (this rank: rank 0).
     pub eval_s: f64,

@@ -58,7 +58,9 @@ pub struct BuildOptions {
 /// One rank's atoms between two rebuilds. Local rows: owned `0..n_owned`,
 /// then ghosts.
 pub struct RankState {
+    /// This rank's index in the communicator.
     pub rank: usize,
+    /// Number of ranks.
     pub size: usize,
     /// Owned then ghost positions (Å). Owned rows were wrapped into the cell
     /// at the last build and move freely since; ghost rows are their owners'
@@ -84,6 +86,7 @@ pub struct RankState {
     pub cell: Cell,
     /// Candidate pairs (local rows) within cutoff + skin at the last build.
     pub centers: Vec<u32>,
+    /// Neighbour rows of the candidate pairs, one per entry of `centers`.
     pub neighbors: Vec<u32>,
     /// Owned positions at the last build (for the displacement criterion).
     pub reference: Vec<[f64; 3]>,
@@ -109,9 +112,13 @@ struct Previous {
     scratch: PairScratch,
 }
 
+/// What one rank hands in to the first build: a disjoint share of the atoms (every atom in exactly one rank's share).
 pub struct Share {
+    /// Global ids of the atoms in this share.
     pub gids: Vec<u64>,
+    /// Their positions (Å).
     pub positions: Vec<[f64; 3]>,
+    /// Their momenta (ASE units).
     pub momenta: Vec<[f64; 3]>,
 }
 

@@ -140,7 +140,7 @@ fn converged_stress_is_minus_the_pressure_within_the_fmax_bound() {
             [true; 3],
         );
         let r = evaluate(model.as_ref(), &[sys], &EvalOptions::default()).unwrap();
-        let st = r.stress()[0].unwrap();
+        let st = r.stress().expect("stress output")[0].expect("a periodic cell has a stress");
         let v = last.cell.volume();
         // Cell forces are virial·F⁻ᵀ/n with virial = −V(σ + P·I); each row is
         // below fmax, so |V(σ + P·I)|_ab ≤ n·fmax·‖F‖ (Frobenius ≥ spectral).

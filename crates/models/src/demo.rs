@@ -82,6 +82,7 @@ fn standard_spec(extra_per_atom: &[&str]) -> MLIPSpec {
 /// fed into an embedding `F(ρ) = −c_Zi(√(ρ+0.01) − 0.1)`, plus a pair repulsion.
 #[derive(Debug, Clone)]
 pub struct EamDemo {
+    /// Interaction cutoff (Å): atoms farther apart do not interact.
     pub cutoff: f64,
 }
 
@@ -175,6 +176,7 @@ impl ModelForward for EamDemo {
 /// into a per-atom network. Strictly local (one scatter, no message passing).
 #[derive(Debug, Clone)]
 pub struct BpDemo {
+    /// Interaction cutoff (Å): atoms farther apart do not interact.
     pub cutoff: f64,
 }
 
@@ -240,9 +242,13 @@ impl ModelForward for BpDemo {
 /// features, so ghosts need a fresh copy per layer.
 #[derive(Debug, Clone)]
 pub struct SchNetDemo {
+    /// Interaction cutoff (Å): atoms farther apart do not interact.
     pub cutoff: f64,
+    /// Width of the per-atom feature vectors.
     pub features: usize,
+    /// Interaction blocks (each needs one fresh ghost exchange).
     pub layers: usize,
+    /// Gaussian radial basis functions expanding each distance.
     pub n_rbf: usize,
 }
 
@@ -361,6 +367,7 @@ impl ModelForward for SchNetDemo {
 /// screened Coulomb-like pair term `½ q_i q_j f_c(r)/√(r²+1)`.
 #[derive(Debug, Clone)]
 pub struct QeqDemo {
+    /// Interaction cutoff (Å): atoms farther apart do not interact.
     pub cutoff: f64,
 }
 

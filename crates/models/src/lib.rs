@@ -13,7 +13,7 @@ mod registry;
 mod sevennet;
 
 pub use demo::{BpDemo, EamDemo, QeqDemo, SchNetDemo};
-pub use lj::LennardJones;
+pub use lj::{LennardJones, LennardJonesError};
 pub use rebuild::RebuildDemo;
 pub use registry::{
     load_model, load_model_with_modal, model_names, pretrained_sevennet_path, ModelError,

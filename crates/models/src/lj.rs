@@ -22,6 +22,33 @@ pub struct LennardJones {
     pub shift: bool,
 }
 
+/// Why a set of Lennard-Jones parameters is unusable.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LennardJonesError {
+    /// A parameter (`epsilon`, `sigma` or `cutoff`) is zero, negative, NaN or infinite.
+    #[error("`{name}` must be a positive finite number, got {value}")]
+    NotPositive {
+        /// The parameter's field name.
+        name: &'static str,
+        /// Its value.
+        value: f64,
+    },
+    /// 4ε or the pair energy at the cutoff overflows f64.
+    #[error(
+        "`epsilon` = {epsilon:e} with `sigma` = {sigma:e} and `cutoff` = {cutoff:e} overflows: \
+         4ε(σ/rc)¹² must be a finite number"
+    )]
+    Overflow {
+        /// Well depth ε (eV).
+        epsilon: f64,
+        /// σ (Å).
+        sigma: f64,
+        /// Cutoff (Å).
+        cutoff: f64,
+    },
+}
+
 fn default_shift() -> bool {
     true
 }
@@ -37,28 +64,27 @@ impl LennardJones {
         }
     }
 
-    /// Checks the parameters are usable.
-    pub fn check(&self) -> Result<(), String> {
-        for (name, v) in [
+    /// Checks the parameters are usable: ε, σ and the cutoff positive and
+    /// finite, and the pair energy at the cutoff representable.
+    pub fn check(&self) -> Result<(), LennardJonesError> {
+        for (name, value) in [
             ("epsilon", self.epsilon),
             ("sigma", self.sigma),
             ("cutoff", self.cutoff),
         ] {
-            if !v.is_finite() || v <= 0.0 {
-                return Err(format!(
-                    "`{name}` must be a positive finite number, got {v}"
-                ));
+            if !value.is_finite() || value <= 0.0 {
+                return Err(LennardJonesError::NotPositive { name, value });
             }
         }
         // 4ε and the shift 4ε[(σ/rc)¹² − (σ/rc)⁶] must be numbers: an
         // overflow there turns every energy into inf − inf = NaN.
         let shift = self.pair_at_cutoff();
         if !(4.0 * self.epsilon).is_finite() || !shift.is_finite() {
-            return Err(format!(
-                "`epsilon` = {:e} with `sigma` = {:e} and `cutoff` = {:e} overflows: 4ε(σ/rc)¹² \
-                 must be a finite number",
-                self.epsilon, self.sigma, self.cutoff
-            ));
+            return Err(LennardJonesError::Overflow {
+                epsilon: self.epsilon,
+                sigma: self.sigma,
+                cutoff: self.cutoff,
+            });
         }
         Ok(())
     }
@@ -154,7 +180,11 @@ mod tests {
             lj(f64::MAX, 1.0, 2.0),
         ] {
             let e = bad.check().unwrap_err();
-            assert!(e.contains("overflows"), "{bad:?}: {e}");
+            assert!(
+                matches!(e, super::LennardJonesError::Overflow { .. }),
+                "{bad:?}: {e}"
+            );
+            assert!(e.to_string().contains("overflows"), "{bad:?}: {e}");
         }
     }
 }

@@ -18,6 +18,7 @@ use std::sync::Arc;
 /// neighbour list built inside the model.
 #[derive(Debug, Clone)]
 pub struct RebuildDemo {
+    /// Interaction cutoff (Å): atoms farther apart do not interact.
     pub cutoff: f64,
 }
 

@@ -8,30 +8,63 @@ use thiserror::Error;
 
 /// Errors resolving a model name or reading a model file.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ModelError {
     #[error("unknown model `{name}`; built-in models are: {known}. A path to a .toml model file also works")]
-    Unknown { name: String, known: String },
+    /// A name that is neither built in nor a model file.
+    Unknown {
+        /// The name asked for.
+        name: String,
+        /// Built-in names, comma-separated.
+        known: String,
+    },
+    /// A model file that cannot be read (missing, unreadable).
     #[error("cannot read model file {path}: {message}")]
-    Io { path: String, message: String },
+    Io {
+        /// The file as given.
+        path: String,
+        /// The I/O error, in words.
+        message: String,
+    },
+    /// A model file whose content is wrong (unknown kind, bad field, bad value).
     #[error("model file {path}: {message}")]
-    Invalid { path: String, message: String },
+    Invalid {
+        /// The file as given.
+        path: String,
+        /// What is wrong, naming the field.
+        message: String,
+    },
+    /// The SevenNet-0 checkpoint could not be located (see
+    /// `ddmlip_checkpoint::find_sevennet_checkpoint`).
     #[error("{0}")]
-    Checkpoint(String),
+    Checkpoint(#[source] ddmlip_checkpoint::CheckpointError),
     /// A SevenNet checkpoint that cannot be used: unsupported architecture
     /// (naming the config key), tensors that do not match, a missing or
     /// unknown modality (listing the valid ones), a damaged file.
     #[error("{path}: {source}")]
     SevenNet {
+        /// The checkpoint file.
         path: String,
+        /// What is wrong with it.
         #[source]
         source: ddmlip_e3nn::E3nnError,
     },
     /// A built-in SevenNet name whose checkpoint is not in the cache.
     #[error("model `{name}`: checkpoint not found at {path}; fetch it with `bash scripts/fetch-sevennet.sh`")]
-    NotInstalled { name: String, path: String },
+    NotInstalled {
+        /// The registry name.
+        name: String,
+        /// Where the checkpoint was looked for.
+        path: String,
+    },
     /// `--modal` given for a model that is not a SevenNet checkpoint.
     #[error("--modal {modal}: model `{model}` has no modals (--modal applies to multi-fidelity SevenNet checkpoints such as sevennet-mf-0)")]
-    ModalNotApplicable { model: String, modal: String },
+    ModalNotApplicable {
+        /// The model named.
+        model: String,
+        /// The modal given.
+        modal: String,
+    },
 }
 
 /// Registry name of the pretrained SevenNet-0 (11Jul2024) potential.
@@ -82,10 +115,11 @@ pub const PRETRAINED_SEVENNETS: [PretrainedSevenNet; 4] = [
 
 /// Where a pretrained checkpoint is looked up: SevenNet-0 (11Jul2024) also
 /// honours `$DDMLIP_SEVENNET_CHECKPOINT`; all live under the cache directory.
-/// `Err` holds the path searched.
-pub fn pretrained_sevennet_path(p: &PretrainedSevenNet) -> Result<std::path::PathBuf, String> {
+/// `Err` is [`ModelError::Checkpoint`] for SevenNet-0 (naming the paths
+/// searched) and [`ModelError::NotInstalled`] for the others.
+pub fn pretrained_sevennet_path(p: &PretrainedSevenNet) -> Result<std::path::PathBuf, ModelError> {
     if p.name == SEVENNET_NAME {
-        return ddmlip_checkpoint::find_sevennet_checkpoint().map_err(|e| e.to_string());
+        return ddmlip_checkpoint::find_sevennet_checkpoint().map_err(ModelError::Checkpoint);
     }
     let default = ddmlip_checkpoint::default_sevennet_checkpoint_path();
     let cache = default
@@ -97,7 +131,10 @@ pub fn pretrained_sevennet_path(p: &PretrainedSevenNet) -> Result<std::path::Pat
     if path.is_file() {
         Ok(path)
     } else {
-        Err(path.display().to_string())
+        Err(ModelError::NotInstalled {
+            name: p.name.to_string(),
+            path: path.display().to_string(),
+        })
     }
 }
 
@@ -161,15 +198,7 @@ pub fn load_model_with_modal(
         return Ok(m);
     }
     if let Some(p) = PRETRAINED_SEVENNETS.iter().find(|p| p.name == name_or_path) {
-        let path = if p.name == SEVENNET_NAME {
-            ddmlip_checkpoint::find_sevennet_checkpoint()
-                .map_err(|e| ModelError::Checkpoint(e.to_string()))?
-        } else {
-            pretrained_sevennet_path(p).map_err(|path| ModelError::NotInstalled {
-                name: p.name.to_string(),
-                path,
-            })?
-        };
+        let path = pretrained_sevennet_path(p)?;
         return crate::SevenNetModel::load(&path, p.name, modal)
             .map(|m| Box::new(m) as Box<dyn Model>);
     }
@@ -225,7 +254,7 @@ fn load_toml(path: &Path) -> Result<Box<dyn Model>, ModelError> {
             let lj: LennardJones = table
                 .try_into()
                 .map_err(|e: toml::de::Error| invalid(e.message().to_string()))?;
-            lj.check().map_err(invalid)?;
+            lj.check().map_err(|e| invalid(e.to_string()))?;
             Ok(Box::new(lj))
         }
         other => Err(invalid(format!(

@@ -6,11 +6,13 @@
 use crate::registry::ModelError;
 use ddmlip_e3nn::sevennet::{InteractionBlock, SelfConnection, SevenNet, SevenNetWeights};
 use ddmlip_e3nn::species_linear::SpeciesLinear;
-use ddmlip_e3nn::{radial_conv_backward, radial_conv_forward, AffineLinear, ConvGraph, Gate, Real};
+use ddmlip_e3nn::{
+    radial_conv_backward, radial_conv_forward, AffineLinear, ConvGraph, E3nnError, Gate, Real,
+};
 use ddmlip_engine::ops::opaque::Shape;
 use ddmlip_engine::{
-    EngineError, Graph, MessageInputs, MessageKernel, Model, ModelInfo, ModelInputs, ModelOutputs,
-    OpaqueKernel, RowDomain, Scalar, SpeciesSupport,
+    EngineError, Graph, KernelError, MessageInputs, MessageKernel, Model, ModelInfo, ModelInputs,
+    ModelOutputs, OpaqueKernel, RowDomain, Scalar, SpeciesSupport,
 };
 use ddmlip_spec::{GatherMode, MLIPSpec, ScatterMode};
 use std::path::Path;
@@ -248,8 +250,8 @@ impl Model for SevenNetModel {
     }
 }
 
-fn kernel_err(e: impl std::fmt::Display) -> String {
-    e.to_string()
+fn kernel_err(e: E3nnError) -> KernelError {
+    KernelError::failed(e)
 }
 
 /// Edge vectors (E×3) → radial embedding (n_basis) ‖ spherical harmonics ((l_max+1)²).
@@ -265,14 +267,19 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
     fn name(&self) -> &str {
         "sevennet_edge_features"
     }
-    fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, String> {
+    fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, KernelError> {
         Ok((
             RowDomain::Edge,
             inputs[0].1,
             self.net.n_basis() + self.net.sh_dim(),
         ))
     }
-    fn forward(&self, inputs: &[&[T]], _shapes: &[Shape], out: &mut [T]) -> Result<(), String> {
+    fn forward(
+        &self,
+        inputs: &[&[T]],
+        _shapes: &[Shape],
+        out: &mut [T],
+    ) -> Result<(), KernelError> {
         let f = self
             .net
             .edge_features(&as_vec3(inputs[0]))
@@ -290,8 +297,8 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
         _shapes: &[Shape],
         g: &[T],
         grads: &mut [Vec<T>],
-    ) -> Option<Result<(), String>> {
-        let mut run = || -> Result<(), String> {
+    ) -> Option<Result<(), KernelError>> {
+        let mut run = || -> Result<(), KernelError> {
             let v = as_vec3(inputs[0]);
             let f = self.net.edge_features(&v).map_err(kernel_err)?;
             let ne = v.len();
@@ -327,17 +334,16 @@ impl<T: Scalar + Real> OpaqueKernel<T> for LinearKernel<T> {
     fn name(&self) -> &str {
         &self.name
     }
-    fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, String> {
+    fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, KernelError> {
         if inputs[0].2 != self.lin.irreps_in().dim() {
-            return Err(format!(
-                "expects {} columns, got {}",
-                self.lin.irreps_in().dim(),
-                inputs[0].2
-            ));
+            return Err(KernelError::Columns {
+                expected: self.lin.irreps_in().dim(),
+                got: inputs[0].2,
+            });
         }
         Ok((inputs[0].0, inputs[0].1, self.lin.irreps_out().dim()))
     }
-    fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), String> {
+    fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), KernelError> {
         self.lin
             .forward(inputs[0], shapes[0].1, out)
             .map_err(kernel_err)
@@ -348,7 +354,7 @@ impl<T: Scalar + Real> OpaqueKernel<T> for LinearKernel<T> {
         shapes: &[Shape],
         g: &[T],
         grads: &mut [Vec<T>],
-    ) -> Option<Result<(), String>> {
+    ) -> Option<Result<(), KernelError>> {
         Some(
             self.lin
                 .backward(g, shapes[0].1, &mut grads[0])
@@ -369,17 +375,17 @@ impl<T: Scalar + Real> OpaqueKernel<T> for SpeciesLinearKernel<T> {
     fn name(&self) -> &str {
         &self.name
     }
-    fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, String> {
+    fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, KernelError> {
         let (dx, dt) = (self.lin.irreps_in().dim(), self.lin.n_types());
         if inputs.len() != 2 || inputs[0].2 != dx || inputs[1].2 != dt || inputs[0].1 != inputs[1].1
         {
-            return Err(format!(
-                "expects features (N × {dx}) and a species one-hot (N × {dt})"
-            ));
+            return Err(KernelError::Inputs {
+                expected: format!("features (N × {dx}) and a species one-hot (N × {dt})"),
+            });
         }
         Ok((inputs[0].0, inputs[0].1, self.lin.irreps_out().dim()))
     }
-    fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), String> {
+    fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), KernelError> {
         let types = self
             .lin
             .types_of(inputs[1], shapes[1].1)
@@ -392,8 +398,8 @@ impl<T: Scalar + Real> OpaqueKernel<T> for SpeciesLinearKernel<T> {
         shapes: &[Shape],
         g: &[T],
         grads: &mut [Vec<T>],
-    ) -> Option<Result<(), String>> {
-        let mut run = || -> Result<(), String> {
+    ) -> Option<Result<(), KernelError>> {
+        let mut run = || -> Result<(), KernelError> {
             let types = self
                 .lin
                 .types_of(inputs[1], shapes[1].1)
@@ -416,10 +422,10 @@ impl<T: Scalar + Real> OpaqueKernel<T> for GateKernel {
     fn name(&self) -> &str {
         &self.name
     }
-    fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, String> {
+    fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, KernelError> {
         Ok((inputs[0].0, inputs[0].1, self.gate.dim_out()))
     }
-    fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), String> {
+    fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), KernelError> {
         self.gate
             .forward(inputs[0], shapes[0].1, out)
             .map_err(kernel_err)
@@ -430,7 +436,7 @@ impl<T: Scalar + Real> OpaqueKernel<T> for GateKernel {
         shapes: &[Shape],
         g: &[T],
         grads: &mut [Vec<T>],
-    ) -> Option<Result<(), String>> {
+    ) -> Option<Result<(), KernelError>> {
         Some(
             self.gate
                 .backward(inputs[0], g, shapes[0].1, &mut grads[0])
@@ -459,7 +465,7 @@ impl<T: Scalar + Real> MessageKernel<T> for ConvKernel<T> {
     fn out_cols(&self) -> usize {
         self.block().conv.dim_msg()
     }
-    fn forward(&self, x: &MessageInputs<'_, T>, out: &mut [T]) -> Result<(), String> {
+    fn forward(&self, x: &MessageInputs<'_, T>, out: &mut [T]) -> Result<(), KernelError> {
         let b = self.block();
         let graph = ConvGraph::new(x.n_rows, x.center, x.neighbor).map_err(kernel_err)?;
         radial_conv_forward(
@@ -480,7 +486,7 @@ impl<T: Scalar + Real> MessageKernel<T> for ConvKernel<T> {
         g: &[T],
         gn: &mut [Vec<T>],
         ge: &mut [Vec<T>],
-    ) -> Result<(), String> {
+    ) -> Result<(), KernelError> {
         let b = self.block();
         let graph = ConvGraph::new(x.n_rows, x.center, x.neighbor).map_err(kernel_err)?;
         let (gemb, gsh) = ge.split_at_mut(1);

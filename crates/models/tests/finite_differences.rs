@@ -112,6 +112,7 @@ fn energies(model: &str, batch: &[System]) -> Vec<f64> {
     evaluate(model.as_ref(), batch, &EvalOptions::default())
         .unwrap()
         .energy()
+        .expect("energy")
         .to_vec()
 }
 
@@ -124,7 +125,7 @@ fn check_forces(model_name: &str, sys: &System, atoms: &[usize]) {
         &EvalOptions::default(),
     )
     .unwrap_or_else(|e| panic!("{model_name}: {e}"));
-    let forces = result.forces();
+    let forces = result.forces().expect("forces");
     let scale = forces.iter().flatten().fold(0.0f64, |m, f| m.max(f.abs()));
     assert!(scale > 1e-4, "{model_name}: forces vanish, test is vacuous");
 
@@ -143,7 +144,7 @@ fn check_forces(model_name: &str, sys: &System, atoms: &[usize]) {
         for (k, &got) in forces[i].iter().enumerate() {
             let j = 2 * (3 * n + k);
             let fd = -(e[j] - e[j + 1]) / (2.0 * H_POS);
-            let tol = RTOL * scale + rounding(result.energy()[0], H_POS);
+            let tol = RTOL * scale + rounding(result.energy().expect("energy")[0], H_POS);
             assert!(
                 (got - fd).abs() <= tol,
                 "{model_name}: force on atom {i} axis {k}: autograd {got:e} vs finite difference {fd:e} (scale {scale:e})"
@@ -161,7 +162,7 @@ fn check_stress(model_name: &str, sys: &System) {
         &EvalOptions::default(),
     )
     .unwrap_or_else(|e| panic!("{model_name}: {e}"));
-    let stress = result.stress()[0].expect("a periodic system has a stress");
+    let stress = result.stress().expect("stress")[0].expect("a periodic system has a stress");
     let scale = stress.iter().fold(0.0f64, |m, x| m.max(x.abs()));
     assert!(
         scale > 1e-6,
@@ -175,7 +176,7 @@ fn check_stress(model_name: &str, sys: &System) {
     let e = energies(model_name, &batch);
     for v in 0..6 {
         let fd = (e[2 * v] - e[2 * v + 1]) / (2.0 * H_STRAIN) / volume;
-        let tol = RTOL * scale + rounding(result.energy()[0], H_STRAIN) / volume;
+        let tol = RTOL * scale + rounding(result.energy().expect("energy")[0], H_STRAIN) / volume;
         assert!(
             (stress[v] - fd).abs() <= tol,
             "{model_name}: stress Voigt {v}: autograd {:e} vs finite difference {fd:e} (scale {scale:e})",
@@ -250,8 +251,8 @@ fn f32_energies_agree_with_f64() {
         let atomic = r64.atomic_energies().unwrap_or(&[]);
         let mut offset = 0;
         for (s, sys) in batch.iter().enumerate() {
-            let e64 = r64.energy()[s];
-            let e32 = r32.energy()[s];
+            let e64 = r64.energy().expect("energy")[s];
+            let e32 = r32.energy().expect("energy")[s];
             let magnitude: f64 = atomic[offset..offset + sys.len()]
                 .iter()
                 .map(|e| e.abs())

@@ -236,8 +236,8 @@ fn assert_close(what: &str, got: f64, want: f64, scale: f64) {
 /// the ASE values are unshifted by hand: each pair within the cutoff gets
 /// `e0` back, half to each atom (forces and stress do not depend on the shift).
 fn compare(result: &EvalResult, batch: &[System], refs: &[Reference], shifted: bool) {
-    let forces = result.forces();
-    let stress = result.stress();
+    let forces = result.forces().expect("forces");
+    let stress = result.stress().expect("stress");
     let atomic = result.atomic_energies().expect("lj has per-atom energies");
     let mut offset = 0;
     for (s, (sys, r)) in batch.iter().zip(refs).enumerate() {
@@ -252,7 +252,7 @@ fn compare(result: &EvalResult, batch: &[System], refs: &[Reference], shifted: b
         }
         assert_close(
             &format!("system {s} energy"),
-            result.energy()[s],
+            result.energy().expect("energy")[s],
             want_energy,
             want_energy.abs(),
         );

@@ -122,15 +122,17 @@ struct Gap {
 
 fn gap(cases: &[Case], r: &EvalResult, block: impl Fn(&Case) -> &Value) -> Gap {
     let mut g = Gap::default();
-    let forces = r.forces();
+    let forces = r.forces().expect("forces");
     let atomic = r.atomic_energies();
-    let stress = r.stress();
+    let stress = r.stress().expect("stress");
     let mut offset = 0;
     for (s, c) in cases.iter().enumerate() {
         let reference = block(c);
         let n = c.system.len();
         let e_ref = reference["energy"].as_f64().unwrap();
-        g.energy = g.energy.max((r.energy()[s] - e_ref).abs() / n as f64);
+        g.energy = g
+            .energy
+            .max((r.energy().expect("energy")[s] - e_ref).abs() / n as f64);
         for (i, f) in vec3s(&reference["forces"]).iter().enumerate() {
             for k in 0..3 {
                 g.forces = g.forces.max((forces[offset + i][k] - f[k]).abs());
@@ -258,15 +260,22 @@ fn check_decomposed(name: &str, modal: Option<&str>) {
         },
     )
     .unwrap();
-    let e = (split.energy()[0] - single.energy()[0]).abs() / single.energy()[0].abs();
-    let (f1, f3) = (single.forces(), split.forces());
+    let e = (split.energy().expect("energy")[0] - single.energy().expect("energy")[0]).abs()
+        / single.energy().expect("energy")[0].abs();
+    let (f1, f3) = (
+        single.forces().expect("forces"),
+        split.forces().expect("forces"),
+    );
     let scale = f1.iter().flatten().fold(0.0f64, |m, v| m.max(v.abs()));
     let f = f1
         .iter()
         .flatten()
         .zip(f3.iter().flatten())
         .fold(0.0f64, |m, (a, b)| m.max((a - b).abs() / scale));
-    let (s1, s3) = (single.stress()[0].unwrap(), split.stress()[0].unwrap());
+    let (s1, s3) = (
+        single.stress().expect("stress")[0].unwrap(),
+        split.stress().expect("stress")[0].unwrap(),
+    );
     let sscale = s1.iter().fold(0.0f64, |m, v| m.max(v.abs()));
     let s = (0..6).fold(0.0f64, |m, k| m.max((s1[k] - s3[k]).abs() / sscale));
     eprintln!(

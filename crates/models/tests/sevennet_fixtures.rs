@@ -35,15 +35,15 @@ fn f64_matches_upstream_on_every_public_fixture() {
     let m = model();
     let frames = frames();
     let r = evaluate(m.as_ref(), &frames, &EvalOptions::default()).unwrap();
-    let forces = r.forces();
-    let stress = r.stress();
+    let forces = r.forces().expect("forces");
+    let stress = r.stress().expect("stress");
     let atomic = r.atomic_energies().unwrap();
     let mut offset = 0;
     let (mut worst_e, mut worst_f, mut worst_s) = (0.0f64, 0.0f64, 0.0f64);
     for (s, sys) in frames.iter().enumerate() {
         let n = sys.len();
         let e_ref = sys.energy().unwrap();
-        worst_e = worst_e.max((r.energy()[s] - e_ref).abs() / n as f64);
+        worst_e = worst_e.max((r.energy().expect("energy")[s] - e_ref).abs() / n as f64);
         let f_ref = sys.forces().unwrap();
         for i in 0..n {
             for k in 0..3 {
@@ -83,7 +83,7 @@ fn f32_matches_upstream_f32_precision() {
         },
     )
     .unwrap();
-    let forces = r.forces();
+    let forces = r.forces().expect("forces");
     let mut offset = 0;
     let (mut worst_e, mut worst_f) = (0.0f64, 0.0f64);
     for (s, sys) in frames.iter().enumerate() {
@@ -92,7 +92,7 @@ fn f32_matches_upstream_f32_precision() {
             Some(ddmlip_atoms::InfoValue::Float(v)) => *v,
             _ => panic!("energy_f32 missing"),
         };
-        worst_e = worst_e.max((r.energy()[s] - e_ref).abs() / n as f64);
+        worst_e = worst_e.max((r.energy().expect("energy")[s] - e_ref).abs() / n as f64);
         let f_ref = column(sys, "forces_f32");
         for i in 0..n * 3 {
             worst_f = worst_f.max((forces[offset + i / 3][i % 3] - f_ref[i]).abs());
@@ -120,9 +120,13 @@ fn decomposed_equals_single_process_on_nacl_960() {
     for ranks in [2, 4, 8] {
         opts.ranks = ranks;
         let split = evaluate(m.as_ref(), &frames, &opts).unwrap();
-        let e = (split.energy()[0] - single.energy()[0]).abs() / single.energy()[0].abs();
+        let e = (split.energy().expect("energy")[0] - single.energy().expect("energy")[0]).abs()
+            / single.energy().expect("energy")[0].abs();
         assert!(e < 1e-10, "{ranks} ranks: energy rel diff {e}");
-        let (f1, fn_) = (single.forces(), split.forces());
+        let (f1, fn_) = (
+            single.forces().expect("forces"),
+            split.forces().expect("forces"),
+        );
         let scale = f1.iter().flatten().fold(0.0f64, |m, v| m.max(v.abs()));
         for (a, b) in f1.iter().flatten().zip(fn_.iter().flatten()) {
             assert!(
@@ -130,7 +134,10 @@ fn decomposed_equals_single_process_on_nacl_960() {
                 "{ranks} ranks: force {a} vs {b}"
             );
         }
-        let (s1, sn) = (single.stress()[0].unwrap(), split.stress()[0].unwrap());
+        let (s1, sn) = (
+            single.stress().expect("stress")[0].unwrap(),
+            split.stress().expect("stress")[0].unwrap(),
+        );
         let sscale = s1.iter().fold(0.0f64, |m, v| m.max(v.abs()));
         for k in 0..6 {
             assert!(
@@ -140,7 +147,7 @@ fn decomposed_equals_single_process_on_nacl_960() {
         }
         // The trace shows one fused convolution per layer (5), each reading
         // neighbour features that were refreshed on the ghosts.
-        let tr = &split.traces[0];
+        let tr = &split.diagnostics.traces[0];
         let convs = tr
             .forward()
             .filter(|e| e.op.starts_with("message:"))

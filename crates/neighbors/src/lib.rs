@@ -147,25 +147,38 @@ impl PairList {
 
 /// Why a neighbour list could not be built.
 #[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum NeighborError {
     /// The cutoff is zero, negative, NaN or infinite.
     #[error("cutoff must be finite and > 0 Å, got {0}")]
     InvalidCutoff(f64),
     /// An atom has a NaN or infinite coordinate.
     #[error("atom {atom} has a non-finite position {position:?}")]
-    NonFinitePosition { atom: usize, position: [f64; 3] },
+    NonFinitePosition {
+        /// 0-based atom index.
+        atom: usize,
+        /// The position (Å).
+        position: [f64; 3],
+    },
     /// A periodic axis was requested without a cell.
     #[error("axis {axis} is periodic but no cell was given")]
-    MissingCell { axis: usize },
+    MissingCell {
+        /// The periodic axis (0, 1, 2).
+        axis: usize,
+    },
     /// An atom coordinate beyond [`ddmlip_atoms::MAX_ABS_LENGTH`].
     #[error(
         "atom {atom} has coordinate {axis} = {value:e} Å, beyond the supported {limit:e} Å; \
          positions are probably in the wrong unit"
     )]
     PositionOutOfRange {
+        /// 0-based atom index.
         atom: usize,
+        /// Cartesian axis (0, 1, 2).
         axis: usize,
+        /// The coordinate (Å).
         value: f64,
+        /// The largest supported magnitude (Å).
         limit: f64,
     },
     /// A periodic lattice-vector entry beyond [`ddmlip_atoms::MAX_ABS_LENGTH`].
@@ -174,28 +187,48 @@ pub enum NeighborError {
          beyond the supported {limit:e} Å; lengths are probably in the wrong unit"
     )]
     CellOutOfRange {
+        /// Lattice vector (0, 1, 2).
         row: usize,
+        /// Cartesian component (0, 1, 2).
         col: usize,
+        /// The entry (Å).
         value: f64,
+        /// The largest supported magnitude (Å).
         limit: f64,
     },
     /// A lattice vector of a periodic axis contains NaN or infinity.
     #[error("cell entry [{row}][{col}] of periodic lattice vector {row} is not finite ({value})")]
-    NonFiniteCell { row: usize, col: usize, value: f64 },
+    NonFiniteCell {
+        /// Lattice vector (0, 1, 2).
+        row: usize,
+        /// Cartesian component (0, 1, 2).
+        col: usize,
+        /// The entry.
+        value: f64,
+    },
     /// A periodic axis has a zero lattice vector.
     #[error("lattice vector {axis} is zero but axis {axis} is periodic")]
-    ZeroLatticeVector { axis: usize },
+    ZeroLatticeVector {
+        /// The periodic axis (0, 1, 2).
+        axis: usize,
+    },
     /// The periodic lattice vectors are (nearly) linearly dependent.
     #[error(
         "the periodic lattice vectors are singular or degenerate (normalised volume {measure:.3e}); \
          periodic axes need linearly independent lattice vectors"
     )]
-    DegenerateCell { measure: f64 },
+    DegenerateCell {
+        /// Volume (area with two periodic axes) over the product of the vectors' lengths: 1 orthogonal, 0 dependent.
+        measure: f64,
+    },
     /// An atom lies so far outside the cell that its image shift overflows.
     #[error("atom {atom} lies {cells:.3e} cell lengths outside the cell along periodic axis {axis}; wrap it first")]
     PositionTooFar {
+        /// 0-based atom index.
         atom: usize,
+        /// The periodic axis (0, 1, 2).
         axis: usize,
+        /// Distance from the cell in cell heights.
         cells: f64,
     },
     /// More atoms than `u32` indices can address.
@@ -211,10 +244,15 @@ pub enum NeighborError {
         crate::format_bytes(*.budget_bytes)
     )]
     TooManyPairs {
+        /// The cutoff asked for (Å).
         cutoff: f64,
+        /// Pairs expected from the density (or found so far).
         estimated_pairs: f64,
+        /// Memory those pairs would take (bytes).
         estimated_bytes: f64,
+        /// The most pairs accepted.
         limit_pairs: f64,
+        /// Memory available for the list (bytes).
         budget_bytes: f64,
     },
     /// The cell is so skewed, or so small against the cutoff, that the
@@ -225,9 +263,13 @@ pub enum NeighborError {
          reduce it (e.g. ase.build.niggli_reduce) or replicate it"
     )]
     SearchTooCostly {
+        /// The cutoff asked for (Å).
         cutoff: f64,
+        /// Perpendicular heights of the cell (Å).
         heights: [f64; 3],
+        /// Cells the search would visit per atom.
         visits: f64,
+        /// The most visits accepted per atom.
         limit: f64,
     },
 }

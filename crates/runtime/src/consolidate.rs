@@ -56,12 +56,12 @@ pub(crate) fn combine_rank_results(
         return Err(EvalError::Input("a rank produced no outputs".into()));
     }
     let mut result = assemble_shares(batch, shares)?;
-    result.traces = traces;
-    result.handler_counts = counts;
-    result.bytes_sent = bytes;
-    result.rank_sizes = sizes;
-    result.rank_timings = timings;
-    result.partitions = parts;
+    result.diagnostics.traces = traces;
+    result.diagnostics.handler_counts = counts;
+    result.diagnostics.bytes_sent = bytes;
+    result.diagnostics.rank_sizes = sizes;
+    result.diagnostics.rank_timings = timings;
+    result.diagnostics.partitions = parts;
     Ok(result)
 }
 

@@ -5,6 +5,7 @@ use thiserror::Error;
 
 /// Errors of a model evaluation.
 #[derive(Debug, Error, Clone)]
+#[non_exhaustive]
 pub enum EvalError {
     /// The input cannot be evaluated (empty system, unsupported element, …).
     #[error("{0}")]

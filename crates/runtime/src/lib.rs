@@ -31,5 +31,5 @@ pub use evaluator::{evaluate, Evaluator};
 pub use inputs::check_batch;
 pub use options::{BalancePolicy, EvalOptions, MAX_THREAD_RANKS, MIN_DISTANCE};
 pub use rank::{evaluate_on_communicator, RankResult};
-pub use results::{EvalResult, OutputData, RankTimings, NEIGHBOR_COUNTS};
+pub use results::{EvalDiagnostics, EvalResult, OutputData, RankTimings, NEIGHBOR_COUNTS};
 pub use split::{effective_spec, ghost_width};

@@ -129,8 +129,8 @@ pub fn evaluate_on_communicator(
     };
     let mut r = RankBuffers::default().run_rank(model, batch, &split, comm, opts)?;
     if let Some(res) = r.result.as_mut() {
-        res.partition_s = split.partition_s;
-        res.partitions = split.parts;
+        res.diagnostics.partition_s = split.partition_s;
+        res.diagnostics.partitions = split.parts;
     }
     Ok(r)
 }
@@ -342,7 +342,7 @@ fn rank_problem<T: Scalar>(
                 .matrix
                 .iter()
                 .flatten()
-                .map(|&x| T::of(x)),
+                .map(|&x| T::from_f64(x)),
         );
         let (local_pos, rows) = arrays.add_system(sys, dom, layout, rank, s);
         let cutoff = if model.uses_runtime_graph() {
@@ -473,7 +473,7 @@ impl<T: Scalar> RankRows<T> {
         }
         for (p, &row) in local_pos.iter().zip(&rows) {
             for (slot, &x) in self.positions[row * 3..row * 3 + 3].iter_mut().zip(p) {
-                *slot = T::of(x);
+                *slot = T::from_f64(x);
             }
         }
         (local_pos, rows)

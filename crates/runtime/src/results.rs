@@ -22,14 +22,26 @@ pub struct OutputData {
     pub values: Vec<f64>,
 }
 
-/// Results of an evaluation, consolidated over ranks.
+/// Results of an evaluation, consolidated over ranks: the physics outputs
+/// (energies, forces, stress, per-atom energies and the model's extras) and,
+/// apart from them, [`EvalDiagnostics`] about how the run went.
 #[derive(Debug, Clone, Default)]
 pub struct EvalResult {
     /// Every output by name: `energy`, `forces`, `stress` (periodic systems;
     /// NaN rows otherwise), `atomic_energies`, and model-specific extras.
+    /// Names starting with `_` (such as [`NEIGHBOR_COUNTS`]) are internal.
     pub outputs: BTreeMap<String, OutputData>,
-    /// Which systems have a stress (periodic, with a cell).
+    /// Which systems have a stress (periodic, with a cell); one per system.
     pub has_stress: Vec<bool>,
+    /// Traces, communication, partitions and timings of the run; no physics.
+    pub diagnostics: EvalDiagnostics,
+}
+
+/// How an evaluation went: what it traced, sent, partitioned and where the
+/// time went. Empty or zero where the run did not record it (a
+/// single-process run has no partitions, no bytes sent).
+#[derive(Debug, Clone, Default)]
+pub struct EvalDiagnostics {
     /// Traces per rank (one entry for a single-process run) when requested.
     pub traces: Vec<Trace>,
     /// Distributed handler firings, summed over ranks.
@@ -96,32 +108,31 @@ impl RankTimings {
 }
 
 impl EvalResult {
-    /// Energy per system (eV).
-    pub fn energy(&self) -> &[f64] {
-        self.outputs
-            .get("energy")
-            .map(|o| o.values.as_slice())
-            .unwrap_or(&[])
+    /// Energy per system (eV), one per system; `None` when the run has no
+    /// energy output (an empty batch).
+    pub fn energy(&self) -> Option<&[f64]> {
+        self.outputs.get("energy").map(|o| o.values.as_slice())
     }
 
-    /// Forces per atom (eV/Å), batch order.
-    pub fn forces(&self) -> Vec<[f64; 3]> {
+    /// Forces per atom (eV/Å), batch order; `None` when the run has no
+    /// forces output.
+    pub fn forces(&self) -> Option<Vec<[f64; 3]>> {
         self.outputs
             .get("forces")
             .map(|o| o.values.chunks(3).map(|c| [c[0], c[1], c[2]]).collect())
-            .unwrap_or_default()
     }
 
-    /// Stress per system (eV/Å³, Voigt xx yy zz yz xz xy), `None` for non-periodic systems.
-    pub fn stress(&self) -> Vec<Option<[f64; 6]>> {
-        let Some(o) = self.outputs.get("stress") else {
-            return vec![];
-        };
-        o.values
-            .chunks(6)
-            .zip(&self.has_stress)
-            .map(|(c, &has)| has.then(|| [c[0], c[1], c[2], c[3], c[4], c[5]]))
-            .collect()
+    /// Stress per system (eV/Å³, Voigt xx yy zz yz xz xy), each `None` for a
+    /// non-periodic system; the outer `None` when the run has no stress output.
+    pub fn stress(&self) -> Option<Vec<Option<[f64; 6]>>> {
+        let o = self.outputs.get("stress")?;
+        Some(
+            o.values
+                .chunks(6)
+                .zip(&self.has_stress)
+                .map(|(c, &has)| has.then(|| [c[0], c[1], c[2], c[3], c[4], c[5]]))
+                .collect(),
+        )
     }
 
     /// Per-atom energies (eV), when the model has them.
@@ -138,9 +149,9 @@ impl EvalResult {
     /// them); results the input carried from another calculation are
     /// dropped. Ready to be written as extended XYZ.
     pub fn annotate(&self, batch: &[System]) -> Vec<System> {
-        let forces = self.forces();
-        let stress = self.stress();
-        let energies = self.energy();
+        let forces = self.forces().unwrap_or_default();
+        let stress = self.stress().unwrap_or_default();
+        let energies = self.energy().unwrap_or_default();
         let atomic = self.atomic_energies();
         let mut out = batch.to_vec();
         let mut offset = 0;
@@ -166,10 +177,18 @@ impl EvalResult {
     /// `ddmlip demo` reports between its single-process and split runs.
     pub fn max_relative_difference(&self, other: &EvalResult) -> f64 {
         let mut worst: f64 = 0.0;
-        for (x, y) in self.energy().iter().zip(other.energy()) {
+        for (x, y) in self
+            .energy()
+            .unwrap_or_default()
+            .iter()
+            .zip(other.energy().unwrap_or_default())
+        {
             worst = worst.max((x - y).abs() / x.abs().max(1e-300));
         }
-        let (fa, fb) = (self.forces(), other.forces());
+        let (fa, fb) = (
+            self.forces().unwrap_or_default(),
+            other.forces().unwrap_or_default(),
+        );
         let scale = fa
             .iter()
             .flatten()
@@ -179,7 +198,12 @@ impl EvalResult {
             let d = (x - y).abs() / scale;
             worst = worst.max(if d.is_nan() { f64::INFINITY } else { d });
         }
-        for (sa, sb) in self.stress().iter().zip(other.stress()) {
+        for (sa, sb) in self
+            .stress()
+            .unwrap_or_default()
+            .iter()
+            .zip(other.stress().unwrap_or_default())
+        {
             if let (Some(sa), Some(sb)) = (sa, sb) {
                 let scale = sa.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-300);
                 for k in 0..6 {

@@ -39,12 +39,12 @@ pub(crate) fn evaluate_single<T: Scalar>(
     let grads = g.grad(out.energy, None, &[pos, eps])?;
     timings.backward = lap(&mut clock);
     let mut result = collect_outputs(&g, &out, &grads, batch);
-    result.handler_counts = g.handler_counts().clone();
+    result.diagnostics.handler_counts = g.handler_counts().clone();
     if let Some(tr) = g.take_trace() {
-        result.traces.push(tr);
+        result.diagnostics.traces.push(tr);
     }
     timings.gather = lap(&mut clock);
-    result.rank_timings = vec![timings];
+    result.diagnostics.rank_timings = vec![timings];
     *buffers = g.into_buffers();
     Ok(result)
 }
@@ -72,12 +72,12 @@ fn batch_problem<T: Scalar>(
         positions.extend(
             sys.positions
                 .iter()
-                .flat_map(|p| p.iter().map(|&x| T::of(x))),
+                .flat_map(|p| p.iter().map(|&x| T::from_f64(x))),
         );
         numbers.extend_from_slice(&sys.numbers);
         atom_system.extend(std::iter::repeat_n(s as u32, sys.len()));
         let cell = sys.cell_or_zero();
-        cells.extend(cell.matrix.iter().flatten().map(|&x| T::of(x)));
+        cells.extend(cell.matrix.iter().flatten().map(|&x| T::from_f64(x)));
         let cutoff = if model.uses_runtime_graph() {
             model.cutoff()
         } else {

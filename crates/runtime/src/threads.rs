@@ -81,7 +81,7 @@ pub(crate) fn evaluate_threads(
             .collect()
     });
     let mut result = combine_rank_results(outcomes, batch, split.parts)?;
-    result.partition_s = split.partition_s;
-    result.finish_s = split.started.elapsed().as_secs_f64();
+    result.diagnostics.partition_s = split.partition_s;
+    result.diagnostics.finish_s = split.started.elapsed().as_secs_f64();
     Ok(result)
 }

@@ -96,18 +96,28 @@ fn rel(a: f64, b: f64, scale: f64) -> f64 {
 /// Max relative difference over energy, forces (scaled by the largest force), stress.
 fn compare(a: &EvalResult, b: &EvalResult) -> f64 {
     let mut worst: f64 = 0.0;
-    for (x, y) in a.energy().iter().zip(b.energy()) {
+    for (x, y) in a
+        .energy()
+        .expect("energy")
+        .iter()
+        .zip(b.energy().expect("energy"))
+    {
         worst = worst.max(rel(*x, *y, x.abs()));
     }
-    let fa = a.forces();
-    let fb = b.forces();
+    let fa = a.forces().expect("forces");
+    let fb = b.forces().expect("forces");
     assert_eq!(fa.len(), fb.len());
     let fscale = fa.iter().flatten().fold(0.0f64, |m, v| m.max(v.abs()));
     for (x, y) in fa.iter().flatten().zip(fb.iter().flatten()) {
         assert!(y.is_finite(), "missing force row in the decomposed run");
         worst = worst.max(rel(*x, *y, fscale));
     }
-    for (sa, sb) in a.stress().iter().zip(b.stress()) {
+    for (sa, sb) in a
+        .stress()
+        .expect("stress")
+        .iter()
+        .zip(b.stress().expect("stress"))
+    {
         if let (Some(sa), Some(sb)) = (sa, sb) {
             let s = sa.iter().fold(0.0f64, |m, v| m.max(v.abs()));
             for k in 0..6 {
@@ -353,12 +363,12 @@ fn rank_timings_are_consistent() {
         },
     )
     .unwrap();
-    assert_eq!(r.rank_timings.len(), 3);
-    for t in &r.rank_timings {
+    assert_eq!(r.diagnostics.rank_timings.len(), 3);
+    for t in &r.diagnostics.rank_timings {
         for v in [t.setup, t.forward, t.backward, t.reduce, t.gather, t.comm] {
             assert!(v >= 0.0 && v.is_finite());
         }
-        assert!(t.start >= r.partition_s);
+        assert!(t.start >= r.diagnostics.partition_s);
         assert!(t.comm <= t.forward + t.backward + t.reduce + 1e-9);
     }
 }
@@ -391,7 +401,8 @@ fn deferred_energy_sum_matches_eager_and_skips_the_adjoint_exchange() {
             assert!(d < 1e-10, "{name}: decomposed differs by {d:e}");
         }
         let adjoints = |r: &EvalResult| {
-            r.handler_counts
+            r.diagnostics
+                .handler_counts
                 .get("reduce:all_reduce(adjoint)")
                 .copied()
                 .unwrap_or(0)
@@ -528,9 +539,10 @@ fn work_sharing_in_row_ops_changes_no_bit() {
         let d = compare(&single, &shared);
         assert!(d < 1e-10, "{ranks} ranks: {d:e} from the single process");
         let bits = |r: &EvalResult| -> Vec<u64> {
-            let forces = r.forces();
+            let forces = r.forces().expect("forces");
             let forces = forces.iter().flatten().copied();
             r.energy()
+                .expect("energy")
                 .iter()
                 .copied()
                 .chain(forces)

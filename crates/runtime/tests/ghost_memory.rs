@@ -123,9 +123,15 @@ fn a_one_atom_cell_with_a_wide_halo_gives_the_single_process_answer() {
             ..Default::default()
         };
         let split = evaluate(&model, &frames, &opts).unwrap();
-        let (e1, e2) = (single.energy()[0], split.energy()[0]);
+        let (e1, e2) = (
+            single.energy().expect("energy")[0],
+            split.energy().expect("energy")[0],
+        );
         assert!((e1 - e2).abs() <= 1e-10 * e1.abs(), "{e1} vs {e2}");
-        let (s1, s2) = (single.stress()[0].unwrap(), split.stress()[0].unwrap());
+        let (s1, s2) = (
+            single.stress().expect("stress")[0].unwrap(),
+            split.stress().expect("stress")[0].unwrap(),
+        );
         for k in 0..3 {
             assert!(
                 (s1[k] - s2[k]).abs() <= 1e-10 * s1[k].abs(),

@@ -13,24 +13,39 @@ pub const SPEC_VERSION: u32 = 1;
 
 /// Errors reading or checking a spec.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum SpecError {
+    /// Text that is not JSON, or JSON that does not fit the spec's schema.
     #[error("spec is not valid JSON for MLIPSpec: {0}")]
     Json(#[from] serde_json::Error),
     #[error("spec version {found} is not supported (this build reads version {SPEC_VERSION})")]
-    Version { found: u64 },
+    /// A `version` other than [`SPEC_VERSION`].
+    Version {
+        /// The version the spec states.
+        found: u64,
+    },
     #[error("spec has no \"version\" field; add \"version\": {SPEC_VERSION}")]
+    /// No `version` field.
     MissingVersion,
+    /// A spec file that cannot be read.
     #[error("cannot read spec file {path}: {source}")]
     Io {
+        /// The file as given.
         path: String,
+        /// The I/O error.
         source: std::io::Error,
     },
+    /// A spec that parses but has an impossible value (a non-integer
+    /// version, a zero halo depth, a bad adapter position), in words.
     #[error("invalid spec: {0}")]
     Invalid(String),
     /// An error of the spec file at `path`.
     #[error("spec file {path}: {source}")]
+    /// Any other error, in the named file.
     InFile {
+        /// The file as given.
         path: String,
+        /// The error in it.
         #[source]
         source: Box<SpecError>,
     },
@@ -77,10 +92,13 @@ pub enum GatherMode {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Policy {
+    /// How atoms are split over ranks.
     #[serde(default)]
     pub kind: PolicyKind,
+    /// How scatters (sums onto centres) combine across ranks.
     #[serde(default)]
     pub scatter: ScatterMode,
+    /// How gathers (reads of neighbour rows) see ghost rows.
     #[serde(default)]
     pub gather: GatherMode,
 }
@@ -123,6 +141,7 @@ pub enum OutputTransform {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OpAdapter {
+    /// The opaque op's name (`OpaqueKernel::name`).
     pub op: String,
     /// Input position (as a string, JSON-object style) → transform.
     #[serde(default)]
@@ -159,6 +178,7 @@ pub struct Validation {
     pub max_rel_diff: Option<f64>,
     /// Frames and atoms of the validated batch.
     pub frames: usize,
+    /// Atoms over all frames of the validated batch.
     pub atoms: usize,
     /// False when the split was degenerate (a rank without remote atoms), so
     /// that a pass is no evidence that the spec is right.
@@ -169,12 +189,16 @@ pub struct Validation {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MLIPSpec {
+    /// Schema version; [`SPEC_VERSION`] is the one this build reads.
     pub version: u32,
+    /// How atoms are split and how scatters and gathers cross ranks.
     #[serde(default)]
     pub policy: Policy,
     /// Atom → System reductions sum owned rows only, then all-reduce.
     #[serde(default = "default_true")]
     pub system_reductions: bool,
+    /// Output name → what its rows mean (decides how ranks' pieces combine);
+    /// `validate` fills in the outputs a spec leaves out from a run.
     #[serde(default)]
     pub output_kinds: BTreeMap<String, OutputKind>,
     /// Outputs whose ghost rows are dropped (only owned rows are reported).
@@ -183,6 +207,7 @@ pub struct MLIPSpec {
     /// Outputs that are per-rank partials and must be summed over ranks.
     #[serde(default)]
     pub all_reduce_outputs: Vec<String>,
+    /// How each opaque op is fed and how its output is combined.
     #[serde(default)]
     pub op_adapters: Vec<OpAdapter>,
     /// Ghost region width in units of the cutoff (1 = one cutoff of ghosts).

@@ -8,11 +8,15 @@
 //!   fetches once (`scripts/ci-setup.sh`); a missing one fails the test.
 //! - [`build`]: crystals and the seeded generator (re-exported from
 //!   `ddmlip-atoms`).
+//! - [`cli`]: running a workspace binary, reading back its files, the argon
+//!   crystal of the MD tests.
 
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 use std::process::Command;
+
+pub mod cli;
 
 pub use ddmlip_atoms::build;
 pub use ddmlip_atoms::build::SplitMix64;

@@ -16,19 +16,25 @@ mod compare;
 mod diagnose;
 mod infer;
 mod render;
+mod report;
 
 use ddmlip_atoms::System;
-use ddmlip_domain::{partition_health, partition_system, Partition, PartitionHealth};
+use ddmlip_domain::{partition_health, partition_system, Partition};
 use ddmlip_engine::{DType, Model};
 use ddmlip_runtime::{evaluate, ghost_width, EvalError, EvalOptions, EvalResult};
 use ddmlip_spec::{MLIPSpec, ScatterMode, Validation};
-use serde::Serialize;
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
+pub use report::{
+    Attempt, AttemptDiagnostics, Diagnostics, HaloCompleteness, Inferred, LayerDivergence,
+    MissingNeighbors, Preflight, ReceptiveField, StopReason, TraceReport, TranslatedError,
+};
+
 /// Errors that stop validation before any verdict: the input cannot be run.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ValidateError {
     /// Bad options (zero ranks, non-positive tolerances, …).
     #[error("invalid validate options: {0}")]
@@ -91,227 +97,6 @@ impl ValidateOptions {
                 ..Self::default()
             },
         }
-    }
-}
-
-/// One spec field that was inferred rather than taken from the prior.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Inferred {
-    /// Dotted field path, e.g. `policy.scatter`, `op_adapters.NAME`.
-    pub field: String,
-    /// The inferred value (JSON).
-    pub value: serde_json::Value,
-    /// The trace evidence behind it.
-    pub evidence: String,
-}
-
-/// One validated spec.
-#[derive(Debug, Clone, Serialize)]
-pub struct Attempt {
-    pub spec: MLIPSpec,
-    /// Why this spec was tried.
-    pub rationale: String,
-    /// Largest |decomposed − reference| per output (output units).
-    pub max_abs_diff: BTreeMap<String, f64>,
-    /// `max_abs_diff / max |reference|` per output.
-    pub max_rel_diff: BTreeMap<String, f64>,
-    /// Least-squares scale of decomposed onto reference values per output
-    /// (≈ 1 right, ≈ ranks for an extra all-reduce, ≈ 2 for a double count).
-    pub ratio: BTreeMap<String, f64>,
-    pub passed_outputs: Vec<String>,
-    pub failed_outputs: Vec<String>,
-    /// Distributed handler firings summed over ranks (empty when the run failed).
-    pub handler_counts: BTreeMap<String, usize>,
-    /// The run's error, when it did not complete.
-    pub error: Option<String>,
-    /// Wall time of the decomposed run (s).
-    pub seconds: f64,
-    /// True when the run completed and every output passed.
-    pub passed: bool,
-    /// What this attempt's run showed: its split, its halo, where it first
-    /// diverged, its translated error.
-    pub diagnostics: AttemptDiagnostics,
-}
-
-impl Attempt {
-    /// True when the run completed and every output passed.
-    pub fn passed(&self) -> bool {
-        self.passed
-    }
-}
-
-/// The diagnostics of one attempt (its spec's ghost width and handlers).
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct AttemptDiagnostics {
-    /// Health of every system's split under this attempt's spec.
-    pub partition_health: Vec<PartitionHealth>,
-    pub halo_completeness: Option<HaloCompleteness>,
-    /// The first op whose sum over ranks departs from the reference (failed
-    /// attempts that completed).
-    pub layer_divergence: Option<LayerDivergence>,
-    /// The run's error, translated (attempts that did not complete).
-    pub error: Option<TranslatedError>,
-}
-
-/// Why the search over specs ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StopReason {
-    /// An attempt passed.
-    Passed,
-    /// Auto-fix was off: only the starting spec was run.
-    AutofixOff,
-    /// `max_attempts` specs were tried; a rule had more to try.
-    MaxAttempts,
-    /// No rule proposed a spec that had not been tried.
-    NoFurtherRule,
-    /// The single-process reference failed, so nothing was split.
-    ReferenceFailed,
-}
-
-/// One owned atom whose neighbour count differs from the reference.
-#[derive(Debug, Clone, Serialize)]
-pub struct MissingNeighbors {
-    /// Global atom id (batch order).
-    pub atom: usize,
-    /// System (frame) index.
-    pub system: usize,
-    /// Owning rank.
-    pub rank: usize,
-    /// Neighbours in one process.
-    pub expected: usize,
-    /// Neighbours seen on the rank (`None` when not reported).
-    pub seen: Option<usize>,
-}
-
-/// Does every owned atom see its single-process neighbourhood?
-#[derive(Debug, Clone, Serialize)]
-pub struct HaloCompleteness {
-    pub verified: bool,
-    /// Radius checked (Å): the runtime cutoff, or the model's own graph radius.
-    pub radius: f64,
-    /// Ghost width of the run (Å).
-    pub ghost_width: f64,
-    /// Where the counts come from.
-    pub source: String,
-    pub atoms_checked: usize,
-    pub atoms_missing: usize,
-    /// Up to 10 atoms that miss neighbours.
-    pub examples: Vec<MissingNeighbors>,
-    pub interpretation: String,
-}
-
-/// The first forward op whose sum over ranks departs from the reference.
-#[derive(Debug, Clone, Serialize)]
-pub struct LayerDivergence {
-    /// False when every compared op agreed.
-    pub first_divergent: bool,
-    pub op: String,
-    pub scope: String,
-    /// Position of the op in the reference trace.
-    pub seq: usize,
-    pub reference_sum: f64,
-    pub ranks_sum: f64,
-    pub rel_diff: f64,
-    /// Ops compared up to (and including) the verdict.
-    pub checked: usize,
-    pub max_rel_diff: f64,
-    pub note: String,
-}
-
-/// An error, translated into its cause.
-#[derive(Debug, Clone, Serialize)]
-pub struct TranslatedError {
-    /// `reference` or `attempt N`.
-    pub stage: String,
-    /// `severed_gradient`, `non_finite`, `rank_failed`, `communication`, `error`.
-    pub kind: String,
-    /// The failed rank, when one failed.
-    pub rank: Option<usize>,
-    /// The op at fault, when known.
-    pub op: Option<String>,
-    /// The raw error text.
-    pub message: String,
-    /// What it means and what to do.
-    pub advice: String,
-}
-
-/// Opaque ops the starting spec does not declare, with a paste-able delta.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Preflight {
-    pub undeclared_opaque_ops: Vec<String>,
-    /// `{"op_adapters": [...]}` to merge into the spec, when any.
-    pub spec_delta: Option<serde_json::Value>,
-}
-
-/// How far the model reaches, read from the reference trace.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct ReceptiveField {
-    /// Message-passing depth: hops along the model's edges (each up to one
-    /// graph radius) between an atom's deepest feature and the farthest
-    /// position it reads. Fused ops count as what they do: a message-passing
-    /// op reads its node inputs one edge away.
-    pub hops: u32,
-    /// Scope of the op where `hops` is attained.
-    pub scope: String,
-    /// Edge → Atom scatter-adds in the forward pass, fused ones (pair sums,
-    /// message passing) included.
-    pub edge_scatters: usize,
-}
-
-/// Diagnostics in causal order.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Diagnostics {
-    /// The model's receptive field (`None` when the reference run failed).
-    pub receptive_field: Option<ReceptiveField>,
-    /// Health of every system's split under the reported spec.
-    pub partition_health: Vec<PartitionHealth>,
-    pub halo_completeness: Option<HaloCompleteness>,
-    pub layer_divergence: Option<LayerDivergence>,
-    pub errors: Vec<TranslatedError>,
-    pub preflight: Preflight,
-}
-
-/// The verdict.
-#[derive(Debug, Clone, Serialize)]
-pub struct TraceReport {
-    /// True when a spec made every output match within tolerance.
-    pub ok: bool,
-    pub model: String,
-    pub ranks: usize,
-    pub atol: f64,
-    pub rtol: f64,
-    /// Precision of both runs.
-    pub dtype: DType,
-    /// Where the starting spec came from: `--spec`, `model`, or `inferred`.
-    pub prior_source: String,
-    /// The working spec, or the best failing one.
-    pub spec: MLIPSpec,
-    pub attempts: Vec<Attempt>,
-    /// Rationale of the fix that made it pass (null when the first spec passed or none did).
-    pub fix_applied: Option<String>,
-    /// Why the search ended.
-    pub stop_reason: StopReason,
-    /// The fix a rule would try next, when the search ended before trying
-    /// it (auto-fix off, or `max_attempts` reached).
-    pub untried_fix: Option<String>,
-    pub inferred: Vec<Inferred>,
-    /// One actionable instruction.
-    pub next_action: String,
-    pub diagnostics: Diagnostics,
-    /// Wall time of the whole validation (s).
-    pub seconds: f64,
-}
-
-impl TraceReport {
-    /// Pretty JSON.
-    pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).unwrap_or_else(|_| "{}".to_string())
-    }
-
-    /// Multi-line text for humans.
-    pub fn render(&self) -> String {
-        render::render(self)
     }
 }
 
@@ -392,7 +177,12 @@ pub fn trace_and_validate_with(
             ))
         }
     };
-    let trace = reference.traces.first().cloned().unwrap_or_default();
+    let trace = reference
+        .diagnostics
+        .traces
+        .first()
+        .cloned()
+        .unwrap_or_default();
     let facts = infer::trace_facts(&trace);
     let cutoff = model.cutoff();
     let graph_radius = facts
@@ -728,12 +518,12 @@ fn run_attempt(
             attempt.ratio = c.ratio.clone();
             attempt.passed_outputs = c.passed.clone();
             attempt.failed_outputs = c.failed.clone();
-            attempt.handler_counts = res.handler_counts.clone();
+            attempt.handler_counts = res.diagnostics.handler_counts.clone();
             attempt.passed =
                 attempt.failed_outputs.is_empty() && !attempt.passed_outputs.is_empty();
             attempt.diagnostics.halo_completeness = diagnose::halo_completeness(
                 batch,
-                &res.partitions,
+                &res.diagnostics.partitions,
                 Some(&res),
                 halo_radius,
                 model.uses_runtime_graph(),
@@ -744,7 +534,7 @@ fn run_attempt(
             if !attempt.passed && beyond_rounding {
                 attempt.diagnostics.layer_divergence = diagnose::layer_divergence(
                     layers.trace,
-                    &res.traces,
+                    &res.diagnostics.traces,
                     layers.compare_edges,
                     layers.tolerance,
                 );

@@ -24,51 +24,96 @@ pub use writer::{write_file, write_frames, write_string};
 
 /// Why a line of an extended XYZ input could not be read.
 #[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum ParseErrorKind {
     /// The first line of a frame is not a non-negative integer.
     #[error("expected the atom count of a frame, found `{found}` (if the previous frame has more atom lines than its count says, its count is wrong)")]
-    BadAtomCount { found: String },
+    BadAtomCount {
+        /// The line as found.
+        found: String,
+    },
     /// The input ends inside a frame.
     #[error("truncated frame: the input ends after {found} of {expected} atom lines (is the atom count right?)")]
-    Truncated { expected: usize, found: usize },
+    Truncated {
+        /// Atom lines the count announced.
+        expected: usize,
+        /// Atom lines present.
+        found: usize,
+    },
     /// The input ends right after an atom count, before the comment line.
     #[error(
         "truncated frame: the input ends before the comment line of a frame with {expected} atoms"
     )]
-    MissingComment { expected: usize },
+    MissingComment {
+        /// The frame's atom count.
+        expected: usize,
+    },
     /// An atom line has fewer whitespace-separated values than `Properties` declares.
     #[error("atom index {atom}: too few columns, Properties declares {expected} but the line has {found} (is the atom count right?)")]
     TooFewColumns {
+        /// 0-based atom index in the frame.
         atom: usize,
+        /// Columns `Properties` declares.
         expected: usize,
+        /// Columns on the line.
         found: usize,
     },
     /// A value does not parse as its column's type.
     #[error("atom index {atom}: column `{column}` expects {expected}, found `{found}`")]
     BadValue {
+        /// 0-based atom index in the frame.
         atom: usize,
+        /// The column's name in `Properties`.
         column: String,
+        /// The column's type, in words.
         expected: &'static str,
+        /// The token as found.
         found: String,
     },
     /// A species token that is not an element symbol.
     #[error("atom index {atom}: unknown element symbol `{symbol}`")]
-    UnknownElement { atom: usize, symbol: String },
+    UnknownElement {
+        /// 0-based atom index in the frame.
+        atom: usize,
+        /// The token as found.
+        symbol: String,
+    },
     /// A `Z` value outside 0..=118.
     #[error("atom index {atom}: atomic number {z} is not in the element table (0..=118)")]
-    UnknownAtomicNumber { atom: usize, z: i64 },
+    UnknownAtomicNumber {
+        /// 0-based atom index in the frame.
+        atom: usize,
+        /// The number as found.
+        z: i64,
+    },
     /// A position component is NaN or infinite.
     #[error("atom index {atom}: position is not finite ({found})")]
-    NonFinitePosition { atom: usize, found: String },
+    NonFinitePosition {
+        /// 0-based atom index in the frame.
+        atom: usize,
+        /// The position tokens as found.
+        found: String,
+    },
     /// `Lattice` is not 9 numbers.
     #[error("bad Lattice: expected 9 numbers (three lattice vectors), found `{found}`")]
-    BadLattice { found: String },
+    BadLattice {
+        /// The `Lattice` value as found.
+        found: String,
+    },
     /// `pbc` is not one or three booleans.
     #[error("bad pbc: expected three booleans such as \"T T F\", found `{found}`")]
-    BadPbc { found: String },
+    BadPbc {
+        /// The `pbc` value as found.
+        found: String,
+    },
     /// The `Properties` specification is malformed or lacks a required column.
     #[error("bad Properties `{spec}`: {reason}")]
-    BadProperties { spec: String, reason: String },
+    BadProperties {
+        /// The `Properties` value as found.
+        spec: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A line is not valid UTF-8.
     #[error("line is not valid UTF-8")]
     InvalidUtf8,
@@ -77,29 +122,41 @@ pub enum ParseErrorKind {
 /// Errors of extended XYZ IO. Parse errors carry the file (when reading a
 /// file) and the 1-based line number.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum XyzError {
     /// A line could not be parsed.
     #[error("{}line {line}: {kind}", file_prefix(.file))]
     Parse {
+        /// The file, when reading one.
         file: Option<PathBuf>,
+        /// 1-based line number.
         line: usize,
+        /// What is wrong with the line.
         kind: ParseErrorKind,
     },
     /// The input holds no frame at all.
     #[error("{}no frames: the input is empty (an extended XYZ file starts with an atom count line)", file_prefix(.file))]
-    Empty { file: Option<PathBuf> },
+    Empty {
+        /// The file, when reading one.
+        file: Option<PathBuf>,
+    },
     /// Reading or writing failed at the OS level.
     #[error("{}{source}", file_prefix(.file))]
     Io {
+        /// The file, when reading or writing one.
         file: Option<PathBuf>,
+        /// The OS error.
         #[source]
         source: std::io::Error,
     },
     /// A system cannot be written so that ASE (and this reader) read it back.
     #[error("{}frame {frame} (0-based) cannot be written: {reason}", file_prefix(.file))]
     Write {
+        /// The file being written, when there is one.
         file: Option<PathBuf>,
+        /// 0-based index of the frame.
         frame: usize,
+        /// Why, naming the offending property.
         reason: String,
     },
 }

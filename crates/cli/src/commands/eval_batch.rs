@@ -180,6 +180,7 @@ fn check_finite(model: &str, frame: usize, r: &FrameResult) -> Result<(), CliErr
 
 fn frame_result(sys: &System, r: &EvalResult) -> FrameResult {
     let health = r
+        .diagnostics
         .partitions
         .first()
         .map(|p| ddmlip_domain::partition_health(p, sys));
@@ -194,13 +195,16 @@ fn frame_result(sys: &System, r: &EvalResult) -> FrameResult {
         .collect();
     FrameResult {
         atoms: sys.len(),
-        energy: r.energy().first().copied().unwrap_or(f64::NAN),
-        forces: r.forces(),
-        stress: r.stress().first().copied().flatten(),
+        energy: r
+            .energy()
+            .and_then(|e| e.first().copied())
+            .unwrap_or(f64::NAN),
+        forces: r.forces().unwrap_or_default(),
+        stress: r.stress().and_then(|s| s.first().copied().flatten()),
         atomic_energies: r.atomic_energies().map(<[f64]>::to_vec),
         extra,
         health,
-        bytes_sent: r.bytes_sent,
+        bytes_sent: r.diagnostics.bytes_sent,
     }
 }
 

@@ -134,8 +134,8 @@ mod with_mpi {
             return Ok(0);
         };
         let (per_rank, times) = gathered;
-        result.bytes_sent = per_rank.iter().filter_map(|s| s.first()).sum();
-        result.rank_sizes = per_rank
+        result.diagnostics.bytes_sent = per_rank.iter().filter_map(|s| s.first()).sum();
+        result.diagnostics.rank_sizes = per_rank
             .iter()
             .filter(|s| s.len() == 4)
             .map(|s| (s[1] as usize, s[2] as usize, s[3] as usize))

@@ -107,10 +107,9 @@ fn prepare(a: &ValidateArgs, ranks: usize) -> Result<Prepared, CliError> {
     })
 }
 
+/// Every validate error is about the user's input or options (exit status 2).
 fn validate_error(e: ValidateError) -> CliError {
-    match e {
-        ValidateError::Options(_) | ValidateError::Input(_) => CliError::input(e),
-    }
+    CliError::input(e)
 }
 
 /// Writes `--spec-out`, prints the report; returns the exit status.
@@ -329,17 +328,17 @@ mod with_mpi {
         let mut result = ranked
             .result
             .ok_or_else(|| fatal(comm, "rank 0 produced no result".into()))?;
-        result.traces = Vec::with_capacity(reports.len());
-        result.handler_counts.clear();
-        result.rank_sizes.clear();
-        result.bytes_sent = 0;
+        result.diagnostics.traces = Vec::with_capacity(reports.len());
+        result.diagnostics.handler_counts.clear();
+        result.diagnostics.rank_sizes.clear();
+        result.diagnostics.bytes_sent = 0;
         for r in reports {
-            result.traces.extend(r.trace);
+            result.diagnostics.traces.extend(r.trace);
             for (k, v) in r.handler_counts {
-                *result.handler_counts.entry(k).or_insert(0) += v;
+                *result.diagnostics.handler_counts.entry(k).or_insert(0) += v;
             }
-            result.bytes_sent += r.bytes_sent;
-            result.rank_sizes.push(r.sizes);
+            result.diagnostics.bytes_sent += r.bytes_sent;
+            result.diagnostics.rank_sizes.push(r.sizes);
         }
         Ok(result)
     }

@@ -28,35 +28,56 @@ pub struct HaloPlan {
 
 /// Errors of the serial reference exchanges.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HaloError {
     /// `per_rank_data` does not have one buffer per plan.
     #[error("expected data for {expected} ranks, got {got}")]
-    RankCount { expected: usize, got: usize },
+    RankCount {
+        /// Plans given (one per rank).
+        expected: usize,
+        /// Buffers given.
+        got: usize,
+    },
     /// `plans[i].rank` is not `i`, or a peer is not a rank.
     #[error(
         "plan {index} names rank {rank}; plans must be indexed by rank id and name existing peers"
     )]
-    PlanOrder { index: usize, rank: usize },
+    PlanOrder {
+        /// Position in the plan list.
+        index: usize,
+        /// The rank the plan (or its peer) names.
+        rank: usize,
+    },
     /// A rank's buffer is not `n_local × width`.
     #[error("rank {rank}: expected {expected} values (n_local × width), got {got}")]
     BufferLength {
+        /// The rank (0-based).
         rank: usize,
+        /// n_local × width.
         expected: usize,
+        /// The buffer's length.
         got: usize,
     },
     /// A plan names a row outside the rank's owned (send) or ghost (receive) rows.
     #[error("rank {rank}: row {row} is outside its {kind} rows")]
     RowOutOfRange {
+        /// The rank (0-based).
         rank: usize,
+        /// The local row named.
         row: usize,
+        /// `owned` (send) or `ghost` (receive).
         kind: &'static str,
     },
     /// A send has no matching receive of the same length.
     #[error("rank {from} sends {sent} rows to rank {to}, which expects {expected}")]
     Mismatch {
+        /// Sending rank.
         from: usize,
+        /// Receiving rank.
         to: usize,
+        /// Rows sent.
         sent: usize,
+        /// Rows the receiver expects.
         expected: usize,
     },
 }

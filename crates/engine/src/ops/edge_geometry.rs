@@ -38,7 +38,7 @@ impl EdgeGeometry {
                 for (a, &sa) in s.iter().enumerate() {
                     if sa != 0 {
                         for k in 0..3 {
-                            v[k] += T::of(sa as f64) * cv[base + a * 3 + k];
+                            v[k] += T::from_f64(sa as f64) * cv[base + a * 3 + k];
                         }
                     }
                 }
@@ -158,7 +158,7 @@ impl EdgeGeometry {
         for (a, &sa) in s.iter().enumerate() {
             if sa != 0 {
                 for k in 0..3 {
-                    gc[base + a * 3 + k] += T::of(sa as f64) * r[k];
+                    gc[base + a * 3 + k] += T::from_f64(sa as f64) * r[k];
                 }
             }
         }

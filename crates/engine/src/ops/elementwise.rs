@@ -7,18 +7,23 @@ use crate::{EngineError, Graph, RowDomain, Scalar, Tensor};
 pub enum Unary {
     /// x·σ(x)
     Silu,
+    /// Hyperbolic tangent.
     Tanh,
     /// 1/(1+e^(−x))
     Sigmoid,
     /// ln(½eˣ + ½), SchNet's activation (zero at zero).
     ShiftedSoftplus,
+    /// eˣ
     Exp,
     /// Natural logarithm.
     Ln,
+    /// √x (x ≥ 0).
     Sqrt,
+    /// x²
     Square,
     /// 1/x
     Recip,
+    /// −x
     Neg,
     /// c·x
     Scale(f64),
@@ -57,17 +62,17 @@ impl Unary {
             Unary::Silu => x / (one + (-x).exp()),
             Unary::Tanh => x.tanh(),
             Unary::Sigmoid => one / (one + (-x).exp()),
-            Unary::ShiftedSoftplus => softplus(x) - T::of(std::f64::consts::LN_2),
+            Unary::ShiftedSoftplus => softplus(x) - T::from_f64(std::f64::consts::LN_2),
             Unary::Exp => x.exp(),
             Unary::Ln => x.ln(),
             Unary::Sqrt => x.sqrt(),
             Unary::Square => x * x,
             Unary::Recip => one / x,
             Unary::Neg => -x,
-            Unary::Scale(c) => T::of(c) * x,
-            Unary::AddScalar(c) => x + T::of(c),
+            Unary::Scale(c) => T::from_f64(c) * x,
+            Unary::AddScalar(c) => x + T::from_f64(c),
             Unary::Powf(p) => power(x, p),
-            Unary::ScaledSilu(c) => T::of(c) * x / (one + (-x).exp()),
+            Unary::ScaledSilu(c) => T::from_f64(c) * x / (one + (-x).exp()),
         }
     }
 
@@ -84,11 +89,11 @@ impl Unary {
         let one = T::one();
         match *self {
             Unary::Scale(c) => {
-                let c = T::of(c);
+                let c = T::from_f64(c);
                 each!(x => c * x)
             }
             Unary::AddScalar(c) => {
-                let c = T::of(c);
+                let c = T::from_f64(c);
                 each!(x => x + c)
             }
             Unary::Square => each!(x => x * x),
@@ -120,17 +125,17 @@ impl Unary {
         }
         match *self {
             Unary::Scale(c) => {
-                let c = T::of(c);
+                let c = T::from_f64(c);
                 each!(_x, _y => c)
             }
             Unary::AddScalar(_) => each!(_x, _y => T::one()),
             Unary::Square => {
-                let two = T::of(2.0);
+                let two = T::from_f64(2.0);
                 each!(xi, _y => two * xi)
             }
             Unary::Recip => each!(_x, yi => -yi * yi),
             Unary::Powf(p) if p.fract() == 0.0 && p.abs() <= 16.0 && (p - 1.0).abs() <= 16.0 => {
-                let (c, n) = (T::of(p), (p - 1.0) as i32);
+                let (c, n) = (T::from_f64(p), (p - 1.0) as i32);
                 each!(xi, _y => c * powi(xi, n))
             }
             f => each!(xi, yi => f.derivative(xi, yi)),
@@ -148,20 +153,20 @@ impl Unary {
             }
             Unary::ScaledSilu(c) => {
                 let s = one / (one + (-x).exp());
-                T::of(c) * s * (one + x * (one - s))
+                T::from_f64(c) * s * (one + x * (one - s))
             }
             Unary::Tanh => one - y * y,
             Unary::Sigmoid => y * (one - y),
             Unary::ShiftedSoftplus => one / (one + (-x).exp()),
             Unary::Exp => y,
             Unary::Ln => one / x,
-            Unary::Sqrt => T::of(0.5) / y,
-            Unary::Square => T::of(2.0) * x,
+            Unary::Sqrt => T::from_f64(0.5) / y,
+            Unary::Square => T::from_f64(2.0) * x,
             Unary::Recip => -y * y,
             Unary::Neg => -one,
-            Unary::Scale(c) => T::of(c),
+            Unary::Scale(c) => T::from_f64(c),
             Unary::AddScalar(_) => one,
-            Unary::Powf(p) => T::of(p) * power(x, p - 1.0),
+            Unary::Powf(p) => T::from_f64(p) * power(x, p - 1.0),
         }
     }
 }
@@ -173,7 +178,7 @@ fn power<T: Scalar>(x: T, p: f64) -> T {
     if p.fract() == 0.0 && p.abs() <= 16.0 {
         powi(x, p as i32)
     } else {
-        x.powf(T::of(p))
+        x.powf(T::from_f64(p))
     }
 }
 

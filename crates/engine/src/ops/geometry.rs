@@ -35,8 +35,11 @@ fn length_scale<T: Scalar>(g: T, length: T) -> T {
 /// a (3·n_systems)×3 tensor, and each edge's system.
 #[derive(Debug, Clone)]
 pub struct PeriodicShifts {
+    /// Cells of the systems (n_systems × 9, rows are lattice vectors, Å).
     pub cell: Tensor,
+    /// Integer cell shift S of each edge (one per edge).
     pub shifts: Arc<Vec<[i32; 3]>>,
+    /// Edge → system whose cell the shift multiplies.
     pub edge_system: Index,
 }
 

@@ -314,7 +314,7 @@ impl<T: Scalar> Graph<T> {
                 }
             }
             for (o, a) in out.iter_mut().zip(acc) {
-                *o = T::of(a);
+                *o = T::from_f64(a);
             }
         }
         let spec = NodeSpec {

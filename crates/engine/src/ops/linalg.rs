@@ -19,7 +19,7 @@ pub(crate) fn matmul_into<T: Scalar>(
     // Rows of `c` from the same rows of `a`: each element's sum over k runs
     // the same way in any row block.
     let rows = |ab: &[T], cb: &mut [T]| {
-        T::gemm(
+        ddmlip_float::gemm(
             cb.len() / n.max(1),
             k,
             n,
@@ -49,7 +49,7 @@ pub(crate) fn matmul_bt_into<T: Scalar>(
     n: usize,
 ) {
     let rows = |gb: &[T], gab: &mut [T]| {
-        T::gemm(
+        ddmlip_float::gemm(
             gab.len() / k.max(1),
             n,
             k,
@@ -134,7 +134,7 @@ impl<T: Scalar> Graph<T> {
                     // gb (k×n) += aᵀ (k×m) · g (m×n)
                     let av = ctx.value(a);
                     ctx.accumulate_with(b, |gb| {
-                        T::gemm(
+                        ddmlip_float::gemm(
                             k,
                             m,
                             n,

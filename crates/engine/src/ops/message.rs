@@ -7,7 +7,7 @@
 
 use crate::graph::NodeSpec;
 use crate::ops::index::scatter_handler;
-use crate::{EngineError, Graph, Index, OpaqueKernel, RowDomain, Scalar, Tensor};
+use crate::{EngineError, Graph, Index, KernelError, OpaqueKernel, RowDomain, Scalar, Tensor};
 use ddmlip_spec::GatherMode;
 use std::sync::Arc;
 
@@ -32,7 +32,7 @@ pub trait MessageKernel<T: Scalar>: Send + Sync {
     /// Output row width.
     fn out_cols(&self) -> usize;
     /// `out[i] = Σ_{e: center[e] = i} msg(nodes[neighbor[e]], edges[e])`; `out` is zeroed.
-    fn forward(&self, inputs: &MessageInputs<'_, T>, out: &mut [T]) -> Result<(), String>;
+    fn forward(&self, inputs: &MessageInputs<'_, T>, out: &mut [T]) -> Result<(), KernelError>;
     /// Adds gradients into `grad_nodes` / `grad_edges` (zeroed, one per input).
     fn backward(
         &self,
@@ -40,7 +40,7 @@ pub trait MessageKernel<T: Scalar>: Send + Sync {
         grad_out: &[T],
         grad_nodes: &mut [Vec<T>],
         grad_edges: &mut [Vec<T>],
-    ) -> Result<(), String>;
+    ) -> Result<(), KernelError>;
 }
 
 impl<T: Scalar> Graph<T> {
@@ -120,9 +120,9 @@ impl<T: Scalar> Graph<T> {
             };
             kernel
                 .forward(&inputs, &mut out)
-                .map_err(|message| EngineError::Kernel {
+                .map_err(|source| EngineError::Kernel {
                     op: name.clone(),
-                    message,
+                    source,
                 })?;
         }
         let handler = scatter_mode.map(scatter_handler);
@@ -157,9 +157,9 @@ impl<T: Scalar> Graph<T> {
                 let mut ge: Vec<Vec<T>> =
                     inputs.edges.iter().map(|s| ctx.zeroed(s.len())).collect();
                 k.backward(&inputs, g, &mut gn, &mut ge)
-                    .map_err(|message| EngineError::Kernel {
+                    .map_err(|source| EngineError::Kernel {
                         op: k.name().to_string(),
-                        message,
+                        source,
                     })?;
                 for (&t, gt) in all.iter().zip(gn.into_iter().chain(ge)) {
                     ctx.accumulate(t, gt);

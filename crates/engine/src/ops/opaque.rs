@@ -4,7 +4,7 @@
 //! (`scatter_outputs`, `all_reduce_sum`, `slice_outputs_owned`).
 
 use crate::graph::NodeSpec;
-use crate::{EngineError, Graph, RowDomain, Scalar, Tensor};
+use crate::{EngineError, Graph, KernelError, RowDomain, Scalar, Tensor};
 use ddmlip_spec::{InputTransform, OutputTransform};
 use std::sync::Arc;
 
@@ -16,9 +16,9 @@ pub trait OpaqueKernel<T: Scalar>: Send + Sync {
     /// The op name the trace and spec adapters use.
     fn name(&self) -> &str;
     /// Shape of the single output given the inputs' shapes.
-    fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, String>;
+    fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, KernelError>;
     /// Computes the output into `out` (zeroed, sized from `output_shape`).
-    fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), String>;
+    fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), KernelError>;
     /// Adds input gradients into `grads` (one zeroed buffer per input) given
     /// the output gradient. `None` means the kernel has no backward.
     fn backward(
@@ -27,7 +27,7 @@ pub trait OpaqueKernel<T: Scalar>: Send + Sync {
         _shapes: &[Shape],
         _grad_out: &[T],
         _grads: &mut [Vec<T>],
-    ) -> Option<Result<(), String>> {
+    ) -> Option<Result<(), KernelError>> {
         None
     }
 }
@@ -100,9 +100,9 @@ impl<T: Scalar> Graph<T> {
         handler: Option<&str>,
         row_local: bool,
     ) -> Result<Tensor, EngineError> {
-        let kernel_err = |message| EngineError::Kernel {
+        let kernel_err = |source| EngineError::Kernel {
             op: kernel.name().to_string(),
-            message,
+            source,
         };
         let shapes: Vec<Shape> = ins
             .iter()
@@ -147,10 +147,10 @@ impl<T: Scalar> Graph<T> {
                 let mut grads: Vec<Vec<T>> = slices.iter().map(|s| ctx.zeroed(s.len())).collect();
                 match k.backward(&slices, &shapes, g, &mut grads) {
                     None => return Err(EngineError::NoBackward { op: op.clone() }),
-                    Some(Err(message)) => {
+                    Some(Err(source)) => {
                         return Err(EngineError::Kernel {
                             op: k.name().to_string(),
-                            message,
+                            source,
                         })
                     }
                     Some(Ok(())) => {}

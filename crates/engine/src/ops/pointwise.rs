@@ -143,7 +143,7 @@ impl Pointwise {
             let dst = &mut rest[0][..len];
             match *step {
                 Step::Input(j) => dst.copy_from_slice(&inputs[j as usize][start..start + len]),
-                Step::Constant(c) => dst.fill(T::of(c)),
+                Step::Constant(c) => dst.fill(T::from_f64(c)),
                 Step::Unary(f, a) => f.apply_slice(&done[a as usize][..len], dst),
                 Step::Binary(kind, a, b) => {
                     let (xa, xb) = (&done[a as usize][..len], &done[b as usize][..len]);

@@ -9,13 +9,31 @@ use std::f64::consts::PI;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Radial {
     /// `exp(−γ (d − μ_k)²)` for each centre μ_k.
-    Gaussian { centers: Vec<f64>, gamma: f64 },
+    Gaussian {
+        /// Centres μ_k (Å); K = their count.
+        centers: Vec<f64>,
+        /// Width γ (1/Å²), positive.
+        gamma: f64,
+    },
     /// `√(2/rc) · sin(kπd/rc)/d`, k = 1..=n.
-    Bessel { n: usize, cutoff: f64 },
+    Bessel {
+        /// Number of basis functions K.
+        n: usize,
+        /// Cutoff rc (Å), positive.
+        cutoff: f64,
+    },
     /// `½(cos(πd/rc) + 1)` for d < rc, else 0 (K = 1).
-    CosineCutoff { cutoff: f64 },
+    CosineCutoff {
+        /// Cutoff rc (Å), positive.
+        cutoff: f64,
+    },
     /// DimeNet's polynomial envelope of order p on x = d/rc, 0 beyond rc (K = 1).
-    PolynomialCutoff { cutoff: f64, p: i32 },
+    PolynomialCutoff {
+        /// Cutoff rc (Å), positive.
+        cutoff: f64,
+        /// Envelope order p (DimeNet uses 6).
+        p: i32,
+    },
 }
 
 impl Radial {
@@ -115,8 +133,8 @@ impl<T: Scalar> Graph<T> {
                 {
                     f.eval(dv[ci * chunk + lr].to_f64_lossless(), &mut v64, &mut d64);
                     for c in 0..k {
-                        vrow[c] = T::of(v64[c]);
-                        drow[c] = T::of(d64[c]);
+                        vrow[c] = T::from_f64(v64[c]);
+                        drow[c] = T::from_f64(d64[c]);
                     }
                 }
             });

@@ -75,13 +75,20 @@ impl<T: Scalar> OpaqueKernel<T> for SystemSumKernel {
             "system_sum_nograd"
         }
     }
-    fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, String> {
+    fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, ddmlip_engine::KernelError> {
         match inputs {
             [(RowDomain::Atom, _, 1)] => Ok((RowDomain::System, 1, 1)),
-            _ => Err("expects one Atom×1 input".into()),
+            _ => Err(ddmlip_engine::KernelError::Inputs {
+                expected: "one Atom×1 input".into(),
+            }),
         }
     }
-    fn forward(&self, inputs: &[&[T]], _: &[Shape], out: &mut [T]) -> Result<(), String> {
+    fn forward(
+        &self,
+        inputs: &[&[T]],
+        _: &[Shape],
+        out: &mut [T],
+    ) -> Result<(), ddmlip_engine::KernelError> {
         let mut acc = T::zero();
         for &x in inputs[0] {
             acc += x;
@@ -95,7 +102,7 @@ impl<T: Scalar> OpaqueKernel<T> for SystemSumKernel {
         _shapes: &[Shape],
         grad_out: &[T],
         grads: &mut [Vec<T>],
-    ) -> Option<Result<(), String>> {
+    ) -> Option<Result<(), ddmlip_engine::KernelError>> {
         if !self.backward {
             return None;
         }
@@ -276,7 +283,7 @@ impl<T: Scalar> ddmlip_engine::MessageKernel<T> for SquareMessage {
         &self,
         x: &ddmlip_engine::MessageInputs<'_, T>,
         out: &mut [T],
-    ) -> Result<(), String> {
+    ) -> Result<(), ddmlip_engine::KernelError> {
         for (e, (&i, &j)) in x.center.iter().zip(x.neighbor).enumerate() {
             let xj = x.nodes[0][j as usize];
             out[i as usize] += x.edges[0][e] * xj * xj;
@@ -289,7 +296,7 @@ impl<T: Scalar> ddmlip_engine::MessageKernel<T> for SquareMessage {
         g: &[T],
         grad_nodes: &mut [Vec<T>],
         grad_edges: &mut [Vec<T>],
-    ) -> Result<(), String> {
+    ) -> Result<(), ddmlip_engine::KernelError> {
         for (e, (&i, &j)) in x.center.iter().zip(x.neighbor).enumerate() {
             let (i, j) = (i as usize, j as usize);
             let xj = x.nodes[0][j];

@@ -213,15 +213,15 @@ const PHASES: [&str; 6] = ["setup", "forward", "backward", "reduce", "gather", "
 
 impl PhaseBreakdown {
     fn of(r: &EvalResult) -> Option<Self> {
-        if r.rank_timings.is_empty() {
+        if r.diagnostics.rank_timings.is_empty() {
             return None;
         }
-        let n = r.rank_timings.len() as f64;
+        let n = r.diagnostics.rank_timings.len() as f64;
         let phases = |t: &RankTimings| [t.setup, t.forward, t.backward, t.reduce, t.gather, t.comm];
         let mut mean_s = [0.0; 6];
         let mut max_s = [0.0f64; 6];
         let mut rank_end_s = [f64::INFINITY, 0.0f64];
-        for t in &r.rank_timings {
+        for t in &r.diagnostics.rank_timings {
             for (k, v) in phases(t).into_iter().enumerate() {
                 mean_s[k] += v / n;
                 max_s[k] = max_s[k].max(v);
@@ -230,9 +230,10 @@ impl PhaseBreakdown {
             rank_end_s[1] = rank_end_s[1].max(t.end());
         }
         let per_rank = r
+            .diagnostics
             .rank_sizes
             .iter()
-            .zip(&r.rank_timings)
+            .zip(&r.diagnostics.rank_timings)
             .map(|(&(owned, ghosts, edges), &timings)| RankRecord {
                 owned,
                 ghosts,
@@ -241,11 +242,11 @@ impl PhaseBreakdown {
             })
             .collect();
         Some(Self {
-            partition_s: r.partition_s,
+            partition_s: r.diagnostics.partition_s,
             mean_s,
             max_s,
             rank_end_s,
-            finish_s: r.finish_s,
+            finish_s: r.diagnostics.finish_s,
             per_rank,
         })
     }
@@ -601,8 +602,14 @@ pub fn child(a: &ModelBenchArgs) -> Result<u8, CliError> {
         if let (Some(c0), Some(c1)) = (c0, process_cpu_s()) {
             cpu_times.push(c1 - c0);
         }
-        if r.rank_timings.len() > 1 {
-            rank_work_s.push(r.rank_timings.iter().map(RankTimings::work).collect());
+        if r.diagnostics.rank_timings.len() > 1 {
+            rank_work_s.push(
+                r.diagnostics
+                    .rank_timings
+                    .iter()
+                    .map(RankTimings::work)
+                    .collect(),
+            );
         }
         last = Some(r);
     }
@@ -614,7 +621,8 @@ pub fn child(a: &ModelBenchArgs) -> Result<u8, CliError> {
     let (owned, ghost) = last
         .as_ref()
         .map(|r| {
-            r.rank_sizes
+            r.diagnostics
+                .rank_sizes
                 .iter()
                 .fold((0usize, 0usize), |(o, g), s| (o + s.0, g + s.1))
         })
@@ -648,7 +656,7 @@ pub fn child(a: &ModelBenchArgs) -> Result<u8, CliError> {
         } else {
             0.0
         },
-        bytes_per_step: last.as_ref().map_or(0, |r| r.bytes_sent),
+        bytes_per_step: last.as_ref().map_or(0, |r| r.diagnostics.bytes_sent),
         minor_faults_per_step,
         phases: last.as_ref().and_then(PhaseBreakdown::of),
         rank_work_s,

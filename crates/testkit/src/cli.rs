@@ -1,0 +1,133 @@
+//! Running a workspace binary from its integration tests and reading back
+//! what it wrote.
+
+use ddmlip_atoms::{Cell, Column, System};
+use std::path::Path;
+use std::process::Command;
+
+/// Runs `bin` (a test's `env!("CARGO_BIN_EXE_…")`) with `args` and returns
+/// (exit code, stdout, stderr); the code is −1 when a signal ended it.
+/// Output that is not UTF-8 is decoded lossily.
+///
+/// # Panics
+/// When the binary cannot be started.
+pub fn run_binary(bin: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(bin)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A path as the `&str` a command line takes.
+///
+/// # Panics
+/// When the path is not UTF-8 (test paths are).
+pub fn path_str(p: &Path) -> &str {
+    p.to_str()
+        .unwrap_or_else(|| panic!("{} is not UTF-8", p.display()))
+}
+
+/// Every frame of an extended XYZ file.
+///
+/// # Panics
+/// When the file cannot be read or parsed.
+pub fn read_xyz(p: &Path) -> Vec<System> {
+    ddmlip_atoms::extxyz::read_file(p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()))
+}
+
+/// The `momenta` column (3 per atom, flat, amu·Å/fs as ASE stores them).
+///
+/// # Panics
+/// When the system has no `momenta` column of width 3.
+pub fn momenta(sys: &System) -> Vec<f64> {
+    match sys.properties.arrays.get("momenta") {
+        Some(Column::Float(v, 3)) => v.clone(),
+        other => panic!("no momenta column: {other:?}"),
+    }
+}
+
+/// Periodic FCC argon (a = 5.3 Å), `cells`³ conventional cells (4·cells³
+/// atoms), each coordinate displaced by up to `rattle` Å along a fixed
+/// sine/cosine pattern (deterministic, no generator). With `with_momenta`
+/// it carries a `momenta` column of the same kind (up to 0.3 per component).
+pub fn argon_fcc(cells: usize, rattle: f64, with_momenta: bool) -> System {
+    const A: f64 = 5.3;
+    let basis = [
+        [0.0, 0.0, 0.0],
+        [0.5, 0.5, 0.0],
+        [0.5, 0.0, 0.5],
+        [0.0, 0.5, 0.5],
+    ];
+    let mut pos = Vec::new();
+    let mut mom = Vec::new();
+    let mut k = 0.0f64;
+    for i in 0..cells {
+        for j in 0..cells {
+            for l in 0..cells {
+                for b in basis {
+                    k += 1.0;
+                    pos.push([
+                        (i as f64 + b[0]) * A + rattle * (k * 1.3).sin(),
+                        (j as f64 + b[1]) * A + rattle * (k * 2.1).cos(),
+                        (l as f64 + b[2]) * A + rattle * (k * 0.7).sin(),
+                    ]);
+                    mom.extend([
+                        0.3 * (k * 0.9).sin(),
+                        0.3 * (k * 1.7).cos(),
+                        0.3 * (k * 2.9).sin(),
+                    ]);
+                }
+            }
+        }
+    }
+    let n = pos.len();
+    let side = cells as f64 * A;
+    let mut sys = System::new(
+        pos,
+        vec![18; n],
+        Some(Cell::orthorhombic(side, side, side)),
+        [true; 3],
+    );
+    if with_momenta {
+        sys.properties
+            .arrays
+            .insert("momenta".into(), Column::Float(mom, 3));
+    }
+    sys
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argon_has_four_atoms_per_cell_inside_a_periodic_box() {
+        let sys = argon_fcc(2, 0.05, true);
+        assert_eq!(sys.len(), 32);
+        assert_eq!(momenta(&sys).len(), 96);
+        let cell = sys.cell.as_ref().expect("a cell");
+        assert_eq!(cell.matrix[0][0], 10.6);
+        // The rattle stays within its amplitude of the ideal sites.
+        for p in &sys.positions {
+            for x in p {
+                let frac = (x / 2.65).round() * 2.65 - x;
+                assert!(frac.abs() <= 0.05 + 1e-12, "{x}");
+            }
+        }
+        assert!(!argon_fcc(1, 0.0, false)
+            .properties
+            .arrays
+            .contains_key("momenta"));
+    }
+
+    #[test]
+    fn run_binary_reports_the_exit_code_and_both_streams() {
+        let (code, out, err) = run_binary("sh", &["-c", "echo out; echo err >&2; exit 3"]);
+        assert_eq!((code, out.as_str(), err.as_str()), (3, "out\n", "err\n"));
+    }
+}
