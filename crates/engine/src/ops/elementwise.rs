@@ -28,6 +28,10 @@ pub enum Unary {
     Powf(f64),
     /// Normalised SiLU as e3nn uses it: c·x·σ(x).
     ScaledSilu(f64),
+    /// cos x (x in radians).
+    Cos,
+    /// sin x (x in radians).
+    Sin,
 }
 
 impl Unary {
@@ -47,6 +51,8 @@ impl Unary {
             Unary::AddScalar(_) => "add_scalar",
             Unary::Powf(_) => "powf",
             Unary::ScaledSilu(_) => "scaled_silu",
+            Unary::Cos => "cos",
+            Unary::Sin => "sin",
         }
     }
 
@@ -68,6 +74,8 @@ impl Unary {
             Unary::AddScalar(c) => x + T::of(c),
             Unary::Powf(p) => power(x, p),
             Unary::ScaledSilu(c) => T::of(c) * x / (one + (-x).exp()),
+            Unary::Cos => x.cos(),
+            Unary::Sin => x.sin(),
         }
     }
 
@@ -162,6 +170,8 @@ impl Unary {
             Unary::Scale(c) => T::of(c),
             Unary::AddScalar(_) => one,
             Unary::Powf(p) => T::of(p) * power(x, p - 1.0),
+            Unary::Cos => -x.sin(),
+            Unary::Sin => x.cos(),
         }
     }
 }
