@@ -274,6 +274,9 @@ impl<'a, T: Scalar> Run<'a, T> {
             })
             .collect::<Result<_, _>>()?;
         let users = archive.program.user_inputs();
+        if users.len() != 5 {
+            return Err(EngineError::Input("the graph does not have the contract's 5 inputs".into()));
+        }
         let center = run.g.index_values(edges.center).clone();
         let neighbor = run.g.index_values(edges.neighbor).clone();
         let edge_index: Vec<i64> = center
@@ -712,7 +715,8 @@ impl<'a, T: Scalar> Run<'a, T> {
                         if self.g.domain(t) != RowDomain::Atom {
                             return Err("indexing a differentiable tensor whose rows are not atoms".into());
                         }
-                        let i = self.index_for(&idx, shape[0])?;
+                        let rows = *shape.first().ok_or("indexing a scalar")?;
+                        let i = self.index_for(&idx, rows)?;
                         let t = self.g.gather(t, i).map_err(Self::map_err)?;
                         let shape = self.shape_of(&out)?;
                         self.set(node, Val::T { t, shape })
@@ -921,7 +925,8 @@ impl<'a, T: Scalar> Run<'a, T> {
                 if self.domain_of(&out) != RowDomain::Atom {
                     return Err("index_add onto rows that are not atoms".into());
                 }
-                let i = self.index_for(&idx, shape[0])?;
+                let rows = *shape.first().ok_or("index_add onto a scalar")?;
+                let i = self.index_for(&idx, rows)?;
                 let src_t = match src {
                     Val::T { t, .. } => t,
                     other => {
