@@ -159,6 +159,9 @@ fn strides(shape: &[usize]) -> Vec<usize> {
 
 /// numpy broadcasting of `v` (shape `from`) to `to`.
 fn broadcast_host(v: &[f64], from: &[usize], to: &[usize]) -> Res<Vec<f64>> {
+    if v.len() != numel(from) {
+        return Err(format!("{} values for shape {from:?}", v.len()));
+    }
     if from == to {
         return Ok(v.to_vec());
     }
@@ -428,6 +431,16 @@ impl<'a, T: Scalar> Run<'a, T> {
     }
 
     fn set(&mut self, node: &Node, v: Val) -> Res<()> {
+        // Host values must fill their (recorded) shape: a graph whose
+        // metadata disagrees with its ops is an error here, not a bad read later.
+        let consistent = match &v {
+            Val::Host { v, shape } => v.len() == numel(shape),
+            Val::Int { v, shape, .. } => v.len() == numel(shape),
+            _ => true,
+        };
+        if !consistent {
+            return Err("the recorded shape of the result does not match what the op produced".into());
+        }
         let name = node
             .outputs
             .first()
@@ -836,6 +849,11 @@ impl<'a, T: Scalar> Run<'a, T> {
                     Some(Arg::AsTensor(b)) => Some(Self::host_values(self.get(&b.name)?).ok_or("a differentiable bias is not supported")?),
                     _ => None,
                 };
+                if let Some((b, _)) = &bias {
+                    if b.len() != n_out {
+                        return Err(format!("a bias of {} values for {n_out} outputs", b.len()));
+                    }
+                }
                 let out = self.out_name(node)?.to_string();
                 match x {
                     Val::T { t, shape } => {
