@@ -138,7 +138,9 @@ impl Pt2Archive {
                 source,
             },
         })?;
-        if list.iter().any(|m| m.name.contains("/data/aotinductor/") || m.name.starts_with("data/aotinductor/")) {
+        if list.iter().any(|m| {
+            m.name.contains("/data/aotinductor/") || m.name.starts_with("data/aotinductor/")
+        }) {
             return Err(Pt2Error::AotInductor { path });
         }
         let format_member = list
@@ -149,7 +151,8 @@ impl Pt2Archive {
                 path: path.clone(),
                 reason: "a zip without `archive_format` (a torch.save checkpoint? export with torch.export.save)".into(),
             })?;
-        let root = format_member.name[..format_member.name.len() - "archive_format".len()].to_string();
+        let root =
+            format_member.name[..format_member.name.len() - "archive_format".len()].to_string();
         let members = Members { bytes, root, list };
 
         let format = members.text("archive_format")?;
@@ -184,10 +187,11 @@ impl Pt2Archive {
             if members.find(&rel).is_none() {
                 continue;
             }
-            let cfg: WeightsConfig = serde_json::from_slice(members.read(&rel)?).map_err(|e| Pt2Error::Json {
-                member: rel.clone(),
-                message: e.to_string(),
-            })?;
+            let cfg: WeightsConfig =
+                serde_json::from_slice(members.read(&rel)?).map_err(|e| Pt2Error::Json {
+                    member: rel.clone(),
+                    message: e.to_string(),
+                })?;
             for (name, entry) in cfg.config {
                 if entry.use_pickle {
                     return Err(Pt2Error::Weight {
@@ -206,10 +210,12 @@ impl Pt2Archive {
                 InputKind::Parameter(n) | InputKind::Buffer(n) | InputKind::Constant(n) => n,
                 InputKind::User => continue,
             };
-            let w = by_state_name.get(state_name).ok_or_else(|| Pt2Error::Weight {
-                name: state_name.clone(),
-                message: "named by the graph but absent from the archive's weights".into(),
-            })?;
+            let w = by_state_name
+                .get(state_name)
+                .ok_or_else(|| Pt2Error::Weight {
+                    name: state_name.clone(),
+                    message: "named by the graph but absent from the archive's weights".into(),
+                })?;
             weights.insert(input.name.clone(), w.clone());
         }
 
@@ -273,7 +279,11 @@ fn pick_model(members: &Members<'_>) -> Result<String, Pt2Error> {
             }
         }
         many => Err(Pt2Error::Contract {
-            message: format!("the archive holds {} programs ({}); ddmlip imports one", many.len(), many.join(", ")),
+            message: format!(
+                "the archive holds {} programs ({}); ddmlip imports one",
+                many.len(),
+                many.join(", ")
+            ),
         }),
     }
 }
@@ -286,7 +296,10 @@ fn decode_weight(name: &str, meta: &RawTensorMeta, raw: &[u8]) -> Result<Weight,
     let fixed = |v: &[crate::ir::RawSymInt], what: &str| -> Result<Vec<i64>, Pt2Error> {
         parse_sizes(v, name)?
             .iter()
-            .map(|s| s.as_constant().ok_or_else(|| err(format!("symbolic {what}"))))
+            .map(|s| {
+                s.as_constant()
+                    .ok_or_else(|| err(format!("symbolic {what}")))
+            })
             .collect()
     };
     let sizes = fixed(&meta.sizes, "size")?;
@@ -296,7 +309,9 @@ fn decode_weight(name: &str, meta: &RawTensorMeta, raw: &[u8]) -> Result<Weight,
         None => 0,
     };
     if sizes.iter().any(|&s| s < 0) || strides.iter().any(|&s| s < 0) || offset < 0 {
-        return Err(err(format!("negative size, stride or offset ({sizes:?}, {strides:?}, {offset})")));
+        return Err(err(format!(
+            "negative size, stride or offset ({sizes:?}, {strides:?}, {offset})"
+        )));
     }
     let strides = if strides.is_empty() {
         // Contiguous when no strides are recorded.
@@ -308,24 +323,42 @@ fn decode_weight(name: &str, meta: &RawTensorMeta, raw: &[u8]) -> Result<Weight,
     } else if strides.len() == sizes.len() {
         strides
     } else {
-        return Err(err(format!("{} strides for {} sizes", strides.len(), sizes.len())));
+        return Err(err(format!(
+            "{} strides for {} sizes",
+            strides.len(),
+            sizes.len()
+        )));
     };
     let width = match meta.dtype {
         dtype::FLOAT64 | dtype::INT64 => 8,
         dtype::FLOAT32 | dtype::INT32 => 4,
         dtype::BOOL => 1,
-        other => return Err(err(format!("unsupported dtype code {other} (f64, f32, int64, int32 and bool are read)"))),
+        other => {
+            return Err(err(format!(
+                "unsupported dtype code {other} (f64, f32, int64, int32 and bool are read)"
+            )))
+        }
     };
-    let count = sizes.iter().try_fold(1usize, |acc, &s| acc.checked_mul(s as usize));
-    let count = count.filter(|&c| c <= raw.len()).ok_or_else(|| err(format!("shape {sizes:?} does not fit the {}-byte file", raw.len())))?;
+    let count = sizes
+        .iter()
+        .try_fold(1usize, |acc, &s| acc.checked_mul(s as usize));
+    let count = count.filter(|&c| c <= raw.len()).ok_or_else(|| {
+        err(format!(
+            "shape {sizes:?} does not fit the {}-byte file",
+            raw.len()
+        ))
+    })?;
     let mut values = Vec::with_capacity(count);
     let mut index = vec![0i64; sizes.len()];
     for _ in 0..count {
         let element = offset + index.iter().zip(&strides).map(|(i, s)| i * s).sum::<i64>();
         let at = (element as usize).checked_mul(width);
-        let bytes = at
-            .and_then(|a| raw.get(a..a + width))
-            .ok_or_else(|| err(format!("element {element} lies past the end of the {}-byte file", raw.len())))?;
+        let bytes = at.and_then(|a| raw.get(a..a + width)).ok_or_else(|| {
+            err(format!(
+                "element {element} lies past the end of the {}-byte file",
+                raw.len()
+            ))
+        })?;
         let v = match meta.dtype {
             dtype::FLOAT64 => f64::from_le_bytes(bytes.try_into().unwrap_or([0; 8])),
             dtype::INT64 => i64::from_le_bytes(bytes.try_into().unwrap_or([0; 8])) as f64,
@@ -334,7 +367,10 @@ fn decode_weight(name: &str, meta: &RawTensorMeta, raw: &[u8]) -> Result<Weight,
             _ => f64::from(bytes[0] != 0),
         };
         if !v.is_finite() {
-            return Err(err(format!("non-finite value {v} at element {}", values.len())));
+            return Err(err(format!(
+                "non-finite value {v} at element {}",
+                values.len()
+            )));
         }
         values.push(v);
         for d in (0..index.len()).rev() {
@@ -354,14 +390,19 @@ fn decode_weight(name: &str, meta: &RawTensorMeta, raw: &[u8]) -> Result<Weight,
 
 fn check_metadata(m: &Metadata) -> Result<(), Pt2Error> {
     if !(m.cutoff.is_finite() && m.cutoff > 0.0) {
-        return Err(Pt2Error::Metadata(format!("cutoff must be a positive number of Å, found {}", m.cutoff)));
+        return Err(Pt2Error::Metadata(format!(
+            "cutoff must be a positive number of Å, found {}",
+            m.cutoff
+        )));
     }
     if m.species.is_empty() {
         return Err(Pt2Error::Metadata("species is empty".into()));
     }
     for (k, &z) in m.species.iter().enumerate() {
         if !(1..=118).contains(&z) {
-            return Err(Pt2Error::Metadata(format!("species[{k}] = {z} is not an atomic number")));
+            return Err(Pt2Error::Metadata(format!(
+                "species[{k}] = {z} is not an atomic number"
+            )));
         }
         if m.species[..k].contains(&z) {
             return Err(Pt2Error::Metadata(format!("species lists Z = {z} twice")));
@@ -370,7 +411,9 @@ fn check_metadata(m: &Metadata) -> Result<(), Pt2Error> {
     for (key, want) in [("energy", "eV"), ("length", "Angstrom")] {
         if let Some(unit) = m.units.get(key) {
             if unit != want {
-                return Err(Pt2Error::Metadata(format!("units.{key} is `{unit}`; ddmlip works in {want}")));
+                return Err(Pt2Error::Metadata(format!(
+                    "units.{key} is `{unit}`; ddmlip works in {want}"
+                )));
             }
         }
     }
@@ -384,7 +427,12 @@ fn check_contract(p: &Program) -> Result<SizeSymbols, Pt2Error> {
     let names = ["positions", "species", "edge_index", "edge_shift", "cell"];
     if users.len() != names.len() {
         return Err(Pt2Error::Contract {
-            message: format!("expected 5 inputs ({}), found {} ({})", names.join(", "), users.len(), users.join(", ")),
+            message: format!(
+                "expected 5 inputs ({}), found {} ({})",
+                names.join(", "),
+                users.len(),
+                users.join(", ")
+            ),
         });
     }
     let meta = |k: usize| {
@@ -392,7 +440,11 @@ fn check_contract(p: &Program) -> Result<SizeSymbols, Pt2Error> {
             message: format!("input `{}` has no tensor metadata", users[k]),
         })
     };
-    let want = |k: usize, rank: usize, dtypes: &[i64], what: &str| -> Result<Vec<crate::SizeExpr>, Pt2Error> {
+    let want = |k: usize,
+                rank: usize,
+                dtypes: &[i64],
+                what: &str|
+     -> Result<Vec<crate::SizeExpr>, Pt2Error> {
         let m = meta(k)?;
         if m.sizes.len() != rank || !dtypes.contains(&m.dtype) {
             return Err(Pt2Error::Contract {
@@ -409,14 +461,25 @@ fn check_contract(p: &Program) -> Result<SizeSymbols, Pt2Error> {
     };
     let pos = want(0, 2, &[dtype::FLOAT64], "positions [N,3] float64")?;
     let species = want(1, 1, &[dtype::INT64, dtype::INT32], "species [N] int64")?;
-    let edge_index = want(2, 2, &[dtype::INT64, dtype::INT32], "edge_index [2,E] int64")?;
+    let edge_index = want(
+        2,
+        2,
+        &[dtype::INT64, dtype::INT32],
+        "edge_index [2,E] int64",
+    )?;
     let shift = want(3, 2, &[dtype::FLOAT64], "edge_shift [E,3] float64")?;
     let cell = want(4, 2, &[dtype::FLOAT64], "cell [3,3] float64")?;
     if let Some(n) = pos[0].as_constant() {
-        return Err(Pt2Error::StaticSizes { what: "atom", size: n });
+        return Err(Pt2Error::StaticSizes {
+            what: "atom",
+            size: n,
+        });
     }
     if let Some(n) = edge_index[1].as_constant() {
-        return Err(Pt2Error::StaticSizes { what: "edge", size: n });
+        return Err(Pt2Error::StaticSizes {
+            what: "edge",
+            size: n,
+        });
     }
     let single = |e: &crate::SizeExpr, what: &str| -> Result<String, Pt2Error> {
         if e.factor == 1 && e.symbols.len() == 1 {
@@ -431,15 +494,26 @@ fn check_contract(p: &Program) -> Result<SizeSymbols, Pt2Error> {
     let edges = single(&edge_index[1], "edge")?;
     if atoms == edges {
         return Err(Pt2Error::Contract {
-            message: format!("atoms and edges share the size symbol `{atoms}`; export them as separate dims"),
+            message: format!(
+                "atoms and edges share the size symbol `{atoms}`; export them as separate dims"
+            ),
         });
     }
     let three = crate::SizeExpr::constant(3);
     let checks = [
         (pos[1] == three, "positions.shape[1] = 3"),
-        (species[0] == pos[0], "species.shape[0] = positions.shape[0]"),
-        (edge_index[0] == crate::SizeExpr::constant(2), "edge_index.shape[0] = 2"),
-        (shift[0] == edge_index[1] && shift[1] == three, "edge_shift [E,3] with E = edge_index.shape[1]"),
+        (
+            species[0] == pos[0],
+            "species.shape[0] = positions.shape[0]",
+        ),
+        (
+            edge_index[0] == crate::SizeExpr::constant(2),
+            "edge_index.shape[0] = 2",
+        ),
+        (
+            shift[0] == edge_index[1] && shift[1] == three,
+            "edge_shift [E,3] with E = edge_index.shape[1]",
+        ),
         (cell[0] == three && cell[1] == three, "cell [3,3]"),
     ];
     for (ok, what) in checks {
@@ -451,7 +525,10 @@ fn check_contract(p: &Program) -> Result<SizeSymbols, Pt2Error> {
     }
     if p.outputs.len() != 2 {
         return Err(Pt2Error::Contract {
-            message: format!("expected 2 outputs (energy [], atomic_energies [N]), found {}", p.outputs.len()),
+            message: format!(
+                "expected 2 outputs (energy [], atomic_energies [N]), found {}",
+                p.outputs.len()
+            ),
         });
     }
     let out = |k: usize| p.tensors.get(&p.outputs[k]).map(|m| m.sizes.clone());

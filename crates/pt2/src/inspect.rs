@@ -63,7 +63,11 @@ impl Inspection {
             m.species,
             m.contract.as_deref().unwrap_or("(unrecorded)")
         );
-        let _ = writeln!(s, "size symbols: atoms = {}, edges = {}", a.symbols.atoms, a.symbols.edges);
+        let _ = writeln!(
+            s,
+            "size symbols: atoms = {}, edges = {}",
+            a.symbols.atoms, a.symbols.edges
+        );
         for (name, r) in &p.symbols {
             let _ = writeln!(
                 s,
@@ -85,7 +89,12 @@ impl Inspection {
         let total: usize = self.ops.iter().map(|(_, n, _)| n).sum();
         let _ = writeln!(s, "ops: {} nodes, {} distinct", total, self.ops.len());
         for (op, n, ok) in &self.ops {
-            let _ = writeln!(s, "  {:>4}  {op}{}", n, if *ok { "" } else { "  UNSUPPORTED" });
+            let _ = writeln!(
+                s,
+                "  {:>4}  {op}{}",
+                n,
+                if *ok { "" } else { "  UNSUPPORTED" }
+            );
         }
         let bad = self.unsupported();
         if bad.is_empty() {

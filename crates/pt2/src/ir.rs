@@ -205,7 +205,9 @@ impl Node {
 
     /// The name a node is known by in messages: its first output, else its op.
     pub fn label(&self) -> &str {
-        self.outputs.first().map_or(self.op.as_str(), String::as_str)
+        self.outputs
+            .first()
+            .map_or(self.op.as_str(), String::as_str)
     }
 }
 
@@ -290,8 +292,7 @@ impl Program {
         struct VersionOnly {
             schema_version: SchemaVersion,
         }
-        let version: VersionOnly =
-            serde_json::from_slice(text).map_err(|e| json_err(member, e))?;
+        let version: VersionOnly = serde_json::from_slice(text).map_err(|e| json_err(member, e))?;
         if version.schema_version.major != crate::SUPPORTED_SCHEMA_MAJOR {
             return Err(Pt2Error::UnsupportedVersion {
                 found: format!(
@@ -310,10 +311,15 @@ impl Program {
                 .next()
                 .ok_or_else(|| json_err(member, "an empty input spec"))?;
             let name = input_arg_name(&spec.arg).ok_or_else(|| {
-                json_err(member, format!("input spec `{kind_name}` without a tensor name"))
+                json_err(
+                    member,
+                    format!("input spec `{kind_name}` without a tensor name"),
+                )
             })?;
             let kind = match kind_name.as_str() {
-                "parameter" => InputKind::Parameter(spec.parameter_name.clone().unwrap_or_default()),
+                "parameter" => {
+                    InputKind::Parameter(spec.parameter_name.clone().unwrap_or_default())
+                }
                 "buffer" => InputKind::Buffer(spec.buffer_name.clone().unwrap_or_default()),
                 "tensor_constant" => {
                     InputKind::Constant(spec.tensor_constant_name.clone().unwrap_or_default())
@@ -359,7 +365,10 @@ impl Program {
         }
         let mut sym_ints = BTreeMap::new();
         for (name, v) in &graph.sym_int_values {
-            sym_ints.insert(name.clone(), parse_sizes(std::slice::from_ref(v), member)?.remove(0));
+            sym_ints.insert(
+                name.clone(),
+                parse_sizes(std::slice::from_ref(v), member)?.remove(0),
+            );
         }
         let mut nodes = Vec::with_capacity(graph.nodes.len());
         for raw_node in graph.nodes {

@@ -86,7 +86,12 @@ impl ModelForward for ImportedModel {
         let mut run = Run::new(&self.archive, g, inputs)?;
         for node in &self.archive.program.nodes {
             run.node(node).map_err(|message| {
-                EngineError::Input(format!("{}: node `{}` ({}): {message}", self.archive.metadata.model, node.label(), node.op))
+                EngineError::Input(format!(
+                    "{}: node `{}` ({}): {message}",
+                    self.archive.metadata.model,
+                    node.label(),
+                    node.op
+                ))
             })?;
         }
         run.outputs()
@@ -195,8 +200,16 @@ fn broadcast_shape(a: &[usize], b: &[usize]) -> Res<Vec<usize>> {
     let n = a.len().max(b.len());
     (0..n)
         .map(|k| {
-            let da = if k + a.len() >= n { a[k + a.len() - n] } else { 1 };
-            let db = if k + b.len() >= n { b[k + b.len() - n] } else { 1 };
+            let da = if k + a.len() >= n {
+                a[k + a.len() - n]
+            } else {
+                1
+            };
+            let db = if k + b.len() >= n {
+                b[k + b.len() - n]
+            } else {
+                1
+            };
             match (da, db) {
                 (x, y) if x == y => Ok(x),
                 (1, y) => Ok(y),
@@ -278,7 +291,9 @@ impl<'a, T: Scalar> Run<'a, T> {
             .collect::<Result<_, _>>()?;
         let users = archive.program.user_inputs();
         if users.len() != 5 {
-            return Err(EngineError::Input("the graph does not have the contract's 5 inputs".into()));
+            return Err(EngineError::Input(
+                "the graph does not have the contract's 5 inputs".into(),
+            ));
         }
         let center = run.g.index_values(edges.center).clone();
         let neighbor = run.g.index_values(edges.neighbor).clone();
@@ -364,7 +379,9 @@ impl<'a, T: Scalar> Run<'a, T> {
     fn tensor_arg(&self, node: &Node, name: &str) -> Res<Val> {
         match self.arg(node, name)? {
             Arg::AsTensor(t) => self.get(&t.name).cloned(),
-            other => Err(format!("argument `{name}` should be a tensor, found {other:?}")),
+            other => Err(format!(
+                "argument `{name}` should be a tensor, found {other:?}"
+            )),
         }
     }
 
@@ -376,7 +393,9 @@ impl<'a, T: Scalar> Run<'a, T> {
                 Val::Sym(v) => Ok(*v as i64),
                 _ => Err(format!("`{n}` is not a symbolic int")),
             },
-            other => Err(format!("argument `{name}` should be an int, found {other:?}")),
+            other => Err(format!(
+                "argument `{name}` should be an int, found {other:?}"
+            )),
         }
     }
 
@@ -393,7 +412,9 @@ impl<'a, T: Scalar> Run<'a, T> {
         match self.arg(node, name)? {
             Arg::AsFloat(v) => Ok(*v),
             Arg::AsInt(v) => Ok(*v as f64),
-            other => Err(format!("argument `{name}` should be a number, found {other:?}")),
+            other => Err(format!(
+                "argument `{name}` should be a number, found {other:?}"
+            )),
         }
     }
 
@@ -439,7 +460,9 @@ impl<'a, T: Scalar> Run<'a, T> {
             _ => true,
         };
         if !consistent {
-            return Err("the recorded shape of the result does not match what the op produced".into());
+            return Err(
+                "the recorded shape of the result does not match what the op produced".into(),
+            );
         }
         let name = node
             .outputs
@@ -457,7 +480,13 @@ impl<'a, T: Scalar> Run<'a, T> {
     }
 
     /// An engine constant holding `v` broadcast to `shape`, in `domain`.
-    fn constant(&mut self, v: &[f64], from: &[usize], shape: &[usize], domain: RowDomain) -> Res<Tensor> {
+    fn constant(
+        &mut self,
+        v: &[f64],
+        from: &[usize],
+        shape: &[usize],
+        domain: RowDomain,
+    ) -> Res<Tensor> {
         let full = broadcast_host(v, from, shape)?;
         let (r, c) = layout(shape);
         let values = full.into_iter().map(T::of).collect();
@@ -473,7 +502,10 @@ impl<'a, T: Scalar> Run<'a, T> {
     fn host_values(v: &Val) -> Option<(Arc<Vec<f64>>, Vec<usize>)> {
         match v {
             Val::Host { v, shape } => Some((v.clone(), shape.clone())),
-            Val::Int { v, shape, .. } => Some((Arc::new(v.iter().map(|&x| x as f64).collect()), shape.clone())),
+            Val::Int { v, shape, .. } => Some((
+                Arc::new(v.iter().map(|&x| x as f64).collect()),
+                shape.clone(),
+            )),
             Val::Zeros { shape } => Some((Arc::new(vec![0.0; numel(shape)]), shape.clone())),
             _ => None,
         }
@@ -538,7 +570,10 @@ impl<'a, T: Scalar> Run<'a, T> {
                 if alpha != 1.0 {
                     b = match b {
                         Val::T { t, shape } => Val::T {
-                            t: self.g.unary(t, Unary::Scale(alpha)).map_err(Self::map_err)?,
+                            t: self
+                                .g
+                                .unary(t, Unary::Scale(alpha))
+                                .map_err(Self::map_err)?,
                             shape,
                         },
                         other => {
@@ -552,7 +587,11 @@ impl<'a, T: Scalar> Run<'a, T> {
                 }
                 self.binary_values(a, b, op, &out)?
             }
-            other => return Err(format!("argument `other` should be a tensor or a number, found {other:?}")),
+            other => {
+                return Err(format!(
+                    "argument `other` should be a tensor or a number, found {other:?}"
+                ))
+            }
         };
         self.values.insert(out, result);
         Ok(())
@@ -581,7 +620,10 @@ impl<'a, T: Scalar> Run<'a, T> {
                 Val::T { t, shape } => Ok((*t, shape.clone())),
                 other => {
                     let (hv, hs) = Self::host_values(other).ok_or("unexpected input")?;
-                    Ok((run.constant(&hv, &hs, &out_shape, domain)?, out_shape.clone()))
+                    Ok((
+                        run.constant(&hv, &hs, &out_shape, domain)?,
+                        out_shape.clone(),
+                    ))
                 }
             }
         };
@@ -609,12 +651,22 @@ impl<'a, T: Scalar> Run<'a, T> {
         if negate {
             t = self.g.unary(t, Unary::Neg).map_err(Self::map_err)?;
         }
-        Ok(Val::T { t, shape: out_shape })
+        Ok(Val::T {
+            t,
+            shape: out_shape,
+        })
     }
 
     /// `a ⊕ b` with `a` of the output's shape and `b` broadcast the way the
     /// engine does (full, per row, per column or scalar).
-    fn engine_binary(&mut self, a: Tensor, b: Tensor, b_shape: &[usize], op: Bin, out: &[usize]) -> Res<Tensor> {
+    fn engine_binary(
+        &mut self,
+        a: Tensor,
+        b: Tensor,
+        b_shape: &[usize],
+        op: Bin,
+        out: &[usize],
+    ) -> Res<Tensor> {
         let n = out.len();
         if b_shape.len() > n {
             return Err(format!("cannot broadcast {b_shape:?} to {out:?}"));
@@ -628,9 +680,12 @@ impl<'a, T: Scalar> Run<'a, T> {
             || (n >= 1 && padded[0] == out[0] && padded.iter().skip(1).all(|&d| d == 1))
             || (n >= 1 && padded[0] == 1 && rest_is(&out[1..]))
             || padded.iter().all(|&d| d == 1);
-        let engine_fits = (br, bc) == (r, c) || (br, bc) == (r, 1) || (br, bc) == (1, c) || (br, bc) == (1, 1);
+        let engine_fits =
+            (br, bc) == (r, c) || (br, bc) == (r, 1) || (br, bc) == (1, c) || (br, bc) == (1, 1);
         if !(ok && engine_fits) {
-            return Err(format!("broadcasting {b_shape:?} against {out:?} is not supported by the engine mapping"));
+            return Err(format!(
+                "broadcasting {b_shape:?} against {out:?} is not supported by the engine mapping"
+            ));
         }
         let r = match op {
             Bin::Add => self.g.add(a, b),
@@ -645,25 +700,47 @@ impl<'a, T: Scalar> Run<'a, T> {
     fn index_for(&mut self, idx: &Val, target_rows: usize) -> Res<Index> {
         let edges = self.inputs.edges.ok_or("no edge list")?;
         match idx {
-            Val::Int { origin: Origin::Center, .. } => Ok(edges.center),
-            Val::Int { origin: Origin::Neighbor, .. } => Ok(edges.neighbor),
+            Val::Int {
+                origin: Origin::Center,
+                ..
+            } => Ok(edges.center),
+            Val::Int {
+                origin: Origin::Neighbor,
+                ..
+            } => Ok(edges.neighbor),
             Val::Int { v, shape, .. } => {
                 let key = Arc::as_ptr(v) as usize;
                 if let Some(&i) = self.registered.get(&key) {
                     return Ok(i);
                 }
                 if shape.len() != 1 {
-                    return Err(format!("an index of shape {shape:?}; 1-d indices are supported"));
+                    return Err(format!(
+                        "an index of shape {shape:?}; 1-d indices are supported"
+                    ));
                 }
                 let values: Vec<u32> = v
                     .iter()
-                    .map(|&x| u32::try_from(x).ok().filter(|&u| (u as usize) < target_rows))
+                    .map(|&x| {
+                        u32::try_from(x)
+                            .ok()
+                            .filter(|&u| (u as usize) < target_rows)
+                    })
                     .collect::<Option<_>>()
                     .ok_or_else(|| format!("an index value outside 0..{target_rows}"))?;
-                let domain = if shape[0] == self.g.index_len(edges.center) { RowDomain::Edge } else { RowDomain::Atom };
+                let domain = if shape[0] == self.g.index_len(edges.center) {
+                    RowDomain::Edge
+                } else {
+                    RowDomain::Atom
+                };
                 let i = self
                     .g
-                    .index(Arc::new(values), domain, RowDomain::Atom, target_rows, "pt2_index")
+                    .index(
+                        Arc::new(values),
+                        domain,
+                        RowDomain::Atom,
+                        target_rows,
+                        "pt2_index",
+                    )
                     .map_err(Self::map_err)?;
                 self.registered.insert(key, i);
                 Ok(i)
@@ -679,7 +756,10 @@ impl<'a, T: Scalar> Run<'a, T> {
             "aten.sym_size.int" => {
                 let x = self.tensor_arg(node, "self")?;
                 let shape = match &x {
-                    Val::T { shape, .. } | Val::Int { shape, .. } | Val::Host { shape, .. } | Val::Zeros { shape } => shape.clone(),
+                    Val::T { shape, .. }
+                    | Val::Int { shape, .. }
+                    | Val::Host { shape, .. }
+                    | Val::Zeros { shape } => shape.clone(),
                     Val::Sym(_) => return Err("sym_size of a symbolic int".into()),
                 };
                 let d = norm_dim(self.int_arg(node, "dim")?, shape.len())?;
@@ -691,10 +771,14 @@ impl<'a, T: Scalar> Run<'a, T> {
                 match x {
                     Val::Int { v, shape, origin } => {
                         let d = norm_dim(self.int_arg(node, "dim")?, shape.len())?;
-                        let i = usize::try_from(if index < 0 { index + shape[d] as i64 } else { index })
-                            .ok()
-                            .filter(|&i| i < shape[d])
-                            .ok_or("select index out of range")?;
+                        let i = usize::try_from(if index < 0 {
+                            index + shape[d] as i64
+                        } else {
+                            index
+                        })
+                        .ok()
+                        .filter(|&i| i < shape[d])
+                        .ok_or("select index out of range")?;
                         let out = select_host(&v, &shape, d, i);
                         let origin = match (origin, d, i) {
                             (Origin::EdgeIndex, 0, 0) => Origin::Center,
@@ -703,15 +787,31 @@ impl<'a, T: Scalar> Run<'a, T> {
                         };
                         let mut s = shape.clone();
                         s.remove(d);
-                        self.set(node, Val::Int { v: Arc::new(out), shape: s, origin })
+                        self.set(
+                            node,
+                            Val::Int {
+                                v: Arc::new(out),
+                                shape: s,
+                                origin,
+                            },
+                        )
                     }
                     Val::Host { v, shape } => {
                         let d = norm_dim(self.int_arg(node, "dim")?, shape.len())?;
-                        let i = usize::try_from(index).ok().filter(|&i| i < shape[d]).ok_or("select index out of range")?;
+                        let i = usize::try_from(index)
+                            .ok()
+                            .filter(|&i| i < shape[d])
+                            .ok_or("select index out of range")?;
                         let out = select_host(&v, &shape, d, i);
                         let mut s = shape.clone();
                         s.remove(d);
-                        self.set(node, Val::Host { v: Arc::new(out), shape: s })
+                        self.set(
+                            node,
+                            Val::Host {
+                                v: Arc::new(out),
+                                shape: s,
+                            },
+                        )
                     }
                     _ => Err("select of a differentiable tensor is not supported".into()),
                 }
@@ -720,13 +820,19 @@ impl<'a, T: Scalar> Run<'a, T> {
                 let x = self.tensor_arg(node, "self")?;
                 let idx = match self.arg(node, "indices")? {
                     Arg::AsTensors(ts) if ts.len() == 1 => self.get(&ts[0].name)?.clone(),
-                    other => return Err(format!("indexing with {other:?}; one index tensor is supported")),
+                    other => {
+                        return Err(format!(
+                            "indexing with {other:?}; one index tensor is supported"
+                        ))
+                    }
                 };
                 let out = self.out_name(node)?.to_string();
                 match x {
                     Val::T { t, shape } => {
                         if self.g.domain(t) != RowDomain::Atom {
-                            return Err("indexing a differentiable tensor whose rows are not atoms".into());
+                            return Err(
+                                "indexing a differentiable tensor whose rows are not atoms".into(),
+                            );
                         }
                         let rows = *shape.first().ok_or("indexing a scalar")?;
                         let i = self.index_for(&idx, rows)?;
@@ -739,7 +845,14 @@ impl<'a, T: Scalar> Run<'a, T> {
                         let g = gather_host(&v, &shape, &iv)?;
                         let mut s = ishape;
                         s.extend_from_slice(&shape[1..]);
-                        self.set(node, Val::Int { v: Arc::new(g), shape: s, origin: Origin::Other })
+                        self.set(
+                            node,
+                            Val::Int {
+                                v: Arc::new(g),
+                                shape: s,
+                                origin: Origin::Other,
+                            },
+                        )
                     }
                     other => {
                         let (v, shape) = Self::host_values(&other).ok_or("unexpected input")?;
@@ -747,19 +860,32 @@ impl<'a, T: Scalar> Run<'a, T> {
                         let g = gather_host(&v, &shape, &iv)?;
                         let mut s = ishape;
                         s.extend_from_slice(&shape[1..]);
-                        self.set(node, Val::Host { v: Arc::new(g), shape: s })
+                        self.set(
+                            node,
+                            Val::Host {
+                                v: Arc::new(g),
+                                shape: s,
+                            },
+                        )
                     }
                 }
             }
             "aten.embedding.default" => {
                 let w = self.tensor_arg(node, "weight")?;
                 let idx = self.tensor_arg(node, "indices")?;
-                let (v, shape) = Self::host_values(&w).ok_or("a differentiable embedding table is not supported")?;
+                let (v, shape) = Self::host_values(&w)
+                    .ok_or("a differentiable embedding table is not supported")?;
                 let (iv, ishape) = int_values(&idx)?;
                 let g = gather_host(&v, &shape, &iv)?;
                 let mut s = ishape;
                 s.extend_from_slice(&shape[1..]);
-                self.set(node, Val::Host { v: Arc::new(g), shape: s })
+                self.set(
+                    node,
+                    Val::Host {
+                        v: Arc::new(g),
+                        shape: s,
+                    },
+                )
             }
             "aten.add.Tensor" => self.binary(node, Bin::Add),
             "aten.sub.Tensor" => self.binary(node, Bin::Sub),
@@ -771,20 +897,32 @@ impl<'a, T: Scalar> Run<'a, T> {
             "aten.sqrt.default" => self.unary(node, Unary::Sqrt, f64::sqrt),
             "aten.silu.default" => self.unary(node, Unary::Silu, |x| x / (1.0 + (-x).exp())),
             "aten.tanh.default" => self.unary(node, Unary::Tanh, f64::tanh),
-            "aten.sigmoid.default" => self.unary(node, Unary::Sigmoid, |x| 1.0 / (1.0 + (-x).exp())),
+            "aten.sigmoid.default" => {
+                self.unary(node, Unary::Sigmoid, |x| 1.0 / (1.0 + (-x).exp()))
+            }
             "aten.neg.default" => self.unary(node, Unary::Neg, |x| -x),
             "aten.pow.Tensor_Scalar" => {
                 let p = self.float_arg(node, "exponent")?;
                 let x = self.tensor_arg(node, "self")?;
                 match x {
                     Val::T { t, shape } => {
-                        let f = if p == 2.0 { Unary::Square } else { Unary::Powf(p) };
+                        let f = if p == 2.0 {
+                            Unary::Square
+                        } else {
+                            Unary::Powf(p)
+                        };
                         let t = self.g.unary(t, f).map_err(Self::map_err)?;
                         self.set(node, Val::T { t, shape })
                     }
                     other => {
                         let (v, shape) = Self::host_values(&other).ok_or("unexpected input")?;
-                        self.set(node, Val::Host { v: Arc::new(v.iter().map(|x| x.powf(p)).collect()), shape })
+                        self.set(
+                            node,
+                            Val::Host {
+                                v: Arc::new(v.iter().map(|x| x.powf(p)).collect()),
+                                shape,
+                            },
+                        )
                     }
                 }
             }
@@ -806,7 +944,9 @@ impl<'a, T: Scalar> Run<'a, T> {
                             None => false,
                         };
                         if !(over_last && shape.len() == 2) {
-                            return Err("a norm over other than the last dimension of a 2-d tensor".into());
+                            return Err(
+                                "a norm over other than the last dimension of a 2-d tensor".into(),
+                            );
                         }
                         let t = self.g.row_norm(t).map_err(Self::map_err)?;
                         let shape = self.shape_of(self.out_name(node)?)?;
@@ -818,8 +958,15 @@ impl<'a, T: Scalar> Run<'a, T> {
             "aten.linspace.default" => {
                 let start = self.float_arg(node, "start")?;
                 let end = self.float_arg(node, "end")?;
-                let steps = usize::try_from(self.int_arg(node, "steps")?).map_err(|_| "negative steps")?;
-                self.set(node, Val::Host { v: Arc::new(linspace(start, end, steps)), shape: vec![steps] })
+                let steps =
+                    usize::try_from(self.int_arg(node, "steps")?).map_err(|_| "negative steps")?;
+                self.set(
+                    node,
+                    Val::Host {
+                        v: Arc::new(linspace(start, end, steps)),
+                        shape: vec![steps],
+                    },
+                )
             }
             "aten.unsqueeze.default" | "aten.squeeze.dim" => {
                 let x = self.tensor_arg(node, "self")?;
@@ -841,12 +988,16 @@ impl<'a, T: Scalar> Run<'a, T> {
             "aten.linear.default" => {
                 let x = self.tensor_arg(node, "input")?;
                 let w = self.tensor_arg(node, "weight")?;
-                let (wv, wshape) = Self::host_values(&w).ok_or("a differentiable weight is not supported")?;
+                let (wv, wshape) =
+                    Self::host_values(&w).ok_or("a differentiable weight is not supported")?;
                 let [n_out, n_in] = wshape[..] else {
                     return Err(format!("a weight of shape {wshape:?}"));
                 };
                 let bias = match node.arg("bias") {
-                    Some(Arg::AsTensor(b)) => Some(Self::host_values(self.get(&b.name)?).ok_or("a differentiable bias is not supported")?),
+                    Some(Arg::AsTensor(b)) => Some(
+                        Self::host_values(self.get(&b.name)?)
+                            .ok_or("a differentiable bias is not supported")?,
+                    ),
                     _ => None,
                 };
                 if let Some((b, _)) = &bias {
@@ -858,7 +1009,9 @@ impl<'a, T: Scalar> Run<'a, T> {
                 match x {
                     Val::T { t, shape } => {
                         if shape.len() != 2 || shape[1] != n_in {
-                            return Err(format!("linear on input of shape {shape:?} with weight {wshape:?}"));
+                            return Err(format!(
+                                "linear on input of shape {shape:?} with weight {wshape:?}"
+                            ));
                         }
                         let mut wt = vec![T::zero(); n_in * n_out];
                         for o in 0..n_out {
@@ -867,7 +1020,14 @@ impl<'a, T: Scalar> Run<'a, T> {
                             }
                         }
                         let wt = self.g.constant(wt, n_in, n_out, RowDomain::None);
-                        let b = bias.map(|(bv, _)| self.g.constant(bv.iter().map(|&x| T::of(x)).collect(), 1, n_out, RowDomain::None));
+                        let b = bias.map(|(bv, _)| {
+                            self.g.constant(
+                                bv.iter().map(|&x| T::of(x)).collect(),
+                                1,
+                                n_out,
+                                RowDomain::None,
+                            )
+                        });
                         let t = self.g.linear(t, wt, b).map_err(Self::map_err)?;
                         let shape = self.shape_of(&out)?;
                         self.set(node, Val::T { t, shape })
@@ -886,7 +1046,13 @@ impl<'a, T: Scalar> Run<'a, T> {
                             }
                         }
                         let shape = self.shape_of(&out)?;
-                        self.set(node, Val::Host { v: Arc::new(y), shape })
+                        self.set(
+                            node,
+                            Val::Host {
+                                v: Arc::new(y),
+                                shape,
+                            },
+                        )
                     }
                 }
             }
@@ -894,13 +1060,26 @@ impl<'a, T: Scalar> Run<'a, T> {
                 let c = self.float_arg(node, "other")?;
                 let x = self.tensor_arg(node, "self")?;
                 let (v, shape) = match x {
-                    Val::T { t, shape } => (self.g.value(t).iter().map(|x| x.to_f64_lossless()).collect::<Vec<_>>(), shape),
+                    Val::T { t, shape } => (
+                        self.g
+                            .value(t)
+                            .iter()
+                            .map(|x| x.to_f64_lossless())
+                            .collect::<Vec<_>>(),
+                        shape,
+                    ),
                     other => {
                         let (v, s) = Self::host_values(&other).ok_or("unexpected input")?;
                         (v.to_vec(), s)
                     }
                 };
-                self.set(node, Val::Host { v: Arc::new(v.iter().map(|&x| f64::from(x < c)).collect()), shape })
+                self.set(
+                    node,
+                    Val::Host {
+                        v: Arc::new(v.iter().map(|&x| f64::from(x < c)).collect()),
+                        shape,
+                    },
+                )
             }
             "aten.to.dtype" => {
                 let d = match self.arg(node, "dtype")? {
@@ -910,14 +1089,20 @@ impl<'a, T: Scalar> Run<'a, T> {
                 let x = self.tensor_arg(node, "self")?;
                 let v = match (x, d) {
                     (v @ Val::T { .. }, dtype::FLOAT64 | dtype::FLOAT32) => v,
-                    (Val::Int { v, shape, .. }, dtype::FLOAT64 | dtype::FLOAT32) => {
-                        Val::Host { v: Arc::new(v.iter().map(|&x| x as f64).collect()), shape }
-                    }
-                    (v @ (Val::Host { .. } | Val::Zeros { .. }), dtype::FLOAT64 | dtype::FLOAT32 | dtype::BOOL) => v,
+                    (Val::Int { v, shape, .. }, dtype::FLOAT64 | dtype::FLOAT32) => Val::Host {
+                        v: Arc::new(v.iter().map(|&x| x as f64).collect()),
+                        shape,
+                    },
+                    (
+                        v @ (Val::Host { .. } | Val::Zeros { .. }),
+                        dtype::FLOAT64 | dtype::FLOAT32 | dtype::BOOL,
+                    ) => v,
                     (v @ Val::Int { .. }, dtype::INT64 | dtype::INT32) => v,
-                    (Val::Host { v, shape }, dtype::INT64 | dtype::INT32) => {
-                        Val::Int { v: Arc::new(v.iter().map(|&x| x.trunc() as i64).collect()), shape, origin: Origin::Other }
-                    }
+                    (Val::Host { v, shape }, dtype::INT64 | dtype::INT32) => Val::Int {
+                        v: Arc::new(v.iter().map(|&x| x.trunc() as i64).collect()),
+                        shape,
+                        origin: Origin::Other,
+                    },
                     (_, d) => return Err(format!("conversion to dtype code {d} is not supported")),
                 };
                 self.set(node, v)
@@ -949,18 +1134,35 @@ impl<'a, T: Scalar> Run<'a, T> {
                     Val::T { t, .. } => t,
                     other => {
                         let (v, s) = Self::host_values(&other).ok_or("unexpected input")?;
-                        let d = if s.first() == Some(&self.g.index_len(i)) && self.domain_of_len(s[0]) == RowDomain::Edge { RowDomain::Edge } else { RowDomain::None };
+                        let d = if s.first() == Some(&self.g.index_len(i))
+                            && self.domain_of_len(s[0]) == RowDomain::Edge
+                        {
+                            RowDomain::Edge
+                        } else {
+                            RowDomain::None
+                        };
                         self.constant(&v, &s, &s, d)?
                     }
                 };
                 let mut t = self.g.scatter_add(src_t, i).map_err(Self::map_err)?;
                 if alpha != 1.0 {
-                    t = self.g.unary(t, Unary::Scale(alpha)).map_err(Self::map_err)?;
+                    t = self
+                        .g
+                        .unary(t, Unary::Scale(alpha))
+                        .map_err(Self::map_err)?;
                 }
                 let t = match target {
                     Val::Zeros { .. } => t,
                     other => {
-                        let v = self.binary_values(Val::T { t, shape: shape.clone() }, other, Bin::Add, &out)?;
+                        let v = self.binary_values(
+                            Val::T {
+                                t,
+                                shape: shape.clone(),
+                            },
+                            other,
+                            Bin::Add,
+                            &out,
+                        )?;
                         self.values.insert(out.clone(), v);
                         return Ok(());
                     }
@@ -972,7 +1174,11 @@ impl<'a, T: Scalar> Run<'a, T> {
                 match x {
                     Val::T { t, .. } => {
                         let (_, cols) = self.g.shape(t);
-                        let t = if cols > 1 { self.g.sum_cols(t).map_err(Self::map_err)? } else { t };
+                        let t = if cols > 1 {
+                            self.g.sum_cols(t).map_err(Self::map_err)?
+                        } else {
+                            t
+                        };
                         let t = match self.g.domain(t) {
                             RowDomain::Atom => self.g.segment_sum(t, self.inputs.atom_system).map_err(Self::map_err)?,
                             RowDomain::Edge => return Err("a sum over edges; scatter edge values onto atoms (index_add) first".into()),
@@ -982,7 +1188,13 @@ impl<'a, T: Scalar> Run<'a, T> {
                     }
                     other => {
                         let (v, _) = Self::host_values(&other).ok_or("unexpected input")?;
-                        self.set(node, Val::Host { v: Arc::new(vec![v.iter().sum()]), shape: vec![] })
+                        self.set(
+                            node,
+                            Val::Host {
+                                v: Arc::new(vec![v.iter().sum()]),
+                                shape: vec![],
+                            },
+                        )
                     }
                 }
             }
@@ -994,8 +1206,11 @@ impl<'a, T: Scalar> Run<'a, T> {
                 match x {
                     Val::T { t, shape: xs } => {
                         let last = xs.len().checked_sub(1).ok_or("sum of a scalar")?;
-                        if xs.len() != 2 || dims.len() != 1 || norm_dim(dims[0], xs.len())? != last {
-                            return Err("a sum over other than the last dimension of a 2-d tensor".into());
+                        if xs.len() != 2 || dims.len() != 1 || norm_dim(dims[0], xs.len())? != last
+                        {
+                            return Err(
+                                "a sum over other than the last dimension of a 2-d tensor".into()
+                            );
                         }
                         let t = self.g.sum_cols(t).map_err(Self::map_err)?;
                         self.set(node, Val::T { t, shape })
@@ -1028,7 +1243,8 @@ impl<'a, T: Scalar> Run<'a, T> {
             other => {
                 let (v, _) = Self::host_values(&other).ok_or("unexpected energy")?;
                 let n = self.inputs.n_systems;
-                self.g.constant(vec![T::of(v[0]); n], n, 1, RowDomain::System)
+                self.g
+                    .constant(vec![T::of(v[0]); n], n, 1, RowDomain::System)
             }
         };
         let atomic = match self.get(&names[1])?.clone() {
@@ -1073,7 +1289,10 @@ fn gather_host<V: Copy>(v: &[V], shape: &[usize], idx: &[i64]) -> Res<Vec<V>> {
     let mut out = Vec::with_capacity(idx.len() * inner);
     for &i in idx {
         let r = if i < 0 { i + rows as i64 } else { i };
-        let r = usize::try_from(r).ok().filter(|&r| r < rows).ok_or_else(|| format!("index {i} out of range for {rows} rows"))?;
+        let r = usize::try_from(r)
+            .ok()
+            .filter(|&r| r < rows)
+            .ok_or_else(|| format!("index {i} out of range for {rows} rows"))?;
         out.extend_from_slice(&v[r * inner..(r + 1) * inner]);
     }
     Ok(out)

@@ -34,44 +34,139 @@ impl Default {
 }
 
 const SCHEMAS: &[OpSchema] = &[
-    OpSchema { name: "aten._assert_tensor_metadata.default", defaults: &[] },
-    OpSchema { name: "aten.sym_size.int", defaults: &[] },
-    OpSchema { name: "aten.select.int", defaults: &[] },
-    OpSchema { name: "aten.index.Tensor", defaults: &[] },
-    OpSchema { name: "aten.add.Tensor", defaults: &[("alpha", Default::Int(1))] },
-    OpSchema { name: "aten.sub.Tensor", defaults: &[("alpha", Default::Int(1))] },
-    OpSchema { name: "aten.mul.Tensor", defaults: &[] },
-    OpSchema { name: "aten.div.Tensor", defaults: &[] },
+    OpSchema {
+        name: "aten._assert_tensor_metadata.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.sym_size.int",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.select.int",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.index.Tensor",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.add.Tensor",
+        defaults: &[("alpha", Default::Int(1))],
+    },
+    OpSchema {
+        name: "aten.sub.Tensor",
+        defaults: &[("alpha", Default::Int(1))],
+    },
+    OpSchema {
+        name: "aten.mul.Tensor",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.div.Tensor",
+        defaults: &[],
+    },
     OpSchema {
         name: "aten.linalg_norm.default",
-        defaults: &[("ord", Default::None), ("dim", Default::None), ("keepdim", Default::Bool(false))],
+        defaults: &[
+            ("ord", Default::None),
+            ("dim", Default::None),
+            ("keepdim", Default::Bool(false)),
+        ],
     },
     OpSchema {
         name: "aten.linalg_vector_norm.default",
-        defaults: &[("ord", Default::Float(2.0)), ("dim", Default::None), ("keepdim", Default::Bool(false))],
+        defaults: &[
+            ("ord", Default::Float(2.0)),
+            ("dim", Default::None),
+            ("keepdim", Default::Bool(false)),
+        ],
     },
-    OpSchema { name: "aten.linspace.default", defaults: &[] },
-    OpSchema { name: "aten.unsqueeze.default", defaults: &[] },
-    OpSchema { name: "aten.squeeze.dim", defaults: &[] },
-    OpSchema { name: "aten.pow.Tensor_Scalar", defaults: &[] },
-    OpSchema { name: "aten.exp.default", defaults: &[] },
-    OpSchema { name: "aten.cos.default", defaults: &[] },
-    OpSchema { name: "aten.sin.default", defaults: &[] },
-    OpSchema { name: "aten.sqrt.default", defaults: &[] },
-    OpSchema { name: "aten.silu.default", defaults: &[] },
-    OpSchema { name: "aten.tanh.default", defaults: &[] },
-    OpSchema { name: "aten.sigmoid.default", defaults: &[] },
-    OpSchema { name: "aten.neg.default", defaults: &[] },
-    OpSchema { name: "aten.linear.default", defaults: &[("bias", Default::None)] },
-    OpSchema { name: "aten.lt.Scalar", defaults: &[] },
-    OpSchema { name: "aten.to.dtype", defaults: &[("non_blocking", Default::Bool(false)), ("copy", Default::Bool(false))] },
-    OpSchema { name: "aten.zeros.default", defaults: &[] },
-    OpSchema { name: "aten.zeros_like.default", defaults: &[] },
-    OpSchema { name: "aten.index_add.default", defaults: &[("alpha", Default::Int(1))] },
-    OpSchema { name: "aten.sum.default", defaults: &[] },
+    OpSchema {
+        name: "aten.linspace.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.unsqueeze.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.squeeze.dim",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.pow.Tensor_Scalar",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.exp.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.cos.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.sin.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.sqrt.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.silu.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.tanh.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.sigmoid.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.neg.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.linear.default",
+        defaults: &[("bias", Default::None)],
+    },
+    OpSchema {
+        name: "aten.lt.Scalar",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.to.dtype",
+        defaults: &[
+            ("non_blocking", Default::Bool(false)),
+            ("copy", Default::Bool(false)),
+        ],
+    },
+    OpSchema {
+        name: "aten.zeros.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.zeros_like.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.index_add.default",
+        defaults: &[("alpha", Default::Int(1))],
+    },
+    OpSchema {
+        name: "aten.sum.default",
+        defaults: &[],
+    },
     OpSchema {
         name: "aten.sum.dim_IntList",
-        defaults: &[("dim", Default::EmptyInts), ("keepdim", Default::Bool(false))],
+        defaults: &[
+            ("dim", Default::EmptyInts),
+            ("keepdim", Default::Bool(false)),
+        ],
     },
     OpSchema {
         name: "aten.embedding.default",

@@ -40,7 +40,9 @@ impl SizeExpr {
     /// `Mul(Integer(16), Symbol('s28'))` or an integer; anything else (sums,
     /// floor division, …) is refused with a message naming it.
     pub fn parse(text: &str) -> Result<SizeExpr, String> {
-        let refuse = || format!("unsupported size expression `{text}` (ddmlip reads products of size symbols, like `16*s35`)");
+        let refuse = || {
+            format!("unsupported size expression `{text}` (ddmlip reads products of size symbols, like `16*s35`)")
+        };
         parse_product(text.trim()).ok_or_else(refuse)
     }
 
@@ -158,7 +160,8 @@ mod tests {
         };
         assert_eq!(SizeExpr::parse("16*s35").unwrap(), sixteen);
         assert_eq!(
-            SizeExpr::parse("Mul(Integer(16), Symbol('s35', positive=True, integer=True))").unwrap(),
+            SizeExpr::parse("Mul(Integer(16), Symbol('s35', positive=True, integer=True))")
+                .unwrap(),
             sixteen
         );
         assert_eq!(SizeExpr::parse("7").unwrap(), SizeExpr::constant(7));

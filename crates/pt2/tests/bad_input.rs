@@ -34,7 +34,11 @@ fn unsupported_ops_are_all_listed_with_counts() {
     };
     // Counted independently from the graph JSON.
     let model: serde_json::Value = serde_json::from_slice(
-        &members("e3nn_tp.pt2").into_iter().find(|(n, _)| n.ends_with("models/model.json")).unwrap().1,
+        &members("e3nn_tp.pt2")
+            .into_iter()
+            .find(|(n, _)| n.ends_with("models/model.json"))
+            .unwrap()
+            .1,
     )
     .unwrap();
     let einsums = model["graph_module"]["graph"]["nodes"]
@@ -44,21 +48,47 @@ fn unsupported_ops_are_all_listed_with_counts() {
         .filter(|n| n["target"] == "torch.ops.aten.einsum.default")
         .count();
     assert!(einsums > 0);
-    assert!(list.contains(&("aten.einsum.default".to_string(), einsums)), "{list:?}");
-    for op in ["aten.tensordot.default", "aten.narrow.default", "aten.cat.default", "aten.stack.default", "aten.permute.default", "aten.reshape.default"] {
-        assert!(list.iter().any(|(o, _)| o == op), "{op} missing from {list:?}");
+    assert!(
+        list.contains(&("aten.einsum.default".to_string(), einsums)),
+        "{list:?}"
+    );
+    for op in [
+        "aten.tensordot.default",
+        "aten.narrow.default",
+        "aten.cat.default",
+        "aten.stack.default",
+        "aten.permute.default",
+        "aten.reshape.default",
+    ] {
+        assert!(
+            list.iter().any(|(o, _)| o == op),
+            "{op} missing from {list:?}"
+        );
     }
     let message = err.to_string();
-    assert!(message.contains(&format!("aten.einsum.default ×{einsums}")), "{message}");
+    assert!(
+        message.contains(&format!("aten.einsum.default ×{einsums}")),
+        "{message}"
+    );
 }
 
 #[test]
 fn static_sizes_are_refused_with_how_to_reexport() {
-    for name in ["pair_mlp_static.pt2", "schnet_static.pt2", "e3nn_tp_static.pt2"] {
+    for name in [
+        "pair_mlp_static.pt2",
+        "schnet_static.pt2",
+        "e3nn_tp_static.pt2",
+    ] {
         let err = Pt2Archive::read(data(name)).unwrap_err();
-        assert!(matches!(err, Pt2Error::StaticSizes { what: "atom", .. }), "{name}: {err}");
+        assert!(
+            matches!(err, Pt2Error::StaticSizes { what: "atom", .. }),
+            "{name}: {err}"
+        );
         let message = err.to_string();
-        assert!(message.contains("dynamic_shapes") && message.contains("Dim('atoms')"), "{message}");
+        assert!(
+            message.contains("dynamic_shapes") && message.contains("Dim('atoms')"),
+            "{message}"
+        );
     }
 }
 
@@ -66,7 +96,13 @@ fn static_sizes_are_refused_with_how_to_reexport() {
 fn truncated_and_corrupted_archives_are_typed_errors() {
     let bytes = std::fs::read(data("pair_mlp.pt2")).unwrap();
     let truncated = read(&bytes[..bytes.len() / 2]).unwrap_err();
-    assert!(matches!(truncated, Pt2Error::NotZip { .. } | Pt2Error::Corrupt { .. }), "{truncated}");
+    assert!(
+        matches!(
+            truncated,
+            Pt2Error::NotZip { .. } | Pt2Error::Corrupt { .. }
+        ),
+        "{truncated}"
+    );
     // A flipped byte inside the graph JSON: the CRC catches it.
     let mut flipped = bytes.clone();
     let at = ddmlip_checkpoint::zip_members(&bytes)
@@ -92,13 +128,24 @@ fn other_versions_and_layouts_are_refused_naming_the_supported_ones() {
     assert!(matches!(v1, Pt2Error::UnsupportedVersion { .. }), "{v1}");
     assert!(v1.to_string().contains("torch 2.9–2.11"), "{v1}");
     let schema9 = read(&zip(&edit(&m, "models/model.json", |d| {
-        String::from_utf8_lossy(d).replace("\"schema_version\": {\"major\": 8", "\"schema_version\": {\"major\": 9").into_bytes()
+        String::from_utf8_lossy(d)
+            .replace(
+                "\"schema_version\": {\"major\": 8",
+                "\"schema_version\": {\"major\": 9",
+            )
+            .into_bytes()
     })))
     .unwrap_err();
-    assert!(schema9.to_string().contains("graph schema 9.") && schema9.to_string().contains("8.x"), "{schema9}");
+    assert!(
+        schema9.to_string().contains("graph schema 9.") && schema9.to_string().contains("8.x"),
+        "{schema9}"
+    );
     // An AOTInductor package holds compiled code.
     let mut aoti = m.clone();
-    aoti.push(("pair_mlp/data/aotinductor/model/model.so".into(), vec![0u8; 16]));
+    aoti.push((
+        "pair_mlp/data/aotinductor/model/model.so".into(),
+        vec![0u8; 16],
+    ));
     let err = read(&zip(&aoti)).unwrap_err();
     assert!(matches!(err, Pt2Error::AotInductor { .. }), "{err}");
     assert!(err.to_string().contains("compiled code"), "{err}");
@@ -119,21 +166,33 @@ fn graphs_off_the_contract_are_refused_naming_what_was_expected() {
     // One output only.
     let one_output = edit(&m, "models/model.json", |d| {
         let mut v: serde_json::Value = serde_json::from_slice(d).unwrap();
-        v["graph_module"]["signature"]["output_specs"].as_array_mut().unwrap().pop();
+        v["graph_module"]["signature"]["output_specs"]
+            .as_array_mut()
+            .unwrap()
+            .pop();
         serde_json::to_vec(&v).unwrap()
     });
     let err = read(&zip(&one_output)).unwrap_err();
     assert!(err.to_string().contains("expected 2 outputs"), "{err}");
     // No metadata.
-    let no_meta: Vec<_> = m.iter().filter(|(n, _)| !n.ends_with("extra/ddmlip.json")).cloned().collect();
+    let no_meta: Vec<_> = m
+        .iter()
+        .filter(|(n, _)| !n.ends_with("extra/ddmlip.json"))
+        .cloned()
+        .collect();
     let err = read(&zip(&no_meta)).unwrap_err();
     assert!(matches!(err, Pt2Error::Metadata(_)), "{err}");
     // An impossible cutoff.
     let bad_cutoff = edit(&m, "extra/ddmlip.json", |d| {
-        String::from_utf8_lossy(d).replace("\"cutoff\": 4.0", "\"cutoff\": -1.0").into_bytes()
+        String::from_utf8_lossy(d)
+            .replace("\"cutoff\": 4.0", "\"cutoff\": -1.0")
+            .into_bytes()
     });
     let err = read(&zip(&bad_cutoff)).unwrap_err();
-    assert!(err.to_string().contains("cutoff must be a positive"), "{err}");
+    assert!(
+        err.to_string().contains("cutoff must be a positive"),
+        "{err}"
+    );
     // A weight file shorter than its shape.
     let short = edit(&m, "data/weights/weight_2", |d| d[..8].to_vec());
     let err = read(&zip(&short)).unwrap_err();
@@ -173,14 +232,23 @@ fn mutate(mut bytes: Vec<u8>, ms: &[Mutation]) -> Vec<u8> {
 fn within_two_seconds(f: impl FnOnce()) -> Result<(), TestCaseError> {
     let start = Instant::now();
     f();
-    prop_assert!(start.elapsed() < Duration::from_secs(2), "took {:?}", start.elapsed());
+    prop_assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        start.elapsed()
+    );
     Ok(())
 }
 
 /// Three atoms in a periodic box, within the cutoff of each other.
 fn small_system() -> ddmlip_atoms::System {
     let cell = ddmlip_atoms::Cell::new([[6.0, 0.0, 0.0], [0.0, 6.0, 0.0], [0.0, 0.0, 6.0]]);
-    ddmlip_atoms::System::new(vec![[0.0; 3], [1.5, 0.2, 0.0], [0.3, 1.7, 0.4]], vec![1, 6, 8], Some(cell), [true; 3])
+    ddmlip_atoms::System::new(
+        vec![[0.0; 3], [1.5, 0.2, 0.0], [0.3, 1.7, 0.4]],
+        vec![1, 6, 8],
+        Some(cell),
+        [true; 3],
+    )
 }
 
 proptest! {

@@ -13,7 +13,9 @@ use std::path::PathBuf;
 const RTOL: f64 = 1e-10;
 
 fn data(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
 }
 
 fn reference() -> Value {
@@ -41,7 +43,12 @@ fn system(s: &Value, species: &[u32]) -> System {
         .collect();
     let c = floats(&s["cell"]);
     let cell = Cell::new([[c[0], c[1], c[2]], [c[3], c[4], c[5]], [c[6], c[7], c[8]]]);
-    let pbc: Vec<bool> = s["pbc"].as_array().unwrap().iter().map(|b| b.as_bool().unwrap()).collect();
+    let pbc: Vec<bool> = s["pbc"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b.as_bool().unwrap())
+        .collect();
     System::new(positions, numbers, Some(cell), [pbc[0], pbc[1], pbc[2]])
 }
 
@@ -84,27 +91,62 @@ fn check_model(name: &str) {
         let sys = system(s, &species);
         let r = &s["float64"];
         let single = run(&model, &sys, 1);
-        assert_close(&format!("{label} energy"), out(&single, "energy"), &[r["energy"].as_f64().unwrap()]);
-        assert_close(&format!("{label} energies"), out(&single, "atomic_energies"), &floats(&r["energies"]));
-        assert_close(&format!("{label} forces"), out(&single, "forces"), &floats(&r["forces"]));
+        assert_close(
+            &format!("{label} energy"),
+            out(&single, "energy"),
+            &[r["energy"].as_f64().unwrap()],
+        );
+        assert_close(
+            &format!("{label} energies"),
+            out(&single, "atomic_energies"),
+            &floats(&r["energies"]),
+        );
+        assert_close(
+            &format!("{label} forces"),
+            out(&single, "forces"),
+            &floats(&r["forces"]),
+        );
         if single.has_stress[0] {
-            assert_close(&format!("{label} stress"), out(&single, "stress"), &floats(&r["stress"]));
+            assert_close(
+                &format!("{label} stress"),
+                out(&single, "stress"),
+                &floats(&r["stress"]),
+            );
             stresses += 1;
         }
         for ranks in [2, 4] {
             let split = run(&model, &sys, ranks);
-            assert_eq!(split.rank_sizes.len(), ranks, "{label}: ran on {ranks} ranks");
-            assert!(split.rank_sizes.iter().all(|&(owned, _, _)| owned > 0), "{label}: every rank owns atoms: {:?}", split.rank_sizes);
+            assert_eq!(
+                split.rank_sizes.len(),
+                ranks,
+                "{label}: ran on {ranks} ranks"
+            );
+            assert!(
+                split.rank_sizes.iter().all(|&(owned, _, _)| owned > 0),
+                "{label}: every rank owns atoms: {:?}",
+                split.rank_sizes
+            );
             for key in ["energy", "atomic_energies", "forces"] {
-                assert_close(&format!("{label} {key} at {ranks} ranks"), out(&split, key), out(&single, key));
+                assert_close(
+                    &format!("{label} {key} at {ranks} ranks"),
+                    out(&split, key),
+                    out(&single, key),
+                );
             }
             if single.has_stress[0] {
-                assert_close(&format!("{label} stress at {ranks} ranks"), out(&split, "stress"), out(&single, "stress"));
+                assert_close(
+                    &format!("{label} stress at {ranks} ranks"),
+                    out(&split, "stress"),
+                    out(&single, "stress"),
+                );
             }
         }
     }
     // The periodic, triclinic and slab structures have a stress.
-    assert!(stresses >= 2, "{name}: stress compared on {stresses} structures");
+    assert!(
+        stresses >= 2,
+        "{name}: stress compared on {stresses} structures"
+    );
 }
 
 #[test]

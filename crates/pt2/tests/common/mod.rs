@@ -7,7 +7,9 @@ use std::path::PathBuf;
 
 /// A fixture archive's path.
 pub fn data(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
 }
 
 /// The members (name, payload) of a fixture archive.
@@ -67,7 +69,11 @@ pub fn zip(members: &[(String, Vec<u8>)]) -> Vec<u8> {
 }
 
 /// `members` with the member whose name ends in `suffix` replaced by `f(payload)`.
-pub fn edit(members: &[(String, Vec<u8>)], suffix: &str, f: impl Fn(&[u8]) -> Vec<u8>) -> Vec<(String, Vec<u8>)> {
+pub fn edit(
+    members: &[(String, Vec<u8>)],
+    suffix: &str,
+    f: impl Fn(&[u8]) -> Vec<u8>,
+) -> Vec<(String, Vec<u8>)> {
     let mut hit = false;
     let out = members
         .iter()
