@@ -80,7 +80,7 @@ impl Inspection {
         for i in p.inputs.iter().filter(|i| i.kind == InputKind::User) {
             let shape = p.tensors.get(&i.name).map_or(String::from("?"), |t| {
                 let dims: Vec<String> = t.sizes.iter().map(ToString::to_string).collect();
-                format!("[{}] dtype {}", dims.join(", "), t.dtype)
+                format!("[{}] {}", dims.join(", "), dtype_name(t.dtype))
             });
             let _ = writeln!(s, "  {}: {shape}", i.name);
         }
@@ -109,5 +109,18 @@ impl Inspection {
             );
         }
         s
+    }
+}
+
+/// The schema's dtype code as torch names it.
+fn dtype_name(code: i64) -> String {
+    use crate::ir::dtype;
+    match code {
+        dtype::FLOAT64 => "float64".into(),
+        dtype::FLOAT32 => "float32".into(),
+        dtype::INT64 => "int64".into(),
+        dtype::INT32 => "int32".into(),
+        dtype::BOOL => "bool".into(),
+        other => format!("dtype code {other}"),
     }
 }
