@@ -158,3 +158,37 @@ fn pair_mlp_matches_eager_pytorch_and_decomposes() {
 fn schnet_matches_eager_pytorch_and_decomposes() {
     check_model("schnet");
 }
+
+/// Several structures in one evaluation: the graph's `sum` is the
+/// per-system reduction, so each system's energy is its own, and every
+/// output equals the one-structure evaluation's.
+#[test]
+fn a_batch_equals_its_structures_one_by_one() {
+    let refs = reference();
+    let entry = &refs["models"]["schnet"];
+    let model = ImportedModel::load(data("schnet.pt2")).unwrap();
+    let species = [1, 6, 8, 14];
+    let systems: Vec<System> = entry["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| system(s, &species))
+        .collect();
+    let batch = evaluate(&model, &systems, &EvalOptions::default()).unwrap();
+    let mut atom = 0;
+    for (k, sys) in systems.iter().enumerate() {
+        let one = run(&model, sys, 1);
+        let n = sys.positions.len();
+        assert_close(
+            &format!("system {k} energy"),
+            &out(&batch, "energy")[k..k + 1],
+            out(&one, "energy"),
+        );
+        assert_close(
+            &format!("system {k} forces"),
+            &out(&batch, "forces")[3 * atom..3 * (atom + n)],
+            out(&one, "forces"),
+        );
+        atom += n;
+    }
+}
