@@ -23,6 +23,7 @@ mod inspect;
 pub mod ir;
 mod model;
 pub mod ops;
+mod rowops;
 mod symbols;
 
 pub use archive::{Metadata, Pt2Archive, SizeSymbols, Weight};

@@ -18,8 +18,10 @@
 //! a sum of atom rows the per-system reduction.
 
 use crate::ir::{dtype, Arg, Node, SymIntArg};
+use crate::rowops::{permute_map, slice_map, ClampMin, EinsumOperand, RowEinsum, RowGather};
 use crate::{Pt2Archive, Pt2Error};
 use ddmlip_engine::ops::Unary;
+use ddmlip_engine::OpaqueKernel;
 use ddmlip_engine::{
     EngineError, Graph, Index, ModelForward, ModelInfo, ModelInputs, ModelOutputs, RowDomain,
     Scalar, SpeciesSupport, Tensor,
@@ -813,7 +815,22 @@ impl<'a, T: Scalar> Run<'a, T> {
                             },
                         )
                     }
-                    _ => Err("select of a differentiable tensor is not supported".into()),
+                    x @ Val::T { .. } => {
+                        let shape = value_shape(&x)?;
+                        let d = norm_dim(self.int_arg(node, "dim")?, shape.len())?;
+                        let i = usize::try_from(if index < 0 {
+                            index + shape[d] as i64
+                        } else {
+                            index
+                        })
+                        .ok()
+                        .filter(|&i| i < shape[d])
+                        .ok_or("select index out of range")?;
+                        let out = self.out_name(node)?.to_string();
+                        let v = self.strided(x, &out, |sh, dd| slice_map(sh, dd, i, 1, 1), d)?;
+                        self.set(node, v)
+                    }
+                    _ => Err("select of a symbolic int or zeros".into()),
                 }
             }
             "aten.index.Tensor" => {
@@ -1218,8 +1235,476 @@ impl<'a, T: Scalar> Run<'a, T> {
                     _ => Err("a sum over dimensions of a constant tensor is not supported".into()),
                 }
             }
+            "aten.reshape.default" | "aten.expand.default" | "aten.expand_as.default" => {
+                let x = self.tensor_arg(node, "self")?;
+                let out = self.out_name(node)?.to_string();
+                let v = self.reshape_or_expand(x, &out, op != "aten.reshape.default")?;
+                self.set(node, v)
+            }
+            "aten.broadcast_tensors.default" => {
+                let names = match self.arg(node, "tensors")? {
+                    Arg::AsTensors(ts) => ts.clone(),
+                    other => return Err(format!("tensors {other:?}")),
+                };
+                if names.len() != node.outputs.len() {
+                    return Err("as many outputs as inputs expected".into());
+                }
+                for (t, out) in names.iter().zip(&node.outputs) {
+                    let x = self.get(&t.name)?.clone();
+                    let v = self.reshape_or_expand(x, out, true)?;
+                    self.values.insert(out.clone(), v);
+                }
+                Ok(())
+            }
+            "aten.ones_like.default" => {
+                let shape = self.shape_of(self.out_name(node)?)?;
+                self.set(
+                    node,
+                    Val::Host {
+                        v: Arc::new(vec![1.0; numel(&shape)]),
+                        shape,
+                    },
+                )
+            }
+            "aten.clamp_min.default" => {
+                let m = self.float_arg(node, "min")?;
+                match self.tensor_arg(node, "self")? {
+                    Val::T { t, shape } => {
+                        let k: Arc<dyn OpaqueKernel<T>> = Arc::new(ClampMin(m));
+                        let t = self.g.rowwise(k, &[t]).map_err(Self::map_err)?;
+                        self.set(node, Val::T { t, shape })
+                    }
+                    other => {
+                        let (v, shape) = Self::host_values(&other).ok_or("unexpected input")?;
+                        self.set(
+                            node,
+                            Val::Host {
+                                v: Arc::new(v.iter().map(|x| x.max(m)).collect()),
+                                shape,
+                            },
+                        )
+                    }
+                }
+            }
+            "aten.slice.Tensor" | "aten.narrow.default" => {
+                let x = self.tensor_arg(node, "self")?;
+                let shape = value_shape(&x)?;
+                let dim = norm_dim(self.int_arg(node, "dim")?, shape.len())?;
+                let n = *shape.get(dim).ok_or("slice of a scalar")? as i64;
+                let clampi = |v: i64| if v < 0 { (v + n).clamp(0, n) } else { v.min(n) } as usize;
+                let (start, len, step) = if op == "aten.narrow.default" {
+                    (
+                        clampi(self.int_arg(node, "start")?),
+                        usize::try_from(self.int_arg(node, "length")?)
+                            .map_err(|_| "negative length")?,
+                        1,
+                    )
+                } else {
+                    let start = match node.arg("start") {
+                        Some(Arg::AsNone(_)) | None => 0,
+                        _ => clampi(self.int_arg(node, "start")?),
+                    };
+                    let end = match node.arg("end") {
+                        Some(Arg::AsNone(_)) | None => n as usize,
+                        _ => clampi(self.int_arg(node, "end")?),
+                    };
+                    let step = usize::try_from(self.int_arg(node, "step")?)
+                        .ok()
+                        .filter(|&s| s > 0)
+                        .ok_or("a step below 1")?;
+                    (start, end.saturating_sub(start).div_ceil(step), step)
+                };
+                if start + len.saturating_sub(1) * step >= n as usize && len > 0 {
+                    return Err("a slice past the end".into());
+                }
+                let out = self.out_name(node)?.to_string();
+                let v = self.strided(x, &out, |sh, d| slice_map(sh, d, start, len, step), dim)?;
+                self.set(node, v)
+            }
+            "aten.permute.default" => {
+                let x = self.tensor_arg(node, "self")?;
+                let shape = value_shape(&x)?;
+                let dims = self.ints_arg(node, "dims")?.unwrap_or_default();
+                let perm: Vec<usize> = dims
+                    .iter()
+                    .map(|&d| norm_dim(d, shape.len()))
+                    .collect::<Res<_>>()?;
+                let mut sorted = perm.clone();
+                sorted.sort_unstable();
+                if sorted != (0..shape.len()).collect::<Vec<_>>() {
+                    return Err(format!("{dims:?} is not a permutation"));
+                }
+                let out = self.out_name(node)?.to_string();
+                let v = match x {
+                    Val::T { t, shape } => {
+                        if perm[0] != 0 {
+                            return Err("a permute that moves the row dimension".into());
+                        }
+                        let inner: Vec<usize> = perm[1..].iter().map(|p| p - 1).collect();
+                        let map = permute_map(&shape[1..], &inner);
+                        let t = self.row_gather(
+                            "permute",
+                            &[t],
+                            map.into_iter().map(|c| (0, c)).collect(),
+                        )?;
+                        Val::T {
+                            t,
+                            shape: self.shape_of(&out)?,
+                        }
+                    }
+                    other => {
+                        let (v, shape) = Self::host_values(&other).ok_or("unexpected input")?;
+                        let map = permute_map(&shape, &perm);
+                        Val::Host {
+                            v: Arc::new(map.iter().map(|&k| v[k]).collect()),
+                            shape: self.shape_of(&out)?,
+                        }
+                    }
+                };
+                self.set(node, v)
+            }
+            "aten.cat.default" | "aten.stack.default" => {
+                let names = match self.arg(node, "tensors")? {
+                    Arg::AsTensors(ts) => ts.clone(),
+                    other => return Err(format!("tensors {other:?}")),
+                };
+                let out = self.out_name(node)?.to_string();
+                let out_shape = self.shape_of(&out)?;
+                let dim = norm_dim(self.int_arg(node, "dim")?, out_shape.len())?;
+                let parts: Vec<Val> = names
+                    .iter()
+                    .map(|t| self.get(&t.name).cloned())
+                    .collect::<Res<_>>()?;
+                // Each part's shape with the concatenated dimension explicit
+                // (stack inserts a dimension of 1).
+                let mut shapes = Vec::new();
+                for p in &parts {
+                    let mut s = value_shape(p)?;
+                    if op == "aten.stack.default" {
+                        s.insert(dim.min(s.len()), 1);
+                    }
+                    shapes.push(s);
+                }
+                let v = self.concat(parts, shapes, dim, &out)?;
+                self.set(node, v)
+            }
+            "aten.einsum.default" => {
+                let eq = match self.arg(node, "equation")? {
+                    Arg::AsString(s) => s.replace(' ', ""),
+                    other => return Err(format!("equation {other:?}")),
+                };
+                let names = match self.arg(node, "tensors")? {
+                    Arg::AsTensors(ts) => ts.clone(),
+                    other => return Err(format!("tensors {other:?}")),
+                };
+                let (lhs, rhs) = eq
+                    .split_once("->")
+                    .ok_or("an einsum without an explicit output (`->`)")?;
+                let specs: Vec<Vec<char>> = lhs.split(',').map(|s| s.chars().collect()).collect();
+                let out_labels: Vec<char> = rhs.chars().collect();
+                if specs.len() != names.len() {
+                    return Err(format!(
+                        "{} operands for {} tensors",
+                        specs.len(),
+                        names.len()
+                    ));
+                }
+                let parts: Vec<Val> = names
+                    .iter()
+                    .map(|t| self.get(&t.name).cloned())
+                    .collect::<Res<_>>()?;
+                let out = self.out_name(node)?.to_string();
+                let v = self.einsum(parts, specs, out_labels, &out)?;
+                self.set(node, v)
+            }
+            "aten.tensordot.default" => {
+                let a = self.tensor_arg(node, "self")?;
+                let b = self.tensor_arg(node, "other")?;
+                let da = self.ints_arg(node, "dims_self")?.unwrap_or_default();
+                let db = self.ints_arg(node, "dims_other")?.unwrap_or_default();
+                let (sa, sb) = (value_shape(&a)?, value_shape(&b)?);
+                if da.len() != db.len() {
+                    return Err("dims_self and dims_other differ in length".into());
+                }
+                let letters: Vec<char> = "abcdefghijklmnopqrstuvwxyz".chars().collect();
+                if sa.len() + sb.len() > letters.len() {
+                    return Err("too many dimensions".into());
+                }
+                let la: Vec<char> = letters[..sa.len()].to_vec();
+                let mut lb: Vec<char> = letters[sa.len()..sa.len() + sb.len()].to_vec();
+                let mut contracted_a = Vec::new();
+                for (&x, &y) in da.iter().zip(&db) {
+                    let (x, y) = (norm_dim(x, sa.len())?, norm_dim(y, sb.len())?);
+                    lb[y] = la[x];
+                    contracted_a.push(x);
+                }
+                let mut out_labels: Vec<char> = (0..sa.len())
+                    .filter(|k| !contracted_a.contains(k))
+                    .map(|k| la[k])
+                    .collect();
+                out_labels.extend(lb.iter().filter(|l| !la.contains(l)));
+                let out = self.out_name(node)?.to_string();
+                let v = self.einsum(vec![a, b], vec![la, lb], out_labels, &out)?;
+                self.set(node, v)
+            }
             other => Err(format!("op `{other}` is not supported")),
         }
+    }
+
+    fn row_gather(
+        &mut self,
+        name: &str,
+        inputs: &[Tensor],
+        src: Vec<(usize, usize)>,
+    ) -> Res<Tensor> {
+        let k: Arc<dyn OpaqueKernel<T>> = Arc::new(RowGather {
+            name: name.to_string(),
+            src,
+        });
+        self.g.rowwise(k, inputs).map_err(Self::map_err)
+    }
+
+    /// A reshape keeping the rows, or a broadcast to the recorded shape.
+    fn reshape_or_expand(&mut self, x: Val, out: &str, expand: bool) -> Res<Val> {
+        let shape = self.shape_of(out)?;
+        match x {
+            Val::T { t, shape: xs } => {
+                if xs == shape
+                    || (!expand && xs.first() == shape.first() && numel(&xs) == numel(&shape))
+                {
+                    return Ok(Val::T { t, shape });
+                }
+                if !expand {
+                    return Err(format!(
+                        "a reshape of {xs:?} to {shape:?} moves the row dimension"
+                    ));
+                }
+                let ones = Val::Host {
+                    v: Arc::new(vec![1.0]),
+                    shape: vec![],
+                };
+                self.binary_values(ones, Val::T { t, shape: xs }, Bin::Mul, out)
+            }
+            Val::Int {
+                v,
+                shape: xs,
+                origin,
+            } if !expand || xs == shape => {
+                let origin = if xs == shape { origin } else { Origin::Other };
+                Ok(Val::Int { v, shape, origin })
+            }
+            other => {
+                let (v, xs) = Self::host_values(&other).ok_or("unexpected input")?;
+                let v = if expand {
+                    broadcast_host(&v, &xs, &shape)?
+                } else {
+                    v.to_vec()
+                };
+                Ok(Val::Host {
+                    v: Arc::new(v),
+                    shape,
+                })
+            }
+        }
+    }
+
+    /// A strided view along `dim` (`map(shape, dim)` gives the flat indices).
+    fn strided(
+        &mut self,
+        x: Val,
+        out: &str,
+        map: impl Fn(&[usize], usize) -> Vec<usize>,
+        dim: usize,
+    ) -> Res<Val> {
+        let out_shape = self.shape_of(out)?;
+        match x {
+            Val::T { t, shape } => {
+                if dim == 0 {
+                    return Err("a slice along the row dimension".into());
+                }
+                let m = map(&shape[1..], dim - 1);
+                let t = self.row_gather("slice", &[t], m.into_iter().map(|c| (0, c)).collect())?;
+                Ok(Val::T {
+                    t,
+                    shape: out_shape,
+                })
+            }
+            other => {
+                let (v, shape) = Self::host_values(&other).ok_or("unexpected input")?;
+                let m = map(&shape, dim);
+                let vals: Vec<f64> = m
+                    .iter()
+                    .map(|&k| {
+                        v.get(k)
+                            .copied()
+                            .ok_or_else(|| "a slice past the end".to_string())
+                    })
+                    .collect::<Res<_>>()?;
+                Ok(Val::Host {
+                    v: Arc::new(vals),
+                    shape: out_shape,
+                })
+            }
+        }
+    }
+
+    /// Concatenation along `dim` of parts with the given (explicit) shapes.
+    fn concat(
+        &mut self,
+        parts: Vec<Val>,
+        shapes: Vec<Vec<usize>>,
+        dim: usize,
+        out: &str,
+    ) -> Res<Val> {
+        let out_shape = self.shape_of(out)?;
+        let domain = self.domain_of(out);
+        let rank = out_shape.len();
+        if shapes.iter().any(|s| s.len() != rank) {
+            return Err("parts of different ranks".into());
+        }
+        // Where output element (flat, over dims `from..`) comes from.
+        let from = usize::from(parts.iter().any(|p| matches!(p, Val::T { .. })));
+        if from == 1 && dim == 0 {
+            return Err("a concatenation along the row dimension".into());
+        }
+        let inner_out = &out_shape[from..];
+        let ost = strides(inner_out);
+        let mut offsets = Vec::new();
+        let mut acc = 0;
+        for s in &shapes {
+            offsets.push(acc);
+            acc += s[dim];
+        }
+        let total: usize = inner_out.iter().product();
+        let mut src = Vec::with_capacity(total);
+        for i in 0..total {
+            let idx: Vec<usize> = (0..inner_out.len())
+                .map(|d| (i / ost[d]) % inner_out[d].max(1))
+                .collect();
+            let c = idx[dim - from];
+            let part = offsets
+                .iter()
+                .rposition(|&o| o <= c)
+                .ok_or("bad concatenation")?;
+            let ps = &shapes[part][from..];
+            let pst = strides(ps);
+            let mut flat = 0;
+            for d in 0..idx.len() {
+                let k = if d == dim - from {
+                    c - offsets[part]
+                } else {
+                    idx[d]
+                };
+                flat += k * pst[d];
+            }
+            src.push((part, flat));
+        }
+        if from == 0 {
+            let mut vals = Vec::with_capacity(total);
+            let hosts: Vec<Arc<Vec<f64>>> = parts
+                .iter()
+                .map(|p| {
+                    Self::host_values(p)
+                        .map(|h| h.0)
+                        .ok_or_else(|| "unexpected input".to_string())
+                })
+                .collect::<Res<_>>()?;
+            for (p, f) in src {
+                vals.push(*hosts[p].get(f).ok_or("bad concatenation")?);
+            }
+            return Ok(Val::Host {
+                v: Arc::new(vals),
+                shape: out_shape,
+            });
+        }
+        let mut tensors = Vec::new();
+        for (p, s) in parts.into_iter().zip(&shapes) {
+            tensors.push(match p {
+                Val::T { t, .. } => t,
+                other => {
+                    // Same elements as the explicit shape (stack's inserted 1).
+                    let (v, _) = Self::host_values(&other).ok_or("unexpected input")?;
+                    self.constant(&v, s, s, domain)?
+                }
+            });
+        }
+        let t = self.row_gather("cat", &tensors, src)?;
+        Ok(Val::T {
+            t,
+            shape: out_shape,
+        })
+    }
+
+    /// An einsum whose output's first label is the row label of every
+    /// per-row operand; host operands without the row label are constants.
+    fn einsum(
+        &mut self,
+        parts: Vec<Val>,
+        specs: Vec<Vec<char>>,
+        out_labels: Vec<char>,
+        out: &str,
+    ) -> Res<Val> {
+        let out_shape = self.shape_of(out)?;
+        let domain = self.domain_of(out);
+        let row = *out_labels.first().ok_or("an einsum with a scalar output")?;
+        if domain == RowDomain::None {
+            return Err("an einsum whose output has no atom or edge rows".into());
+        }
+        let mut operands = Vec::new();
+        let mut inputs = Vec::new();
+        for (p, labels) in parts.into_iter().zip(specs) {
+            let shape = value_shape(&p)?;
+            if shape.len() != labels.len() {
+                return Err(format!(
+                    "labels `{}` for shape {shape:?}",
+                    labels.iter().collect::<String>()
+                ));
+            }
+            let per_row = labels.first() == Some(&row);
+            if labels.iter().skip(1).any(|&l| l == row) {
+                return Err("the row label in a non-leading position".into());
+            }
+            match p {
+                Val::T { t, .. } if per_row => {
+                    inputs.push(t);
+                    operands.push(EinsumOperand {
+                        labels: labels[1..].to_vec(),
+                        sizes: shape[1..].to_vec(),
+                        constant: None,
+                    });
+                }
+                Val::T { .. } => {
+                    return Err("a differentiable operand without the row label".into())
+                }
+                other if per_row => {
+                    let (v, hs) = Self::host_values(&other).ok_or("unexpected input")?;
+                    inputs.push(self.constant(&v, &hs, &hs, domain)?);
+                    operands.push(EinsumOperand {
+                        labels: labels[1..].to_vec(),
+                        sizes: shape[1..].to_vec(),
+                        constant: None,
+                    });
+                }
+                other => {
+                    let (v, _) = Self::host_values(&other).ok_or("unexpected input")?;
+                    operands.push(EinsumOperand {
+                        labels,
+                        sizes: shape,
+                        constant: Some(v.to_vec()),
+                    });
+                }
+            }
+        }
+        if inputs.is_empty() {
+            return Err("an einsum of constants only".into());
+        }
+        let kernel = RowEinsum::new("einsum", operands, &out_labels[1..])?;
+        let k: Arc<dyn OpaqueKernel<T>> = Arc::new(kernel);
+        let t = self.g.rowwise(k, &inputs).map_err(Self::map_err)?;
+        Ok(Val::T {
+            t,
+            shape: out_shape,
+        })
     }
 
     fn domain_of_len(&self, n: usize) -> RowDomain {
@@ -1262,6 +1747,16 @@ impl<'a, T: Scalar> Run<'a, T> {
             atomic_energies: Some(atomic),
             extra: Vec::new(),
         })
+    }
+}
+
+fn value_shape(v: &Val) -> Res<Vec<usize>> {
+    match v {
+        Val::T { shape, .. }
+        | Val::Int { shape, .. }
+        | Val::Host { shape, .. }
+        | Val::Zeros { shape } => Ok(shape.clone()),
+        Val::Sym(_) => Err("a symbolic int where a tensor was expected".into()),
     }
 }
 

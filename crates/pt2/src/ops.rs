@@ -176,6 +176,63 @@ const SCHEMAS: &[OpSchema] = &[
             ("sparse", Default::Bool(false)),
         ],
     },
+    OpSchema {
+        name: "aten.einsum.default",
+        defaults: &[("path", Default::None)],
+    },
+    OpSchema {
+        name: "aten.tensordot.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.permute.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.reshape.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.narrow.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.slice.Tensor",
+        defaults: &[
+            ("dim", Default::Int(0)),
+            ("start", Default::None),
+            ("end", Default::None),
+            ("step", Default::Int(1)),
+        ],
+    },
+    OpSchema {
+        name: "aten.cat.default",
+        defaults: &[("dim", Default::Int(0))],
+    },
+    OpSchema {
+        name: "aten.stack.default",
+        defaults: &[("dim", Default::Int(0))],
+    },
+    OpSchema {
+        name: "aten.expand.default",
+        defaults: &[("implicit", Default::Bool(false))],
+    },
+    OpSchema {
+        name: "aten.expand_as.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.broadcast_tensors.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.clamp_min.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.ones_like.default",
+        defaults: &[],
+    },
 ];
 
 /// Whether the importer maps `op` (e.g. `aten.index_add.default`).

@@ -192,3 +192,8 @@ fn a_batch_equals_its_structures_one_by_one() {
         atom += n;
     }
 }
+
+#[test]
+fn e3nn_tensor_product_matches_eager_pytorch_and_decomposes() {
+    check_model("e3nn_tp");
+}
