@@ -109,10 +109,7 @@ impl RowEinsum {
         let mut idx = vec![0usize; n];
         let mut offs = vec![0usize; self.operands.len()];
         loop {
-            let mut out = 0;
-            for k in 0..n {
-                out += idx[k] * self.out_strides[k];
-            }
+            let out: usize = idx.iter().zip(&self.out_strides).map(|(i, s)| i * s).sum();
             for (o, (st, _, _)) in offs.iter_mut().zip(&self.operands) {
                 *o = idx.iter().zip(st).map(|(i, s)| i * s).sum();
             }
@@ -405,6 +402,8 @@ mod tests {
         let (_, grads) = eval(&kernel, &inputs, rows);
         let h = 1e-6;
         for (k, (v, _)) in inputs.iter().enumerate() {
+            // Perturbs element i of input k in copies of the inputs.
+            #[allow(clippy::needless_range_loop)]
             for i in 0..v.len() {
                 let mut plus = inputs.clone();
                 plus[k].0[i] += h;
