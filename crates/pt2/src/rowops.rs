@@ -198,25 +198,25 @@ impl<T: Scalar> OpaqueKernel<T> for RowEinsum {
         grads: &mut [Vec<T>],
     ) -> Option<Result<(), String>> {
         let consts = self.constants::<T>();
-        let rows = grad_out.len() / self.out_cols.max(1);
-        // Which operand each tensor input is.
+        let oc = self.out_cols.max(1);
+        // One pass per tensor input, parallel over its rows.
         let tensor_ops: Vec<usize> = (0..self.operands.len())
             .filter(|&k| self.operands[k].1.is_none())
             .collect();
-        for r in 0..rows {
-            let vals = self.row_values(inputs, r, &consts);
-            let g = &grad_out[r * self.out_cols..(r + 1) * self.out_cols];
-            self.for_each_combo(|oo, offs| {
-                for (t, &k) in tensor_ops.iter().enumerate() {
+        for (t, &k) in tensor_ops.iter().enumerate() {
+            let n = self.operands[k].2.max(1);
+            grads[t].par_chunks_mut(n).enumerate().for_each(|(r, gr)| {
+                let vals = self.row_values(inputs, r, &consts);
+                let g = &grad_out[r * oc..(r + 1) * oc];
+                self.for_each_combo(|oo, offs| {
                     let mut p = g[oo];
                     for (j, (v, &o)) in vals.iter().zip(offs).enumerate() {
                         if j != k {
                             p *= v[o];
                         }
                     }
-                    let n = self.operands[k].2;
-                    grads[t][r * n + offs[k]] += p;
-                }
+                    gr[offs[k]] += p;
+                });
             });
         }
         Some(Ok(()))
@@ -265,10 +265,17 @@ impl<T: Scalar> OpaqueKernel<T> for RowGather {
         grads: &mut [Vec<T>],
     ) -> Option<Result<(), String>> {
         let n = self.src.len().max(1);
-        for (r, g) in grad_out.chunks(n).enumerate() {
-            for (j, &(i, c)) in self.src.iter().enumerate() {
-                grads[i][r * shapes[i].2 + c] += g[j];
-            }
+        // One pass per input, parallel over its rows.
+        for (i, gi) in grads.iter_mut().enumerate() {
+            let cols = shapes[i].2.max(1);
+            gi.par_chunks_mut(cols).enumerate().for_each(|(r, gr)| {
+                let g = &grad_out[r * n..(r + 1) * n];
+                for (j, &(input, c)) in self.src.iter().enumerate() {
+                    if input == i {
+                        gr[c] += g[j];
+                    }
+                }
+            });
         }
         Some(Ok(()))
     }
