@@ -17,6 +17,7 @@
 #![warn(missing_docs)]
 
 mod error;
+mod members;
 mod paths;
 pub mod pickle;
 mod value;
@@ -26,6 +27,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 pub use error::CheckpointError;
+pub use members::{zip_members, ZipMember, ZipMembersError};
 pub use paths::{
     cache_dir_from, default_sevennet_checkpoint_path, find_sevennet_checkpoint, CHECKPOINT_ENV,
     SEVENNET_FILE_NAME,

@@ -57,6 +57,17 @@ pub enum ModelError {
         /// Where the checkpoint was looked for.
         path: String,
     },
+    /// A `torch.export` archive (`.pt2`) that cannot be imported: unsupported
+    /// ops (all listed with counts), static sizes, a damaged archive, an
+    /// unsupported version, a graph off the input contract.
+    #[error("{path}: {source}")]
+    Pt2 {
+        /// The archive as given.
+        path: String,
+        /// What is wrong with it.
+        #[source]
+        source: ddmlip_pt2::Pt2Error,
+    },
     /// `--modal` given for a model that is not a SevenNet checkpoint.
     #[error("--modal {modal}: model `{model}` has no modals (--modal applies to multi-fidelity SevenNet checkpoints such as sevennet-mf-0)")]
     ModalNotApplicable {
@@ -170,8 +181,8 @@ struct KindOnly {
     kind: String,
 }
 
-/// Resolves a built-in name or a model file path (`.toml`, or a SevenNet
-/// `.pth` / `.pt` checkpoint).
+/// Resolves a built-in name or a model file path (`.toml`, a SevenNet
+/// `.pth` / `.pt` checkpoint, or a `torch.export` archive `.pt2`).
 pub fn load_model(name_or_path: &str) -> Result<Box<dyn Model>, ModelError> {
     load_model_with_modal(name_or_path, None)
 }
@@ -203,6 +214,15 @@ pub fn load_model_with_modal(
             .map(|m| Box::new(m) as Box<dyn Model>);
     }
     let path = Path::new(name_or_path);
+    if path.extension().is_some_and(|e| e == "pt2") {
+        not_applicable(name_or_path)?;
+        return ddmlip_pt2::ImportedModel::load(path)
+            .map(|m| Box::new(m) as Box<dyn Model>)
+            .map_err(|source| ModelError::Pt2 {
+                path: name_or_path.to_string(),
+                source,
+            });
+    }
     if path.extension().is_some_and(|e| e == "pth" || e == "pt") {
         if !path.exists() {
             return Err(ModelError::Io {

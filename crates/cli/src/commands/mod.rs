@@ -26,8 +26,8 @@ pub enum Command {
     Neighbors(neighbors::NeighborsArgs),
     /// How a structure splits over ranks: owned / ghost / remote atoms and health.
     Partition(partition::PartitionArgs),
-    /// List the built-in models.
-    Models,
+    /// List the built-in models, or inspect a torch.export archive (`--inspect PATH.pt2`).
+    Models(models::ModelsArgs),
     /// The embedded default job: a built-in model on a generated crystal, in one
     /// process and split over ranks, compared atom by atom.
     Demo(demo::DemoArgs),
@@ -49,7 +49,7 @@ pub fn run(cmd: Command) -> Result<u8, CliError> {
         Command::Eval(a) => eval::run(a),
         Command::Neighbors(a) => neighbors::run(a),
         Command::Partition(a) => partition::run(a),
-        Command::Models => models::run(),
+        Command::Models(a) => models::run(a),
         Command::Demo(a) => demo::run(a),
         Command::Validate(a) => validate::run(a),
         Command::Bench(a) => bench::run(a),

@@ -33,6 +33,10 @@ pub enum Unary {
     Powf(f64),
     /// Normalised SiLU as e3nn uses it: c·x·σ(x).
     ScaledSilu(f64),
+    /// cos x (x in radians).
+    Cos,
+    /// sin x (x in radians).
+    Sin,
 }
 
 impl Unary {
@@ -52,6 +56,8 @@ impl Unary {
             Unary::AddScalar(_) => "add_scalar",
             Unary::Powf(_) => "powf",
             Unary::ScaledSilu(_) => "scaled_silu",
+            Unary::Cos => "cos",
+            Unary::Sin => "sin",
         }
     }
 
@@ -73,6 +79,8 @@ impl Unary {
             Unary::AddScalar(c) => x + T::from_f64(c),
             Unary::Powf(p) => power(x, p),
             Unary::ScaledSilu(c) => T::from_f64(c) * x / (one + (-x).exp()),
+            Unary::Cos => x.cos(),
+            Unary::Sin => x.sin(),
         }
     }
 
@@ -167,6 +175,8 @@ impl Unary {
             Unary::Scale(c) => T::from_f64(c),
             Unary::AddScalar(_) => one,
             Unary::Powf(p) => T::from_f64(p) * power(x, p - 1.0),
+            Unary::Cos => -x.sin(),
+            Unary::Sin => x.cos(),
         }
     }
 }
