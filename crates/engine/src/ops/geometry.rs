@@ -190,7 +190,8 @@ impl<T: Scalar> Graph<T> {
 
     /// Edge lengths `|r_j − r_i + S·cell_s|` (Edge×1): the same inputs as
     /// [`Graph::edge_vectors`], and the same values as `row_norm` of its
-    /// output, bit for bit, without storing the vectors. The gradient
+    /// output, bit for bit, without storing the vectors (with exact values,
+    /// [`Graph::set_exact_values`], the f64 length rounded once instead). The gradient
     /// recomputes each vector from the positions, so neither pass moves the
     /// Edge×3 array through memory (for models that read only lengths).
     pub fn edge_lengths(
