@@ -7,27 +7,30 @@ use ddmlip_engine::ops::PeriodicShifts;
 use ddmlip_engine::{Graph, RowDomain};
 use std::sync::Arc;
 
+/// Positions (Atom×3), cell (3×3), edge centres, neighbours and shifts.
+type Geometry = (Vec<f64>, Vec<f64>, Vec<u32>, Vec<u32>, Vec<[i32; 3]>);
+
 /// Two atoms far from the origin (so that f32 positions lose digits), a
 /// triclinic cell, and three edges: direct, shifted, and shifted back.
-fn geometry() -> (Vec<f64>, Vec<f64>, Vec<u32>, Vec<u32>, Vec<[i32; 3]>) {
+fn geometry() -> Geometry {
     let positions = vec![
-        1234.567_891_234,
-        -987.654_321_987,
-        555.555_555_555,
-        1234.901_234_567,
-        -986.123_456_789,
-        556.777_777_777,
+        1234.567891234,
+        -987.654321987,
+        555.555555555,
+        1234.901234567,
+        -986.123456789,
+        556.777777777,
     ];
     let cell = vec![
-        5.123_456_789,
+        5.123456789,
         0.0,
         0.0,
-        1.234_567_891,
-        4.987_654_321,
+        1.234567891,
+        4.987654321,
         0.0,
-        0.333_333_333,
-        0.777_777_777,
-        6.111_111_111,
+        0.333333333,
+        0.777777777,
+        6.111111111,
     ];
     (
         positions,
