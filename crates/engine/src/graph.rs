@@ -71,6 +71,9 @@ pub struct Graph<T: Scalar> {
     /// All-reduce outputs that still hold this rank's partial, in the order
     /// they were recorded (the same on every rank).
     pub(crate) pending: Vec<usize>,
+    /// f64 values that tensors' `T` values are the rounding of, by node id
+    /// (see [`Graph::set_exact_values`]); empty in f64 graphs.
+    pub(crate) exact_values: Vec<(usize, Arc<Vec<f64>>)>,
 }
 
 impl<T: Scalar> Default for Graph<T> {
@@ -106,6 +109,7 @@ impl<T: Scalar> Graph<T> {
             saved: Vec::new(),
             defer_all_reduces: false,
             pending: Vec::new(),
+            exact_values: Vec::new(),
         }
     }
 

@@ -205,6 +205,12 @@ impl<'m> RankEvaluator<'m> {
             .map(|&x| T::from_f64(x))
             .collect();
         let cell = g.constant(cell_values, 3, 3, RowDomain::System);
+        if T::DTYPE != DType::F64 {
+            // Edge geometry from the f64 rows (ghosts placed in f64), rounded
+            // once, not from the rounded positions.
+            g.set_exact_values(pos, rows.positions.iter().flatten().copied().collect())?;
+            g.set_exact_values(cell, rows.cell.matrix.iter().flatten().copied().collect())?;
+        }
         let atom_system = g.index(
             Arc::new(vec![0u32; n_local]),
             RowDomain::Atom,

@@ -196,9 +196,7 @@ fn sevenn_train_checkpoint_f32_matches_upstream_f32() {
         "the fixture's f32 differs from its f64"
     );
     // The bounds of the SevenNet family's f32 tests against upstream's
-    // float32 calculator. Measured: energy 1.4e-7 eV/atom and forces
-    // 1.2e-5 eV/Å off upstream's f32, i.e. 3.1× and 2.7× upstream's own
-    // f32 gap to f64 — our f32 rounds more than upstream's.
+    // float32 calculator.
     assert!(
         ours_vs_f32.energy < 5e-6,
         "f32 energy off upstream's f32 by {} eV/atom",
@@ -208,6 +206,22 @@ fn sevenn_train_checkpoint_f32_matches_upstream_f32() {
         ours_vs_f32.forces < 5e-5,
         "f32 forces off upstream's f32 by {} eV/Å",
         ours_vs_f32.forces
+    );
+    // Against upstream's f64, relative to upstream's own f32 gap over the
+    // four structures (the family tests' bounds). Measured with edge vectors
+    // from f64 positions rounded once: forces 1.02×, energies 1.17× that
+    // gap; from f32 positions the forces were 2.8× (1.1e-5 eV/Å).
+    assert!(
+        ours.energy <= 1.2 * up.energy,
+        "f32 energy vs upstream f64 {} eV/atom, upstream's own f32 gap {}",
+        ours.energy,
+        up.energy
+    );
+    assert!(
+        ours.forces <= 1.25 * up.forces,
+        "f32 forces vs upstream f64 {} eV/Å, upstream's own f32 gap {}",
+        ours.forces,
+        up.forces
     );
 }
 

@@ -6,7 +6,7 @@
 use crate::{EvalError, MIN_DISTANCE};
 use ddmlip_atoms::{Cell, System};
 use ddmlip_engine::ops::PeriodicShifts;
-use ddmlip_engine::{EngineError, Graph, Model, ModelInputs, RowDomain, Scalar, Tensor};
+use ddmlip_engine::{DType, EngineError, Graph, Model, ModelInputs, RowDomain, Scalar, Tensor};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -79,14 +79,17 @@ pub(crate) fn check_energy_shape<T: Scalar>(
 
 /// What one process evaluates, as plain arrays: its atom rows, the cells, and
 /// the runtime graph (edge endpoints are row numbers).
-pub(crate) struct LocalProblem<T> {
-    /// rows × 3 (Å).
-    pub(crate) positions: Vec<T>,
+pub(crate) struct LocalProblem {
+    /// rows × 3 (Å), in f64 whatever the graph's type: f32 graphs round them
+    /// once and compute edge geometry from these (see
+    /// [`Graph::set_exact_values`]).
+    pub(crate) positions: Vec<f64>,
     pub(crate) numbers: Vec<u32>,
     /// Row → system.
     pub(crate) atom_system: Vec<u32>,
-    /// n_systems × 9, rows of each cell are lattice vectors.
-    pub(crate) cells: Vec<T>,
+    /// n_systems × 9, rows of each cell are lattice vectors (f64, as the
+    /// positions).
+    pub(crate) cells: Vec<f64>,
     pub(crate) pbc: Vec<[bool; 3]>,
     pub(crate) centers: Vec<u32>,
     pub(crate) neighbors: Vec<u32>,
@@ -107,14 +110,19 @@ pub(crate) struct BuiltInputs {
 /// with edge vectors and lengths.
 pub(crate) fn build_inputs<T: Scalar>(
     g: &mut Graph<T>,
-    p: LocalProblem<T>,
+    p: LocalProblem,
     with_graph: bool,
 ) -> Result<BuiltInputs, EvalError> {
     let n_rows = p.numbers.len();
     let n_sys = p.pbc.len();
-    let positions = g.leaf(p.positions, n_rows, 3, RowDomain::Atom);
+    let rounded = |v: &[f64]| -> Vec<T> { v.iter().map(|&x| T::from_f64(x)).collect() };
+    let positions = g.leaf(rounded(&p.positions), n_rows, 3, RowDomain::Atom);
     let strain = g.leaf(vec![T::zero(); 9 * n_sys], n_sys, 9, RowDomain::System);
-    let cell = g.constant(p.cells, 3 * n_sys, 3, RowDomain::System);
+    let cell = g.constant(rounded(&p.cells), 3 * n_sys, 3, RowDomain::System);
+    if T::DTYPE != DType::F64 {
+        g.set_exact_values(positions, p.positions)?;
+        g.set_exact_values(cell, p.cells)?;
+    }
     let atom_system = g.index(
         Arc::new(p.atom_system),
         RowDomain::Atom,

@@ -316,12 +316,12 @@ fn rank_problem<T: Scalar>(
     rank: usize,
     opts: &EvalOptions,
     scratch: &mut PairScratch,
-) -> Result<(LocalProblem<T>, Vec<u64>), EvalError> {
+) -> Result<(LocalProblem, Vec<u64>), EvalError> {
     let (parts, layout) = (&split.parts, &split.layout);
     let n_sys = batch.len();
     let (n_owned, n_local) = (layout.n_owned[rank], layout.n_local[rank]);
     let mut arrays = RankRows {
-        positions: vec![T::zero(); n_local * 3],
+        positions: vec![0.0; n_local * 3],
         numbers: vec![0u32; n_local],
         atom_system: vec![0u32; n_local],
         globals: vec![0u64; n_owned],
@@ -337,13 +337,7 @@ fn rank_problem<T: Scalar>(
     }));
     for (s, (sys, part)) in batch.iter().zip(parts).enumerate() {
         let dom = &part.ranks[rank];
-        cells.extend(
-            sys.cell_or_zero()
-                .matrix
-                .iter()
-                .flatten()
-                .map(|&x| T::from_f64(x)),
-        );
+        cells.extend(sys.cell_or_zero().matrix.iter().flatten());
         let (local_pos, rows) = arrays.add_system(sys, dom, layout, rank, s);
         let cutoff = if model.uses_runtime_graph() {
             model.cutoff()
@@ -427,9 +421,10 @@ fn reject_close_pair(pairs: &PairList, dom: &RankDomain, s: usize) -> Result<(),
 }
 
 /// A rank's per-row arrays, filled system by system.
-struct RankRows<T> {
-    /// Local rows × 3 (Å).
-    positions: Vec<T>,
+struct RankRows {
+    /// Local rows × 3 (Å): owned positions wrapped and ghost images placed
+    /// in f64 (the graph rounds them once).
+    positions: Vec<f64>,
     numbers: Vec<u32>,
     /// Row → system.
     atom_system: Vec<u32>,
@@ -437,7 +432,7 @@ struct RankRows<T> {
     globals: Vec<u64>,
 }
 
-impl<T: Scalar> RankRows<T> {
+impl RankRows {
     /// Places system `s`'s owned atoms (wrapped into the cell, in the same
     /// frame as the ghosts) and ghost images in their local rows. Returns the
     /// system's local positions (owned, then ghosts) and the row of each.
@@ -472,9 +467,7 @@ impl<T: Scalar> RankRows<T> {
             self.atom_system[row] = s as u32;
         }
         for (p, &row) in local_pos.iter().zip(&rows) {
-            for (slot, &x) in self.positions[row * 3..row * 3 + 3].iter_mut().zip(p) {
-                *slot = T::from_f64(x);
-            }
+            self.positions[row * 3..row * 3 + 3].copy_from_slice(p);
         }
         (local_pos, rows)
     }

@@ -58,7 +58,7 @@ fn batch_problem<T: Scalar>(
     batch: &[System],
     opts: &EvalOptions,
     scratch: &mut PairScratch,
-) -> Result<LocalProblem<T>, EvalError> {
+) -> Result<LocalProblem, EvalError> {
     let mut positions = Vec::new();
     let mut numbers = Vec::new();
     let mut atom_system = Vec::new();
@@ -69,15 +69,11 @@ fn batch_problem<T: Scalar>(
     let mut pairs = PairList::default();
     let mut offset = 0u32;
     for (s, sys) in batch.iter().enumerate() {
-        positions.extend(
-            sys.positions
-                .iter()
-                .flat_map(|p| p.iter().map(|&x| T::from_f64(x))),
-        );
+        positions.extend(sys.positions.iter().flatten());
         numbers.extend_from_slice(&sys.numbers);
         atom_system.extend(std::iter::repeat_n(s as u32, sys.len()));
         let cell = sys.cell_or_zero();
-        cells.extend(cell.matrix.iter().flatten().map(|&x| T::from_f64(x)));
+        cells.extend(cell.matrix.iter().flatten());
         let cutoff = if model.uses_runtime_graph() {
             model.cutoff()
         } else {

@@ -1,6 +1,7 @@
 //! The inputs of the edge-geometry ops after halo handling, and how their
 //! gradients are split into pieces.
 
+use crate::ops::geometry::length;
 use crate::ops::scatter_in_source_order;
 use crate::{Index, Scalar, Tensor};
 use rayon::prelude::*;
@@ -22,13 +23,50 @@ pub(crate) struct EdgeGeometry {
     pub(crate) ci: Arc<Vec<u32>>,
     pub(crate) ni: Arc<Vec<u32>>,
     pub(crate) periodic: Option<EdgeShifts>,
+    /// The f64 positions (and cell, when periodic) the `T` values round,
+    /// when the graph has them ([`crate::Graph::set_exact_values`]).
+    pub(crate) exact: Option<ExactGeometry>,
+}
+
+/// f64 positions (Atom×3) and cell ((3·n_systems)×3, when the edges are
+/// periodic) behind an [`EdgeGeometry`]'s `T` values.
+pub(crate) struct ExactGeometry {
+    pub(crate) positions: Arc<Vec<f64>>,
+    pub(crate) cell: Option<Arc<Vec<f64>>>,
 }
 
 impl EdgeGeometry {
     /// `r_j − r_i`, then `+ S_a·cell_a` axis by axis (this order in both ops,
     /// so their values agree bit for bit). `cv` is the cell's value.
+    /// With exact values ([`ExactGeometry`]) the vector is computed from
+    /// them in f64, in the same order, and rounded once to `T`.
     #[inline(always)]
     pub(crate) fn vector<T: Scalar>(&self, pv: &[T], cv: Option<&[T]>, e: usize) -> [T; 3] {
+        match &self.exact {
+            Some(x) => self
+                .vector_from(&x.positions, x.cell.as_deref().map(|c| &c[..]), e)
+                .map(T::from_f64),
+            None => self.vector_from(pv, cv, e),
+        }
+    }
+
+    /// `|v|` of edge `e`'s [`EdgeGeometry::vector`]; with exact values, the
+    /// f64 length of the f64 vector, rounded once.
+    #[inline(always)]
+    pub(crate) fn length<T: Scalar>(&self, pv: &[T], cv: Option<&[T]>, e: usize) -> T {
+        match &self.exact {
+            Some(x) => T::from_f64(length(self.vector_from(
+                &x.positions,
+                x.cell.as_deref().map(|c| &c[..]),
+                e,
+            ))),
+            None => length(self.vector_from(pv, cv, e)),
+        }
+    }
+
+    /// [`EdgeGeometry::vector`] from positions `pv` and cell `cv` in one type.
+    #[inline(always)]
+    fn vector_from<U: Scalar>(&self, pv: &[U], cv: Option<&[U]>, e: usize) -> [U; 3] {
         let (i, j) = (self.ci[e] as usize * 3, self.ni[e] as usize * 3);
         let mut v = [pv[j] - pv[i], pv[j + 1] - pv[i + 1], pv[j + 2] - pv[i + 2]];
         if let (Some(p), Some(cv)) = (&self.periodic, cv) {
@@ -38,7 +76,7 @@ impl EdgeGeometry {
                 for (a, &sa) in s.iter().enumerate() {
                     if sa != 0 {
                         for k in 0..3 {
-                            v[k] += T::from_f64(sa as f64) * cv[base + a * 3 + k];
+                            v[k] += U::from_f64(sa as f64) * cv[base + a * 3 + k];
                         }
                     }
                 }

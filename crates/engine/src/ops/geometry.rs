@@ -1,7 +1,9 @@
 //! Geometry: strain, edge vectors with cell shifts, row norms.
 
 use crate::graph::NodeSpec;
-use crate::ops::edge_geometry::{backward_pieces, lock_piece, EdgeGeometry, EdgeShifts};
+use crate::ops::edge_geometry::{
+    backward_pieces, lock_piece, EdgeGeometry, EdgeShifts, ExactGeometry,
+};
 use crate::ops::index::{scatter_handler, scatter_map};
 use crate::ops::pointwise::BLOCK;
 use crate::ops::{scatter_in_source_order, Pointwise, PAR_THRESHOLD};
@@ -16,7 +18,7 @@ const NORM_ROWS: usize = 4096;
 /// `|v|`, the one expression every length here uses (so that edge lengths,
 /// `row_norm` of edge vectors and pair sums agree bit for bit).
 #[inline(always)]
-fn length<T: Scalar>(v: [T; 3]) -> T {
+pub(crate) fn length<T: Scalar>(v: [T; 3]) -> T {
     (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt()
 }
 
@@ -87,6 +89,22 @@ impl<T: Scalar> Graph<T> {
         } else {
             out.chunks_mut(3).enumerate().for_each(strain_row);
         }
+        // The f64 values behind `x`, strained in f64 (with the strain's
+        // value), are the values behind the output.
+        let exact = self.exact_values_of(x).map(|xe| {
+            let mut out = vec![0.0; rows * 3];
+            for (r, o) in out.chunks_exact_mut(3).enumerate() {
+                let e = &ev[ids[r] as usize * 9..ids[r] as usize * 9 + 9];
+                for k in 0..3 {
+                    let mut s = xe[r * 3 + k];
+                    for m in 0..3 {
+                        s += xe[r * 3 + m] * e[m * 3 + k].to_f64_lossless();
+                    }
+                    o[k] = s;
+                }
+            }
+            out
+        });
         let nx = &self.nodes[x.id];
         let spec = NodeSpec {
             op: "apply_strain".into(),
@@ -96,7 +114,7 @@ impl<T: Scalar> Graph<T> {
             fresh: nx.fresh,
             replicated: nx.replicated,
         };
-        self.push_op(
+        let out_t = self.push_op(
             spec,
             out,
             &[x, eps],
@@ -135,7 +153,11 @@ impl<T: Scalar> Graph<T> {
                 }
                 Ok(())
             }),
-        )
+        )?;
+        if let Some(exact) = exact {
+            self.exact_values.push((out_t.id, Arc::new(exact)));
+        }
+        Ok(out_t)
     }
 
     /// Edge vectors `r_j − r_i + S·cell_s` (Edge×3) from positions (Atom×3),
@@ -149,7 +171,9 @@ impl<T: Scalar> Graph<T> {
         periodic: Option<PeriodicShifts>,
     ) -> Result<Tensor, EngineError> {
         let geo = self.edge_geometry("edge_vectors", positions, center, neighbor, periodic)?;
-        let (out, spec) = self.edge_rows(&geo, "edge_vectors", 3, |v, o| o.copy_from_slice(&v));
+        let (out, spec) = self.edge_rows(&geo, "edge_vectors", 3, |pv, cv, e, o| {
+            o.copy_from_slice(&geo.vector(pv, cv, e))
+        });
         let (inputs, idxs) = geo.inputs(center, neighbor);
         let handler = geo.handler;
         self.push_op(
@@ -169,7 +193,8 @@ impl<T: Scalar> Graph<T> {
 
     /// Edge lengths `|r_j − r_i + S·cell_s|` (Edge×1): the same inputs as
     /// [`Graph::edge_vectors`], and the same values as `row_norm` of its
-    /// output, bit for bit, without storing the vectors. The gradient
+    /// output, bit for bit, without storing the vectors (with exact values,
+    /// [`Graph::set_exact_values`], the f64 length rounded once instead). The gradient
     /// recomputes each vector from the positions, so neither pass moves the
     /// Edge×3 array through memory (for models that read only lengths).
     pub fn edge_lengths(
@@ -180,9 +205,10 @@ impl<T: Scalar> Graph<T> {
         periodic: Option<PeriodicShifts>,
     ) -> Result<Tensor, EngineError> {
         let geo = self.edge_geometry("edge_lengths", positions, center, neighbor, periodic)?;
-        // The same expression as `row_norm`, so the same bits.
-        let (out, spec) = self.edge_rows(&geo, "edge_lengths", 1, |v, o| {
-            o[0] = length(v);
+        // The same expression as `row_norm`, so the same bits (in f64, or
+        // without exact values; else the f64 length rounded once).
+        let (out, spec) = self.edge_rows(&geo, "edge_lengths", 1, |pv, cv, e, o| {
+            o[0] = geo.length(pv, cv, e);
         });
         let (inputs, idxs) = geo.inputs(center, neighbor);
         let handler = geo.handler;
@@ -308,7 +334,7 @@ impl<T: Scalar> Graph<T> {
                     for start in (0..n_edges).step_by(BLOCK) {
                         let len = BLOCK.min(n_edges - start);
                         for (k, r) in lengths[..len].iter_mut().enumerate() {
-                            *r = length(geo.vector(pv, cv, start + k));
+                            *r = geo.length(pv, cv, start + k);
                         }
                         let terms = expr.eval_one(&lengths[..len], &mut regs);
                         for (k, &y) in terms.iter().enumerate() {
@@ -330,7 +356,7 @@ impl<T: Scalar> Graph<T> {
                                 }
                             };
                             for e in csr.sources(a) {
-                                lengths[len] = length(geo.vector(pv, cv, e));
+                                lengths[len] = geo.length(pv, cv, e);
                                 len += 1;
                                 if len == BLOCK {
                                     flush(len, lengths);
@@ -405,7 +431,7 @@ impl<T: Scalar> Graph<T> {
                                 let len = BLOCK.min(edges.end - start);
                                 for k in 0..len {
                                     vectors[k] = geo.vector(pv, cv, start + k);
-                                    lengths[k] = length(vectors[k]);
+                                    lengths[k] = geo.length(pv, cv, start + k);
                                     seeds[k] = g[geo.ci[start + k] as usize];
                                 }
                                 expr.grad_one(
@@ -479,7 +505,7 @@ impl<T: Scalar> Graph<T> {
                     let mut lengths = [T::zero(); BLOCK];
                     let mut seeds = [T::zero(); BLOCK];
                     for k in 0..dst.len() {
-                        lengths[k] = length(geo.vector(pv, cv, start + k));
+                        lengths[k] = geo.length(pv, cv, start + k);
                         seeds[k] = g[geo.ci[start + k] as usize];
                     }
                     let len = dst.len();
@@ -500,7 +526,7 @@ impl<T: Scalar> Graph<T> {
                 }
                 geo.backward(ctx, center, neighbor, |pv, cv, e| {
                     let v = geo.vector(pv, cv, e);
-                    let scale = length_scale(length_grads[e], length(v));
+                    let scale = length_scale(length_grads[e], geo.length(pv, cv, e));
                     v.map(|x| scale * x)
                 });
                 ctx.recycle(length_grads);
@@ -520,7 +546,7 @@ impl<T: Scalar> Graph<T> {
         geo: &EdgeGeometry,
         op: &str,
         cols: usize,
-        row: impl Fn([T; 3], &mut [T]) + Sync,
+        row: impl Fn(&[T], Option<&[T]>, usize, &mut [T]) + Sync,
     ) -> (Vec<T>, NodeSpec) {
         let n_edges = geo.ci.len();
         // Every element is written: no zeroing pass first.
@@ -532,7 +558,7 @@ impl<T: Scalar> Graph<T> {
             .map(|p| &self.nodes[p.cell.id].value[..]);
         let fill = |(b, o): (usize, &mut [T])| {
             for (k, o) in o.chunks_exact_mut(cols).enumerate() {
-                row(geo.vector(pv, cv, b * NORM_ROWS + k), o);
+                row(pv, cv, b * NORM_ROWS + k, o);
             }
         };
         if out.len() >= PAR_THRESHOLD {
@@ -631,12 +657,25 @@ impl<T: Scalar> Graph<T> {
                 })
             }
         };
+        // Exact values only for the whole geometry: positions, and the cell
+        // when periodic (a halo refresh makes a tensor without them).
+        let exact = self.exact_values_of(positions).and_then(|pos| {
+            let cell = match &periodic {
+                Some(p) => Some(self.exact_values_of(p.cell)?),
+                None => None,
+            };
+            Some(ExactGeometry {
+                positions: pos,
+                cell,
+            })
+        });
         Ok(EdgeGeometry {
             positions,
             handler,
             ci,
             ni,
             periodic,
+            exact,
         })
     }
 

@@ -5,6 +5,7 @@
 
 mod edge_geometry;
 mod elementwise;
+mod exact;
 mod geometry;
 mod index;
 mod linalg;
