@@ -431,7 +431,7 @@ impl<T: Scalar> Graph<T> {
                                 let len = BLOCK.min(edges.end - start);
                                 for k in 0..len {
                                     vectors[k] = geo.vector(pv, cv, start + k);
-                                    lengths[k] = geo.length(pv, cv, start + k);
+                                    lengths[k] = geo.length_of(vectors[k], start + k);
                                     seeds[k] = g[geo.ci[start + k] as usize];
                                 }
                                 expr.grad_one(
@@ -526,7 +526,7 @@ impl<T: Scalar> Graph<T> {
                 }
                 geo.backward(ctx, center, neighbor, |pv, cv, e| {
                     let v = geo.vector(pv, cv, e);
-                    let scale = length_scale(length_grads[e], geo.length(pv, cv, e));
+                    let scale = length_scale(length_grads[e], geo.length_of(v, e));
                     v.map(|x| scale * x)
                 });
                 ctx.recycle(length_grads);
