@@ -64,13 +64,14 @@ const DIAMOND_FCC: [[f64; 3]; 4] = [
     [0.5, 0.5, 0.0],
 ];
 
-/// Lattice points of `n³` conventional cubic cells of side `a` (Å): for
-/// every cell (i, j, k) in row-major order, every basis point in order.
-fn cubic_lattice(a: f64, n: usize, basis: &[[f64; 3]]) -> Vec<[f64; 3]> {
-    let mut positions = Vec::with_capacity(basis.len() * n * n * n);
-    for i in 0..n {
-        for j in 0..n {
-            for k in 0..n {
+/// Lattice points of `n[0] × n[1] × n[2]` conventional cubic cells of side
+/// `a` (Å): for every cell (i, j, k) in row-major order, every basis point
+/// in order.
+fn cubic_lattice(a: f64, n: [usize; 3], basis: &[[f64; 3]]) -> Vec<[f64; 3]> {
+    let mut positions = Vec::with_capacity(basis.len() * n[0] * n[1] * n[2]);
+    for i in 0..n[0] {
+        for j in 0..n[1] {
+            for k in 0..n[2] {
                 for b in basis {
                     positions.push([
                         (i as f64 + b[0]) * a,
@@ -84,13 +85,16 @@ fn cubic_lattice(a: f64, n: usize, basis: &[[f64; 3]]) -> Vec<[f64; 3]> {
     positions
 }
 
-fn periodic_cube(positions: Vec<[f64; 3]>, z: u32, a: f64, n: usize) -> System {
-    let len = n as f64 * a;
+fn periodic_box(positions: Vec<[f64; 3]>, z: u32, a: f64, n: [usize; 3]) -> System {
     let numbers = vec![z; positions.len()];
     System::new(
         positions,
         numbers,
-        Some(Cell::orthorhombic(len, len, len)),
+        Some(Cell::orthorhombic(
+            n[0] as f64 * a,
+            n[1] as f64 * a,
+            n[2] as f64 * a,
+        )),
         [true; 3],
     )
 }
@@ -98,7 +102,13 @@ fn periodic_cube(positions: Vec<[f64; 3]>, z: u32, a: f64, n: usize) -> System {
 /// Element `z` on an FCC lattice: `n³` conventional cells of side `a` (Å),
 /// `4·n³` atoms, periodic along all three axes, box side `n·a`.
 pub fn fcc(z: u32, a: f64, n: usize) -> System {
-    periodic_cube(cubic_lattice(a, n, &FCC_BASIS), z, a, n)
+    fcc_box(z, a, [n; 3])
+}
+
+/// Element `z` on an FCC lattice: `n[0] × n[1] × n[2]` conventional cells
+/// of side `a` (Å), periodic along all three axes (an orthorhombic box).
+pub fn fcc_box(z: u32, a: f64, n: [usize; 3]) -> System {
+    periodic_box(cubic_lattice(a, n, &FCC_BASIS), z, a, n)
 }
 
 /// Element `z` on a diamond lattice: `n³` conventional cells of side `a`
@@ -108,7 +118,7 @@ pub fn diamond(z: u32, a: f64, n: usize) -> System {
         .iter()
         .flat_map(|b| [0.0, 0.25].map(|off| [b[0] + off, b[1] + off, b[2] + off]))
         .collect();
-    periodic_cube(cubic_lattice(a, n, &basis), z, a, n)
+    periodic_box(cubic_lattice(a, [n; 3], &basis), z, a, [n; 3])
 }
 
 /// Displaces every coordinate by `amplitude · u`, `u` uniform in [-1, 1)

@@ -542,36 +542,22 @@ fn good_input_succeeds() {
     }
 }
 
-/// FCC Cu (a = 3.615 Å), `nx × ny × nz` conventional cells, periodic.
+/// FCC Cu (a = 3.615 Å), `nx × ny × nz` conventional cells, periodic, as
+/// extended XYZ text.
 fn fcc_cu(nx: usize, ny: usize, nz: usize) -> String {
-    let a = 3.615;
-    let basis = [
-        [0.0, 0.0, 0.0],
-        [0.5, 0.5, 0.0],
-        [0.5, 0.0, 0.5],
-        [0.0, 0.5, 0.5],
-    ];
-    let mut lines = Vec::new();
-    for i in 0..nx {
-        for j in 0..ny {
-            for k in 0..nz {
-                for b in basis {
-                    lines.push(format!(
-                        "Cu {} {} {}",
-                        (i as f64 + b[0]) * a,
-                        (j as f64 + b[1]) * a,
-                        (k as f64 + b[2]) * a
-                    ));
-                }
-            }
-        }
-    }
+    let sys = ddmlip_testkit::build::fcc_box(29, 3.615, [nx, ny, nz]);
+    let lines: Vec<String> = sys
+        .positions
+        .iter()
+        .map(|p| format!("Cu {} {} {}", p[0], p[1], p[2]))
+        .collect();
+    let m = sys.cell.expect("a periodic crystal").matrix;
     format!(
         "{}\nLattice=\"{} 0 0 0 {} 0 0 0 {}\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\n{}\n",
         lines.len(),
-        nx as f64 * a,
-        ny as f64 * a,
-        nz as f64 * a,
+        m[0][0],
+        m[1][1],
+        m[2][2],
         lines.join("\n")
     )
 }

@@ -4,6 +4,7 @@
 //! Without the `mpi` cargo feature only the "how to build it" message is
 //! checked.
 
+use ddmlip_testkit::build::{self, SplitMix64};
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -29,45 +30,12 @@ fn xyz_frame(lattice: [[f64; 3]; 3], symbols: &[&str], positions: &[[f64; 3]]) -
     s
 }
 
-/// Deterministic uniform numbers in [-1, 1) (xorshift64*).
-struct Rattle(u64);
-
-impl Rattle {
-    fn next(&mut self) -> f64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let x = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d);
-        (x >> 11) as f64 / (1u64 << 52) as f64 - 1.0
-    }
-}
-
 /// FCC copper, `n³` conventional cells, rattled by up to `amp` Å per axis.
 fn fcc_cu(n: usize, amp: f64, seed: u64) -> String {
-    let a = 3.615;
-    let mut r = Rattle(seed);
-    let mut pos = Vec::new();
-    for i in 0..n {
-        for j in 0..n {
-            for k in 0..n {
-                for b in [
-                    [0.0, 0.0, 0.0],
-                    [0.5, 0.5, 0.0],
-                    [0.5, 0.0, 0.5],
-                    [0.0, 0.5, 0.5],
-                ] {
-                    pos.push([
-                        (i as f64 + b[0]) * a + amp * r.next(),
-                        (j as f64 + b[1]) * a + amp * r.next(),
-                        (k as f64 + b[2]) * a + amp * r.next(),
-                    ]);
-                }
-            }
-        }
-    }
-    let len = n as f64 * a;
-    let lattice = [[len, 0.0, 0.0], [0.0, len, 0.0], [0.0, 0.0, len]];
-    xyz_frame(lattice, &vec!["Cu"; pos.len()], &pos)
+    let mut sys = build::fcc(29, 3.615, n);
+    build::rattle_uniform(&mut sys, amp, seed);
+    let lattice = sys.cell.expect("a periodic crystal").matrix;
+    xyz_frame(lattice, &vec!["Cu"; sys.len()], &sys.positions)
 }
 
 #[cfg(feature = "mpi")]
@@ -76,7 +44,7 @@ fn fcc_cu(n: usize, amp: f64, seed: u64) -> String {
 fn triclinic_cuni(seed: u64) -> String {
     let lattice = [[13.0, 0.0, 0.0], [4.0, 12.5, 0.0], [-3.0, 2.5, 13.5]];
     let n = 5;
-    let mut r = Rattle(seed);
+    let mut r = SplitMix64::new(seed);
     let (mut pos, mut sym) = (Vec::new(), Vec::new());
     for i in 0..n {
         for j in 0..n {
@@ -93,9 +61,9 @@ fn triclinic_cuni(seed: u64) -> String {
                     }
                 }
                 pos.push([
-                    p[0] + 0.1 * r.next(),
-                    p[1] + 0.1 * r.next(),
-                    p[2] + 0.1 * r.next(),
+                    p[0] + 0.1 * r.uniform(),
+                    p[1] + 0.1 * r.uniform(),
+                    p[2] + 0.1 * r.uniform(),
                 ]);
                 sym.push(if (i + j + k) % 2 == 0 { "Cu" } else { "Ni" });
             }

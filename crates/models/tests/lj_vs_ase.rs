@@ -8,6 +8,7 @@
 // Index loops walk ddmlip's and ASE's arrays in step; that reads clearer here.
 #![allow(clippy::needless_range_loop)]
 
+use ddmlip_atoms::build::{self, SplitMix64};
 use ddmlip_atoms::{Cell, System};
 use ddmlip_models::load_model;
 use ddmlip_runtime::{evaluate, EvalOptions, EvalResult};
@@ -127,15 +128,14 @@ fn references() -> &'static [Vec<Reference>] {
     REFS.get_or_init(|| run_ase(&systems(), &[BUILTIN, FILE]))
 }
 
-/// SplitMix64 in [0, 1): deterministic positions without a dependency.
-struct Rng(u64);
+/// Uniform in [0, 1) from the shared seeded generator.
+struct Rng(SplitMix64);
 impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(SplitMix64::new(seed))
+    }
     fn next(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+        0.5 * (self.0.uniform() + 1.0)
     }
 }
 
@@ -143,39 +143,16 @@ impl Rng {
 /// twice the 10.2 Å cutoff, so several periodic images interact), rattled so
 /// that forces and shear stresses are non-zero.
 fn fcc_argon() -> System {
-    let a = 5.26;
-    let basis = [
-        [0.0, 0.0, 0.0],
-        [0.5, 0.5, 0.0],
-        [0.5, 0.0, 0.5],
-        [0.0, 0.5, 0.5],
-    ];
-    let mut rng = Rng(7);
-    let mut positions = Vec::new();
-    for i in 0..2 {
-        for j in 0..2 {
-            for k in 0..2 {
-                for b in basis {
-                    let p = [i as f64 + b[0], j as f64 + b[1], k as f64 + b[2]];
-                    positions.push(p.map(|x| x * a + 0.1 * (rng.next() - 0.5)));
-                }
-            }
-        }
-    }
-    let n = positions.len();
-    System::new(
-        positions,
-        vec![18; n],
-        Some(Cell::orthorhombic(2.0 * a, 2.0 * a, 2.0 * a)),
-        [true; 3],
-    )
+    let mut sys = build::fcc(18, 5.26, 2);
+    build::rattle_uniform(&mut sys, 0.05, 7);
+    sys
 }
 
 /// `n` atoms at random fractional positions of `cell`, at least `min_dist`
 /// apart (checked through the minimum image over neighbouring cells when
 /// periodic), with positions wrapped or not.
 fn random_system(cell: Cell, pbc: [bool; 3], n: usize, min_dist: f64, seed: u64) -> System {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut positions: Vec<[f64; 3]> = Vec::new();
     while positions.len() < n {
         let p = cell.to_cartesian([rng.next(), rng.next(), rng.next()]);

@@ -52,7 +52,7 @@ struct Case {
 }
 
 fn cases() -> Vec<Case> {
-    let mut rng = Rng(2024);
+    let mut rng = Rng::new(2024);
     let mut cases = Vec::new();
 
     let (mut positions, cell) = fcc(3.615, 3);

@@ -77,7 +77,7 @@ fn invalid_inputs_are_typed_errors() {
 
 #[test]
 fn one_and_two_threads_give_identical_lists() {
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     let (mut positions, matrix) = fcc(3.615, 6);
     for p in &mut positions {
         for x in p.iter_mut() {
@@ -195,7 +195,7 @@ fn chunks_run_elsewhere_give_the_same_pairs() {
     use ddmlip_neighbors::{pair_list_for_centers_into, ChunkRunner, PairList, PairScratch};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
-    let mut rng = Rng(11);
+    let mut rng = Rng::new(11);
     let (mut positions, matrix) = fcc(3.615, 7);
     for p in &mut positions {
         for x in p.iter_mut() {

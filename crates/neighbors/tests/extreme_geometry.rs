@@ -11,43 +11,11 @@ use ddmlip_atoms::{Cell, MAX_ABS_LENGTH};
 use ddmlip_neighbors::{
     brute_force_neighbor_list, neighbor_list, pair_list_for_centers, NeighborError, NeighborOptions,
 };
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use ddmlip_testkit::peak_memory::{peak_of, CountingAllocator};
 use std::time::{Duration, Instant};
 
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-static MEASURE: Mutex<()> = Mutex::new(());
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc(layout);
-        if !p.is_null() {
-            let now = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
-            PEAK.fetch_max(now, Ordering::Relaxed);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout);
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-/// Runs `f` and returns its result with the peak memory (bytes) it added.
-fn peak_of<T>(f: impl FnOnce() -> T) -> (T, usize) {
-    let _guard = MEASURE.lock().unwrap_or_else(|e| e.into_inner());
-    let base = LIVE.load(Ordering::Relaxed);
-    PEAK.store(base, Ordering::Relaxed);
-    let out = f();
-    (out, PEAK.load(Ordering::Relaxed).saturating_sub(base))
-}
+static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 fn full(cutoff: f64) -> NeighborOptions {
     NeighborOptions {

@@ -1,19 +1,16 @@
 //! Decomposed runs equal the single-process run (f64, 1e-10 relative) for
 //! every demo model, rank counts 1–8 and every kind of cell.
 
+use ddmlip_atoms::build::{self, SplitMix64};
 use ddmlip_atoms::{Cell, System};
 use ddmlip_engine::Model;
 use ddmlip_models::load_model;
 use ddmlip_runtime::{evaluate, BalancePolicy, EvalOptions, EvalResult};
 
+/// Uniform in [0, 1) from the shared seeded generator.
 fn lcg(seed: u64) -> impl FnMut() -> f64 {
-    let mut s = seed;
-    move || {
-        s = s
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (s >> 11) as f64 / (1u64 << 53) as f64
-    }
+    let mut rng = SplitMix64::new(seed);
+    move || 0.5 * (rng.uniform() + 1.0)
 }
 
 /// Random atoms at liquid-like density with a minimum separation.
@@ -56,37 +53,11 @@ fn random_system(cell: Cell, pbc: [bool; 3], n: usize, seed: u64) -> System {
     System::new(positions, numbers, Some(cell), pbc)
 }
 
+/// Rattled FCC copper (±0.05 Å), `n³` conventional cells.
 fn fcc(n: usize) -> System {
-    let a = 3.615;
-    let mut rng = lcg(7);
-    let basis = [
-        [0.0, 0.0, 0.0],
-        [0.5, 0.5, 0.0],
-        [0.5, 0.0, 0.5],
-        [0.0, 0.5, 0.5],
-    ];
-    let mut positions = Vec::new();
-    for i in 0..n {
-        for j in 0..n {
-            for k in 0..n {
-                for b in basis {
-                    positions.push([
-                        (i as f64 + b[0]) * a + 0.1 * (rng() - 0.5),
-                        (j as f64 + b[1]) * a + 0.1 * (rng() - 0.5),
-                        (k as f64 + b[2]) * a + 0.1 * (rng() - 0.5),
-                    ]);
-                }
-            }
-        }
-    }
-    let l = a * n as f64;
-    let len = positions.len();
-    System::new(
-        positions,
-        vec![29; len],
-        Some(Cell::orthorhombic(l, l, l)),
-        [true; 3],
-    )
+    let mut sys = build::fcc(29, 3.615, n);
+    build::rattle_uniform(&mut sys, 0.05, 7);
+    sys
 }
 
 fn rel(a: f64, b: f64, scale: f64) -> f64 {

@@ -10,41 +10,10 @@ use ddmlip_atoms::{Cell, System};
 use ddmlip_domain::{partition_system, PartitionError};
 use ddmlip_models::LennardJones;
 use ddmlip_runtime::{evaluate, EvalOptions};
-use std::alloc::{GlobalAlloc, Layout, System as SystemAlloc};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
-
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-static MEASURE: Mutex<()> = Mutex::new(());
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = SystemAlloc.alloc(layout);
-        if !p.is_null() {
-            let now = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
-            PEAK.fetch_max(now, Ordering::Relaxed);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        SystemAlloc.dealloc(ptr, layout);
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-}
+use ddmlip_testkit::peak_memory::{peak_of, CountingAllocator};
 
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-fn peak_of<T>(f: impl FnOnce() -> T) -> (T, usize) {
-    let _guard = MEASURE.lock().unwrap_or_else(|e| e.into_inner());
-    let base = LIVE.load(Ordering::Relaxed);
-    PEAK.store(base, Ordering::Relaxed);
-    let out = f();
-    (out, PEAK.load(Ordering::Relaxed).saturating_sub(base))
-}
+static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 const MIB: usize = 1 << 20;
 

@@ -56,7 +56,18 @@ pub fn momenta(sys: &System) -> Vec<f64> {
 /// sine/cosine pattern (deterministic, no generator). With `with_momenta`
 /// it carries a `momenta` column of the same kind (up to 0.3 per component).
 pub fn argon_fcc(cells: usize, rattle: f64, with_momenta: bool) -> System {
-    const A: f64 = 5.3;
+    argon_fcc_in(cells, [5.3; 3], rattle, true, with_momenta)
+}
+
+/// [`argon_fcc`] with lattice constants `a` (Å, per axis: an orthorhombic
+/// cell), and (`periodic` false) as a cluster without a cell.
+pub fn argon_fcc_in(
+    cells: usize,
+    a: [f64; 3],
+    rattle: f64,
+    periodic: bool,
+    with_momenta: bool,
+) -> System {
     let basis = [
         [0.0, 0.0, 0.0],
         [0.5, 0.5, 0.0],
@@ -72,9 +83,9 @@ pub fn argon_fcc(cells: usize, rattle: f64, with_momenta: bool) -> System {
                 for b in basis {
                     k += 1.0;
                     pos.push([
-                        (i as f64 + b[0]) * A + rattle * (k * 1.3).sin(),
-                        (j as f64 + b[1]) * A + rattle * (k * 2.1).cos(),
-                        (l as f64 + b[2]) * A + rattle * (k * 0.7).sin(),
+                        (i as f64 + b[0]) * a[0] + rattle * (k * 1.3).sin(),
+                        (j as f64 + b[1]) * a[1] + rattle * (k * 2.1).cos(),
+                        (l as f64 + b[2]) * a[2] + rattle * (k * 0.7).sin(),
                     ]);
                     mom.extend([
                         0.3 * (k * 0.9).sin(),
@@ -86,13 +97,16 @@ pub fn argon_fcc(cells: usize, rattle: f64, with_momenta: bool) -> System {
         }
     }
     let n = pos.len();
-    let side = cells as f64 * A;
-    let mut sys = System::new(
-        pos,
-        vec![18; n],
-        Some(Cell::orthorhombic(side, side, side)),
-        [true; 3],
-    );
+    let side = a.map(|x| cells as f64 * x);
+    let (cell, pbc) = if periodic {
+        (
+            Some(Cell::orthorhombic(side[0], side[1], side[2])),
+            [true; 3],
+        )
+    } else {
+        (None, [false; 3])
+    };
+    let mut sys = System::new(pos, vec![18; n], cell, pbc);
     if with_momenta {
         sys.properties
             .arrays

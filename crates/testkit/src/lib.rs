@@ -10,13 +10,18 @@
 //!   `ddmlip-atoms`).
 //! - [`cli`]: running a workspace binary, reading back its files, the argon
 //!   crystal of the MD tests.
+//! - [`peak_memory`]: a counting global allocator and the peak heap memory
+//!   of a piece of code.
 
-#![forbid(unsafe_code)]
+// `peak_memory` implements `GlobalAlloc` (unsafe by definition); nothing
+// else may use `unsafe`.
+#![deny(unsafe_code)]
 
 use std::path::PathBuf;
 use std::process::Command;
 
 pub mod cli;
+pub mod peak_memory;
 
 pub use ddmlip_atoms::build;
 pub use ddmlip_atoms::build::SplitMix64;

@@ -2,7 +2,7 @@
 //! and a runner.
 #![allow(dead_code)]
 
-use ddmlip_atoms::{elements, Cell};
+use ddmlip_atoms::{build, elements, Cell};
 use ddmlip_md::{
     run_threads, Checkpoint, Frame, MdConfig, MdError, MdSink, MdSummary, StartState, ThermoRow,
     Topology,
@@ -36,39 +36,12 @@ impl MdSink for Collect {
     }
 }
 
-/// A deterministic pseudo-random number in [-1, 1) (xorshift), for rattling.
-pub fn rattle(state: &mut u64) -> f64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    (*state >> 11) as f64 / (1u64 << 52) as f64 - 1.0
-}
-
 /// FCC argon, `n`³ conventional cells of `a` Å, rattled by up to `amp` Å.
 pub fn fcc_argon(n: usize, a: f64, amp: f64) -> (Vec<[f64; 3]>, Cell) {
-    let basis = [
-        [0.0, 0.0, 0.0],
-        [0.5, 0.5, 0.0],
-        [0.5, 0.0, 0.5],
-        [0.0, 0.5, 0.5],
-    ];
-    let mut seed = 0x9e3779b97f4a7c15u64;
-    let mut pos = Vec::new();
-    for i in 0..n {
-        for j in 0..n {
-            for k in 0..n {
-                for b in basis {
-                    pos.push([
-                        (i as f64 + b[0]) * a + amp * rattle(&mut seed),
-                        (j as f64 + b[1]) * a + amp * rattle(&mut seed),
-                        (k as f64 + b[2]) * a + amp * rattle(&mut seed),
-                    ]);
-                }
-            }
-        }
-    }
+    let mut sys = build::fcc(18, a, n);
+    build::rattle_uniform(&mut sys, amp, 0x9e37_79b9_7f4a_7c15);
     let l = n as f64 * a;
-    (pos, Cell::orthorhombic(l, l, l))
+    (sys.positions, Cell::orthorhombic(l, l, l))
 }
 
 /// Argon topology for `n` atoms, periodic.

@@ -1,23 +1,27 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+use ddmlip_atoms::build::{self, SplitMix64};
 use ddmlip_neighbors::NeighborList;
 
-/// SplitMix64: a tiny seeded generator so the tests need no RNG crate.
-pub struct Rng(pub u64);
+/// The shared seeded generator ([`SplitMix64`]), with uniform numbers in a
+/// range.
+pub struct Rng(SplitMix64);
 
 impl Rng {
+    /// A generator starting from `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(SplitMix64::new(seed))
+    }
+
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in [lo, hi).
     pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
+        lo + (hi - lo) * 0.5 * (self.0.uniform() + 1.0)
     }
 }
 
@@ -50,26 +54,7 @@ pub fn assert_same(fast: &NeighborList, reference: &NeighborList, tol: f64) {
 
 /// FCC lattice of `repeats³` cubic cells with lattice constant `a` (Å).
 pub fn fcc(a: f64, repeats: usize) -> (Vec<[f64; 3]>, [[f64; 3]; 3]) {
-    let basis = [
-        [0.0, 0.0, 0.0],
-        [0.0, 0.5, 0.5],
-        [0.5, 0.0, 0.5],
-        [0.5, 0.5, 0.0],
-    ];
-    let mut positions = Vec::with_capacity(4 * repeats.pow(3));
-    for x in 0..repeats {
-        for y in 0..repeats {
-            for z in 0..repeats {
-                for b in &basis {
-                    positions.push([
-                        (x as f64 + b[0]) * a,
-                        (y as f64 + b[1]) * a,
-                        (z as f64 + b[2]) * a,
-                    ]);
-                }
-            }
-        }
-    }
+    let sys = build::fcc(18, a, repeats);
     let l = a * repeats as f64;
-    (positions, [[l, 0.0, 0.0], [0.0, l, 0.0], [0.0, 0.0, l]])
+    (sys.positions, [[l, 0.0, 0.0], [0.0, l, 0.0], [0.0, 0.0, l]])
 }

@@ -1,7 +1,7 @@
 //! Structures and deliberately broken models for the diagnostic corpus.
 #![allow(dead_code)]
 
-use ddmlip_atoms::{Cell, System};
+use ddmlip_atoms::{build, System};
 use ddmlip_engine::ops::opaque::Shape;
 use ddmlip_engine::{
     EngineError, Graph, ModelForward, ModelInfo, ModelInputs, ModelOutputs, OpaqueKernel,
@@ -11,44 +11,11 @@ use ddmlip_models::{LennardJones, RebuildDemo};
 use ddmlip_spec::{MLIPSpec, ScatterMode};
 use std::sync::Arc;
 
-/// FCC copper, `n³` conventional cells, with a small deterministic rattle.
+/// FCC copper, `n³` conventional cells, rattled by up to ±0.05 Å.
 pub fn fcc_cu(n: usize) -> System {
-    let a = 3.615;
-    let mut s: u64 = 12345;
-    let mut rng = move || {
-        s = s
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (s >> 11) as f64 / (1u64 << 53) as f64 - 0.5
-    };
-    let basis = [
-        [0.0, 0.0, 0.0],
-        [0.5, 0.5, 0.0],
-        [0.5, 0.0, 0.5],
-        [0.0, 0.5, 0.5],
-    ];
-    let mut positions = Vec::new();
-    for i in 0..n {
-        for j in 0..n {
-            for k in 0..n {
-                for b in basis {
-                    positions.push([
-                        (i as f64 + b[0]) * a + 0.1 * rng(),
-                        (j as f64 + b[1]) * a + 0.1 * rng(),
-                        (k as f64 + b[2]) * a + 0.1 * rng(),
-                    ]);
-                }
-            }
-        }
-    }
-    let len = n as f64 * a;
-    let numbers = vec![29; positions.len()];
-    System::new(
-        positions,
-        numbers,
-        Some(Cell::orthorhombic(len, len, len)),
-        [true; 3],
-    )
+    let mut sys = build::fcc(29, 3.615, n);
+    build::rattle_uniform(&mut sys, 0.05, 12345);
+    sys
 }
 
 /// A short-range Lennard-Jones for copper spacing (cutoff 5 Å).
