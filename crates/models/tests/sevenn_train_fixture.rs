@@ -5,7 +5,9 @@
 //! structures (periodic, triclinic, slab, cluster), single process and
 //! decomposed.
 
-use ddmlip_atoms::{Cell, System};
+mod common;
+
+use common::*;
 use ddmlip_engine::{DType, Model};
 use ddmlip_runtime::{evaluate, EvalOptions, EvalResult};
 use serde_json::Value;
@@ -34,111 +36,13 @@ fn model() -> Box<dyn Model> {
     ddmlip_models::load_model(path.to_str().expect("utf-8 path")).expect("load the checkpoint")
 }
 
-struct Case {
-    name: String,
-    system: System,
-    f64: Value,
-    f32: Value,
-}
-
-fn vec3s(v: &Value) -> Vec<[f64; 3]> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|r| {
-            let r = r.as_array().expect("row");
-            [
-                r[0].as_f64().unwrap(),
-                r[1].as_f64().unwrap(),
-                r[2].as_f64().unwrap(),
-            ]
-        })
-        .collect()
-}
-
 fn cases() -> Vec<Case> {
     fixtures()["checkpoints"]["sevenn_train_parity"]["results"]
         .as_array()
         .expect("results")
         .iter()
-        .map(|r| {
-            let numbers = r["numbers"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|z| z.as_u64().unwrap() as u32)
-                .collect();
-            let cell = vec3s(&r["cell"]);
-            let pbc: Vec<bool> = r["pbc"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|p| p.as_bool().unwrap())
-                .collect();
-            Case {
-                name: r["name"].as_str().unwrap().to_string(),
-                system: System::new(
-                    vec3s(&r["positions"]),
-                    numbers,
-                    Some(Cell::new([cell[0], cell[1], cell[2]])),
-                    [pbc[0], pbc[1], pbc[2]],
-                ),
-                f64: r["float64"].clone(),
-                f32: r["float32"].clone(),
-            }
-        })
+        .map(case)
         .collect()
-}
-
-fn systems(cases: &[Case]) -> Vec<System> {
-    cases.iter().map(|c| c.system.clone()).collect()
-}
-
-/// Largest differences to a reference block: energy per atom (eV/atom),
-/// force component (eV/Å), stress component of periodic cells (eV/Å³),
-/// per-atom energy (eV).
-#[derive(Default, Debug)]
-struct Gap {
-    energy: f64,
-    forces: f64,
-    stress: f64,
-    atomic: f64,
-}
-
-fn gap(cases: &[Case], r: &EvalResult, block: impl Fn(&Case) -> &Value) -> Gap {
-    let mut g = Gap::default();
-    let (forces, atomic, stress) = (
-        r.forces().expect("forces output"),
-        r.atomic_energies(),
-        r.stress().expect("stress output"),
-    );
-    let energy = r.energy().expect("energy output");
-    let mut offset = 0;
-    for (s, c) in cases.iter().enumerate() {
-        let reference = block(c);
-        let n = c.system.len();
-        let e_ref = reference["energy"].as_f64().unwrap();
-        g.energy = g.energy.max((energy[s] - e_ref).abs() / n as f64);
-        for (i, f) in vec3s(&reference["forces"]).iter().enumerate() {
-            for k in 0..3 {
-                g.forces = g.forces.max((forces[offset + i][k] - f[k]).abs());
-            }
-        }
-        let atomic = atomic.expect("per-atom energies");
-        for (i, e) in reference["energies"].as_array().unwrap().iter().enumerate() {
-            g.atomic = g
-                .atomic
-                .max((atomic[offset + i] - e.as_f64().unwrap()).abs());
-        }
-        if c.system.pbc.iter().all(|&p| p) {
-            let st = stress[s].expect("stress of a periodic cell");
-            for (k, v) in reference["stress"].as_array().unwrap().iter().enumerate() {
-                g.stress = g.stress.max((st[k] - v.as_f64().unwrap()).abs());
-            }
-        }
-        offset += n;
-    }
-    g
 }
 
 #[test]

@@ -3,7 +3,9 @@
 //! op engine, against the reference outputs of the real upstream code
 //! (shared fixtures `sevennet-family`), single process and decomposed.
 
-use ddmlip_atoms::{Cell, System};
+mod common;
+
+use common::*;
 use ddmlip_engine::{DType, Model};
 use ddmlip_runtime::{evaluate, EvalOptions, EvalResult};
 use serde_json::Value;
@@ -47,29 +49,6 @@ fn model(name: &str, modal: Option<&str>) -> Box<dyn Model> {
     ddmlip_models::load_model_with_modal(name, modal).expect("load the checkpoint")
 }
 
-/// One fixture entry: the structure and upstream's outputs.
-struct Case {
-    name: String,
-    system: System,
-    f64: Value,
-    f32: Value,
-}
-
-fn vec3s(v: &Value) -> Vec<[f64; 3]> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|r| {
-            let r = r.as_array().expect("row");
-            [
-                r[0].as_f64().unwrap(),
-                r[1].as_f64().unwrap(),
-                r[2].as_f64().unwrap(),
-            ]
-        })
-        .collect()
-}
-
 /// The fixture's results for `checkpoint` and `modal`, the 960-atom NaCl
 /// left out (it takes seconds per evaluation; SevenNet-0's own tests cover it).
 fn cases(checkpoint: &str, modal: Option<&str>) -> Vec<Case> {
@@ -80,83 +59,8 @@ fn cases(checkpoint: &str, modal: Option<&str>) -> Vec<Case> {
         .iter()
         .filter(|r| r["modal"].as_str() == modal)
         .filter(|r| r["numbers"].as_array().is_some_and(|n| n.len() < 200))
-        .map(|r| {
-            let numbers = r["numbers"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|z| z.as_u64().unwrap() as u32)
-                .collect();
-            let cell = vec3s(&r["cell"]);
-            let pbc: Vec<bool> = r["pbc"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|p| p.as_bool().unwrap())
-                .collect();
-            let system = System::new(
-                vec3s(&r["positions"]),
-                numbers,
-                Some(Cell::new([cell[0], cell[1], cell[2]])),
-                [pbc[0], pbc[1], pbc[2]],
-            );
-            Case {
-                name: r["name"].as_str().unwrap().to_string(),
-                system,
-                f64: r["float64"].clone(),
-                f32: r["float32"].clone(),
-            }
-        })
+        .map(case)
         .collect()
-}
-
-/// Largest differences to a reference block: energy per atom, force
-/// component, stress component (periodic cells only), per-atom energy.
-#[derive(Default, Debug)]
-struct Gap {
-    energy: f64,
-    forces: f64,
-    stress: f64,
-    atomic: f64,
-}
-
-fn gap(cases: &[Case], r: &EvalResult, block: impl Fn(&Case) -> &Value) -> Gap {
-    let mut g = Gap::default();
-    let forces = r.forces().expect("forces");
-    let atomic = r.atomic_energies();
-    let stress = r.stress().expect("stress");
-    let mut offset = 0;
-    for (s, c) in cases.iter().enumerate() {
-        let reference = block(c);
-        let n = c.system.len();
-        let e_ref = reference["energy"].as_f64().unwrap();
-        g.energy = g
-            .energy
-            .max((r.energy().expect("energy")[s] - e_ref).abs() / n as f64);
-        for (i, f) in vec3s(&reference["forces"]).iter().enumerate() {
-            for k in 0..3 {
-                g.forces = g.forces.max((forces[offset + i][k] - f[k]).abs());
-            }
-        }
-        if let Some(atomic) = atomic {
-            for (i, e) in reference["energies"].as_array().unwrap().iter().enumerate() {
-                g.atomic = g
-                    .atomic
-                    .max((atomic[offset + i] - e.as_f64().unwrap()).abs());
-            }
-        }
-        if let Some(st) = stress[s] {
-            for (k, v) in reference["stress"].as_array().unwrap().iter().enumerate() {
-                g.stress = g.stress.max((st[k] - v.as_f64().unwrap()).abs());
-            }
-        }
-        offset += n;
-    }
-    g
-}
-
-fn systems(cases: &[Case]) -> Vec<System> {
-    cases.iter().map(|c| c.system.clone()).collect()
 }
 
 /// f64 against upstream's float64 run: the bounds (1e-8 eV/atom,
@@ -175,30 +79,6 @@ fn check_f64(name: &str, checkpoint: &str, modal: Option<&str>) {
     assert!(g.forces < 1e-7, "forces off by {} eV/Å", g.forces);
     assert!(g.stress < 1e-8, "stress off by {} eV/Å³", g.stress);
     assert!(g.atomic < 1e-8, "atomic energies off by {} eV", g.atomic);
-}
-
-/// Per structure: energy per atom (eV/atom) and largest force component
-/// (eV/Å) of `ours` minus `reference`, both read from `forces_of(case)`.
-fn per_structure_gaps(
-    cases: &[Case],
-    energy: impl Fn(usize, &Case) -> f64,
-    forces: impl Fn(usize, &Case) -> Vec<[f64; 3]>,
-    reference: impl Fn(&Case) -> &Value,
-) -> Vec<(f64, f64)> {
-    cases
-        .iter()
-        .enumerate()
-        .map(|(s, c)| {
-            let r = reference(c);
-            let e = (energy(s, c) - r["energy"].as_f64().unwrap()).abs() / c.system.len() as f64;
-            let f = forces(s, c)
-                .iter()
-                .zip(vec3s(&r["forces"]))
-                .flat_map(|(a, b)| (0..3).map(move |k| (a[k] - b[k]).abs()))
-                .fold(0.0f64, f64::max);
-            (e, f)
-        })
-        .collect()
 }
 
 /// f32 against upstream's float32 calculator, with the bounds SevenNet-0's
