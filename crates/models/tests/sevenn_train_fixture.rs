@@ -9,7 +9,7 @@ mod common;
 
 use common::*;
 use ddmlip_engine::{DType, Model};
-use ddmlip_runtime::{evaluate, EvalOptions, EvalResult};
+use ddmlip_runtime::{evaluate, EvalOptions};
 use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::OnceLock;
