@@ -236,6 +236,16 @@ fn norm_dim(d: i64, rank: usize) -> Res<usize> {
     }
 }
 
+/// torch's index `i` (negative counts from the end) into a dimension of
+/// `len` entries.
+fn norm_index(i: i64, len: usize) -> Res<usize> {
+    let k = if i < 0 { i + len as i64 } else { i };
+    usize::try_from(k)
+        .ok()
+        .filter(|&k| k < len)
+        .ok_or_else(|| "select index out of range".to_string())
+}
+
 #[derive(Clone, Copy, PartialEq)]
 enum Bin {
     Add,

@@ -25,14 +25,7 @@ impl<T: Scalar> Run<'_, T> {
                 match x {
                     Val::Int { v, shape, origin } => {
                         let d = norm_dim(self.int_arg(node, "dim")?, shape.len())?;
-                        let i = usize::try_from(if index < 0 {
-                            index + shape[d] as i64
-                        } else {
-                            index
-                        })
-                        .ok()
-                        .filter(|&i| i < shape[d])
-                        .ok_or("select index out of range")?;
+                        let i = norm_index(index, shape[d])?;
                         let out = select_host(&v, &shape, d, i);
                         let origin = match (origin, d, i) {
                             (Origin::EdgeIndex, 0, 0) => Origin::Center,
@@ -52,10 +45,7 @@ impl<T: Scalar> Run<'_, T> {
                     }
                     Val::Host { v, shape } => {
                         let d = norm_dim(self.int_arg(node, "dim")?, shape.len())?;
-                        let i = usize::try_from(index)
-                            .ok()
-                            .filter(|&i| i < shape[d])
-                            .ok_or("select index out of range")?;
+                        let i = norm_index(index, shape[d])?;
                         let out = select_host(&v, &shape, d, i);
                         let mut s = shape.clone();
                         s.remove(d);
@@ -70,14 +60,7 @@ impl<T: Scalar> Run<'_, T> {
                     x @ Val::T { .. } => {
                         let shape = value_shape(&x)?;
                         let d = norm_dim(self.int_arg(node, "dim")?, shape.len())?;
-                        let i = usize::try_from(if index < 0 {
-                            index + shape[d] as i64
-                        } else {
-                            index
-                        })
-                        .ok()
-                        .filter(|&i| i < shape[d])
-                        .ok_or("select index out of range")?;
+                        let i = norm_index(index, shape[d])?;
                         let out = self.out_name(node)?.to_string();
                         let v = self.strided(x, &out, |sh, dd| slice_map(sh, dd, i, 1, 1), d)?;
                         self.set(node, v)
