@@ -8,7 +8,7 @@ use crate::mat3::invert3;
 use crate::progress::StepProgress;
 use crate::rank_eval::{RankEvaluator, RankForces};
 use crate::rng::gaussian3;
-use crate::sink::{Frame, MdSink, MdSummary, ThermoRow};
+use crate::sink::{Frame, MdSink, MdSummary, StepTraffic, ThermoRow};
 use crate::state::{BuildOptions, RankState, Topology};
 use crate::{units, MdError};
 use ddmlip_atoms::Cell;
@@ -24,6 +24,23 @@ struct Reduced {
     stop: bool,
     heat_removed: f64,
     migrated: f64,
+    /// Largest squared displacement since the last build that the next
+    /// step's force call will see (its positions were advanced ahead of the
+    /// reduction); `None` when the ensemble cannot advance ahead.
+    next_displacement2: Option<f64>,
+}
+
+/// The next step's first half (kick and drift, and the O step of
+/// Langevin), done ahead of this step's reduction so that the reduction can
+/// carry the displacement criterion: one collective per step. The rank
+/// state keeps this step's values for output; the advanced ones wait here.
+#[derive(Default)]
+struct Ahead {
+    positions: Vec<[f64; 3]>,
+    momenta: Vec<[f64; 3]>,
+    /// Kinetic energy the O step removed (Langevin), `None` when nothing is
+    /// waiting.
+    heat: Option<f64>,
 }
 
 /// Everything the loop needs besides the rank state.
@@ -37,6 +54,7 @@ struct Run<'a> {
     started: Instant,
     first_step: u64,
     eval_s: f64,
+    ahead: Ahead,
 }
 
 impl Run<'_> {
@@ -99,9 +117,19 @@ impl Run<'_> {
         }
     }
 
-    /// The per-step reduction: kinetic energy, non-finite forces, the stop
-    /// request, thermostat heat, migrations.
-    fn reduce_step(&self, state: &RankState) -> Result<Reduced, MdError> {
+    /// The per-step reduction, the step's one collective: kinetic energy,
+    /// non-finite forces, the stop request, thermostat heat, migrations,
+    /// the energy and strain-gradient shares the evaluation left unsummed
+    /// (completed in `forces`), and — unless `last` — the displacement the
+    /// next force call will see, from the next step's first half advanced
+    /// ahead (`Run::look_ahead`).
+    fn reduce_step(
+        &mut self,
+        state: &mut RankState,
+        forces: &mut RankForces,
+        step: u64,
+        last: bool,
+    ) -> Result<Reduced, MdError> {
         let bad = state
             .forces
             .iter()
@@ -114,18 +142,103 @@ impl Run<'_> {
             .is_some_and(|s| s.load(Ordering::SeqCst));
         // Each rank's share of the heat (rank 0's includes the restart's).
         let heat = self.thermostat.heat_removed;
+        let mut sums = vec![Self::kinetic(state), bad, heat, state.migrated as f64];
+        if forces.energy_partial {
+            sums.push(forces.energy);
+        }
+        if forces.strain_partial {
+            sums.extend_from_slice(&forces.strain_gradient);
+        }
+        let look = !last && Self::advances_ahead(&self.config.ensemble);
+        let displacement2 = if look {
+            self.look_ahead(state, step + 1)
+        } else {
+            0.0
+        };
         let (s, m) = reduce(
             state.comm()?,
-            &[Self::kinetic(state), bad, heat, state.migrated as f64],
-            &[if stop { 1.0 } else { 0.0 }],
+            &sums,
+            &[if stop { 1.0 } else { 0.0 }, displacement2],
         )?;
+        let mut k = 4;
+        if forces.energy_partial {
+            forces.energy = s[k];
+            forces.energy_partial = false;
+            k += 1;
+        }
+        if forces.strain_partial {
+            forces.strain_gradient.copy_from_slice(&s[k..k + 9]);
+            forces.strain_partial = false;
+        }
         Ok(Reduced {
             kinetic: s[0],
             nonfinite_forces: s[1],
             heat_removed: s[2],
             migrated: s[3],
             stop: m[0] > 0.0,
+            next_displacement2: look.then_some(m[1]),
         })
+    }
+
+    /// Ensembles whose next positions depend only on this rank's data
+    /// (and the counter-based noise), so they can be advanced ahead.
+    fn advances_ahead(ensemble: &Ensemble) -> bool {
+        matches!(ensemble, Ensemble::Nve | Ensemble::Langevin { .. })
+    }
+
+    /// The part of `step` before its force call for `nve` and `langevin`:
+    /// returns the kinetic energy the O step removed.
+    fn first_half(&self, state: &mut RankState, step: u64) -> f64 {
+        match self.config.ensemble {
+            Ensemble::Langevin {
+                temperature,
+                friction_per_ps,
+            } => {
+                self.half_kick(state);
+                self.drift(state, 0.5 * self.dt);
+                let removed = self.ou_step(state, step, temperature, friction_per_ps);
+                self.drift(state, 0.5 * self.dt);
+                removed
+            }
+            _ => {
+                self.half_kick(state);
+                self.drift(state, self.dt);
+                0.0
+            }
+        }
+    }
+
+    /// Runs `next_step`'s first half now and parks its result in `ahead`,
+    /// leaving the state at this step; returns the largest squared
+    /// displacement since the last build of the advanced positions (the
+    /// very numbers the next step's rebuild test would compute).
+    fn look_ahead(&mut self, state: &mut RankState, next_step: u64) -> f64 {
+        let n = state.n_owned();
+        let mut ahead = std::mem::take(&mut self.ahead);
+        ahead.positions.clear();
+        ahead.positions.extend_from_slice(&state.positions[..n]);
+        ahead.momenta.clear();
+        ahead.momenta.extend_from_slice(&state.momenta);
+        let heat = self.first_half(state, next_step);
+        let displacement2 = state.max_displacement2();
+        state.positions[..n].swap_with_slice(&mut ahead.positions);
+        state.momenta.swap_with_slice(&mut ahead.momenta);
+        ahead.heat = Some(heat);
+        self.ahead = ahead;
+        displacement2
+    }
+
+    /// Moves the state to the positions and momenta `look_ahead` parked;
+    /// false when nothing was waiting.
+    fn take_ahead(&mut self, state: &mut RankState) -> bool {
+        let Some(heat) = self.ahead.heat.take() else {
+            return false;
+        };
+        let n = state.n_owned();
+        state.positions[..n].swap_with_slice(&mut self.ahead.positions);
+        state.momenta.swap_with_slice(&mut self.ahead.momenta);
+        self.thermostat.heat_removed += heat;
+        true
     }
 
     fn check_finite(step: u64, forces: &RankForces, red: &Reduced) -> Result<(), MdError> {
@@ -382,13 +495,22 @@ impl Run<'_> {
     /// momenta (Martyna–Tuckerman–Klein, one Trotter sweep each way). The
     /// kinetic energy is reduced over ranks in rank order, so the chain
     /// variables stay the same bits on every rank. Collective.
-    fn chain_half_step(&mut self, state: &mut RankState) -> Result<(), MdError> {
+    /// `kinetic`, when given, is the reduced kinetic energy of the current
+    /// momenta (the step reduction's, the same bits), which saves the
+    /// collective.
+    fn chain_half_step(
+        &mut self,
+        state: &mut RankState,
+        kinetic: Option<f64>,
+    ) -> Result<(), MdError> {
         let Some((kt, q, dof)) = self.chain_constants() else {
             return Ok(());
         };
         let m = q.len();
-        let (s, _) = reduce(state.comm()?, &[Self::kinetic(state)], &[])?;
-        let mut ke = s[0];
+        let mut ke = match kinetic {
+            Some(ke) => ke,
+            None => reduce(state.comm()?, &[Self::kinetic(state)], &[])?.0[0],
+        };
         let th = &mut self.thermostat;
         th.chain_positions.resize(m, 0.0);
         th.chain_momenta.resize(m, 0.0);
@@ -565,9 +687,14 @@ pub fn run_rank(
         started: Instant::now(),
         first_step: start.step,
         eval_s: 0.0,
+        ahead: Ahead::default(),
     };
+    // The energy and virial sums over ranks ride on the step reduction.
+    evaluator.defer_global_sums(true);
+    let last_step = start.step + config.steps;
+    let mut traffic = StepTraffic::default();
     let mut forces = run.evaluate(&mut state, &mut evaluator)?;
-    let mut red = run.reduce_step(&state)?;
+    let mut red = run.reduce_step(&mut state, &mut forces, start.step, config.steps == 0)?;
     Run::check_finite(start.step, &forces, &red)?;
     if !start.restarted {
         if config.thermo_every > 0 {
@@ -584,25 +711,21 @@ pub fn run_rank(
     let mut step = start.step;
     for _ in 0..config.steps {
         step += 1;
+        let before = state.comm()?.stats();
+        let rebuilds_before = state.rebuilds;
+        let advanced = run.take_ahead(&mut state);
         match config.ensemble {
-            Ensemble::Nve => {
-                run.half_kick(&mut state);
-                run.drift(&mut state, run.dt);
+            Ensemble::Nve | Ensemble::Langevin { .. } => {
+                if !advanced {
+                    let removed = run.first_half(&mut state, step);
+                    run.thermostat.heat_removed += removed;
+                }
             }
             Ensemble::NoseHoover { .. } => {
-                run.chain_half_step(&mut state)?;
+                // The last reduction's kinetic energy is that of these momenta.
+                run.chain_half_step(&mut state, Some(red.kinetic))?;
                 run.half_kick(&mut state);
                 run.drift(&mut state, run.dt);
-            }
-            Ensemble::Langevin {
-                temperature,
-                friction_per_ps,
-            } => {
-                run.half_kick(&mut state);
-                run.drift(&mut state, 0.5 * run.dt);
-                let removed = run.ou_step(&mut state, step, temperature, friction_per_ps);
-                run.thermostat.heat_removed += removed;
-                run.drift(&mut state, 0.5 * run.dt);
             }
             Ensemble::Npt {
                 temperature,
@@ -617,10 +740,15 @@ pub fn run_rank(
                 run.rescale_cell(&mut state, &forces, step)?;
             }
         }
-        // Rebuild when any atom anywhere moved more than skin/2, and after
+        // Rebuild when any atom anywhere moved more than skin/2 (known from
+        // the last reduction when the step was advanced ahead), and after
         // every cell change (the ghost images and domains depend on the cell).
-        let (_, m) = reduce(state.comm()?, &[], &[state.max_displacement2()])?;
-        if m[0] > skin_half2 || matches!(config.ensemble, Ensemble::Npt { .. }) {
+        let rebuild = match (advanced, red.next_displacement2) {
+            _ if matches!(config.ensemble, Ensemble::Npt { .. }) => true,
+            (true, Some(d2)) => d2 > skin_half2,
+            _ => reduce(state.comm()?, &[], &[state.max_displacement2()])?.1[0] > skin_half2,
+        };
+        if rebuild {
             state = state.rebuild(topology, &run.opts)?;
         } else {
             state.refresh_ghosts()?;
@@ -628,9 +756,13 @@ pub fn run_rank(
         forces = run.evaluate(&mut state, &mut evaluator)?;
         run.half_kick(&mut state);
         if let Ensemble::NoseHoover { .. } = config.ensemble {
-            run.chain_half_step(&mut state)?;
+            run.chain_half_step(&mut state, None)?;
         }
-        red = run.reduce_step(&state)?;
+        red = run.reduce_step(&mut state, &mut forces, step, step == last_step)?;
+        traffic.add(
+            &state.comm()?.stats().since(&before),
+            state.rebuilds != rebuilds_before,
+        );
         Run::check_finite(step, &forces, &red)?;
         let row = run.thermo_row(step, &state, &forces, &red);
         temperature_sum += row.temperature;
@@ -643,7 +775,7 @@ pub fn run_rank(
                 fmax: None,
             });
         }
-        let last = step == start.step + config.steps;
+        let last = step == last_step;
         if config.thermo_every > 0 && (step % config.thermo_every == 0 || last) {
             emit(&state, &mut sink, |s| s.thermo(&row))?;
         }
@@ -691,6 +823,7 @@ pub fn run_rank(
         rebuilds: state.rebuilds,
         migrated: row.migrated,
         eval_s: run.eval_s,
+        traffic,
     }))
 }
 

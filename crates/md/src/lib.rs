@@ -33,7 +33,7 @@ pub use driver::run_rank;
 pub use progress::{StepObserver, StepProgress};
 pub use rank_eval::{LocalRows, RankEvaluator, RankForces};
 pub use relax::{relax_rank, CellRelax, RelaxConfig, RelaxSummary};
-pub use sink::{Frame, MdSink, MdSummary, ThermoRow};
+pub use sink::{Frame, MdSink, MdSummary, StepTraffic, ThermoRow};
 pub use state::{gather_by_gid, BuildOptions, RankState, Rows, Share, Topology};
 pub use threads::{relax_threads, run_threads};
 

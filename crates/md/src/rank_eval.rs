@@ -37,15 +37,23 @@ pub struct LocalRows<'a> {
 /// What one evaluation gives a rank.
 #[derive(Debug, Clone)]
 pub struct RankForces {
-    /// The system's potential energy (eV), the same on every rank.
+    /// The system's potential energy (eV), the same on every rank (this
+    /// rank's share while `energy_partial`).
     pub energy: f64,
     /// Forces on the owned rows (eV/Å).
     pub forces: Vec<[f64; 3]>,
-    /// ∂E/∂ε of the whole system (eV, row-major 3×3), the same on every rank;
+    /// ∂E/∂ε of the whole system (eV, row-major 3×3), the same on every rank
+    /// (this rank's share while `strain_partial`);
     /// the stress is its symmetric part over the volume.
     pub strain_gradient: [f64; 9],
     /// Pairs within the cutoff this rank evaluated.
     pub pairs: usize,
+    /// `energy` is still this rank's share: the caller sums it over ranks
+    /// (see [`RankEvaluator::defer_global_sums`]).
+    pub energy_partial: bool,
+    /// `strain_gradient` is still this rank's share: the caller sums it over
+    /// ranks.
+    pub strain_partial: bool,
 }
 
 /// A model evaluator that keeps one rank's tensor memory between steps.
@@ -58,6 +66,8 @@ pub struct RankEvaluator<'m> {
     /// The model reads a per-system sum during its forward pass, so its
     /// all-reduces cannot be deferred (learned on the first call).
     eager_sums: bool,
+    /// Leave the energy and strain-gradient sums over ranks to the caller.
+    defer_sums: bool,
 }
 
 impl<'m> RankEvaluator<'m> {
@@ -70,7 +80,19 @@ impl<'m> RankEvaluator<'m> {
             f64_buffers: Buffers::default(),
             f32_buffers: Buffers::default(),
             eager_sums: false,
+            defer_sums: false,
         }
+    }
+
+    /// With `on`, an evaluation no longer sums the energy and the strain
+    /// gradient over ranks itself: [`RankForces`] then holds this rank's
+    /// shares, flagged by `energy_partial` / `strain_partial`, and the caller
+    /// folds them into a reduction it makes anyway (the MD step's one
+    /// collective). A model that reads its per-system sums during the
+    /// forward pass still has them summed there; then the flag is off.
+    /// Every rank must make the same choice.
+    pub fn defer_global_sums(&mut self, on: bool) {
+        self.defer_sums = on;
     }
 
     /// The spec decomposed evaluations follow.
@@ -294,15 +316,24 @@ impl<'m> RankEvaluator<'m> {
             .ok_or_else(|| MdError::Internal("distributor missing".into()))?;
         // Ghost rows are images of owned atoms: their force share goes home.
         dist.reverse_sum(T::data_mut(&mut gpos), 3)?;
-        g.resolve_pending()?;
+        // A deferred energy sum left pending holds this rank's share; only
+        // the energy is read, so the other pending sums (which feed nothing)
+        // need not be completed either.
+        let energy_pending = self.defer_sums && g.is_pending(out.energy);
+        if !energy_pending {
+            g.resolve_pending()?;
+        }
         let mut energy = g.value(out.energy).to_vec();
         let dist = g
             .distributor()
             .ok_or_else(|| MdError::Internal("distributor missing".into()))?;
-        if self.spec.all_reduce_outputs.iter().any(|o| o == "stress") {
+        let listed = |name: &str| self.spec.all_reduce_outputs.iter().any(|o| o == name);
+        let strain_partial = self.defer_sums && listed("stress");
+        if listed("stress") && !strain_partial {
             dist.all_reduce_sum(T::data_mut(&mut geps))?;
         }
-        if self.spec.all_reduce_outputs.iter().any(|o| o == "energy") {
+        let energy_partial = energy_pending || (self.defer_sums && listed("energy"));
+        if listed("energy") && !energy_partial {
             dist.all_reduce_sum(T::data_mut(&mut energy))?;
         }
         let forces = gpos[..n_owned * 3]
@@ -324,6 +355,8 @@ impl<'m> RankEvaluator<'m> {
             forces,
             strain_gradient,
             pairs: n_pairs,
+            energy_partial,
+            strain_partial,
         })
     }
 }

@@ -138,4 +138,44 @@ pub struct MdSummary {
     pub migrated: u64,
     /// Seconds spent in model evaluations (this rank: rank 0).
     pub eval_s: f64,
+    /// Rank 0's communication per kind of step.
+    pub traffic: StepTraffic,
+}
+
+/// Rank 0's communication in the steps of a run, from its communicator's
+/// counters: from the start of a step to the end of its reduction, so the
+/// gathers of frames and checkpoints are not counted. Collectives are
+/// all-reduce, all-gather and barrier calls; bytes are payload bytes sent
+/// point-to-point plus this rank's contribution to collectives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct StepTraffic {
+    /// Steps that reused the pair list (ghosts refreshed only).
+    pub plain_steps: u64,
+    /// Collective calls in those steps, all together.
+    pub plain_collectives: u64,
+    /// Payload bytes sent in those steps.
+    pub plain_bytes: u64,
+    /// Steps that rebuilt the decomposition (migration, ghosts, pairs).
+    pub rebuild_steps: u64,
+    /// Collective calls in those steps, all together.
+    pub rebuild_collectives: u64,
+    /// Payload bytes sent in those steps.
+    pub rebuild_bytes: u64,
+}
+
+impl StepTraffic {
+    /// Adds one step's counters (`delta`), a rebuild step or not.
+    pub fn add(&mut self, delta: &ddmlip_comm::CommStats, rebuilt: bool) {
+        let collectives = delta.all_reduces + delta.all_gathers + delta.barriers;
+        let bytes = delta.bytes_sent + delta.collective_bytes;
+        if rebuilt {
+            self.rebuild_steps += 1;
+            self.rebuild_collectives += collectives;
+            self.rebuild_bytes += bytes;
+        } else {
+            self.plain_steps += 1;
+            self.plain_collectives += collectives;
+            self.plain_bytes += bytes;
+        }
+    }
 }
