@@ -78,6 +78,11 @@ pub struct Checkpoint {
     pub rebuilds: u64,
     /// Atoms that changed owner so far (summed over ranks).
     pub migrated: u64,
+    /// The domain boundaries in use (kept between load-balancing
+    /// repartitions); a restart on the same rank count reuses them.
+    /// Optional: without it a restart places fresh domains.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domains: Option<ddmlip_domain::DomainMap>,
 }
 
 impl Checkpoint {

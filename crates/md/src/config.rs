@@ -8,6 +8,7 @@ use crate::rng::{gaussian3, INIT_COUNTER};
 use crate::state::Topology;
 use crate::{units, MdError};
 use ddmlip_atoms::Cell;
+use ddmlip_domain::DomainMap;
 use ddmlip_engine::DType;
 use ddmlip_spec::MLIPSpec;
 use serde::{Deserialize, Serialize};
@@ -140,7 +141,26 @@ pub struct MdConfig {
     pub spec: Option<MLIPSpec>,
     /// Called by rank 0 after every step (a progress bar).
     pub on_step: Option<StepObserver>,
+    /// Rebuilds between full (collective) repartitions that re-place the
+    /// domain boundaries for load balance; 0 never schedules one. Between
+    /// them atoms migrate point to point. Ignored where the boundaries
+    /// cannot move (a regular grid over a fully periodic cell).
+    pub repartition_every: u64,
+    /// A rebuild whose most loaded rank owns more than this multiple of the
+    /// mean atom count repartitions (collective); at least 1. Ignored where
+    /// the boundaries cannot move.
+    pub max_imbalance: f64,
+    /// Rebuilds between repartitions migrate atoms point to point and find
+    /// ghosts among neighbour ranks (the default). `false` gathers every
+    /// position at every rebuild and partitions with the same domains: the
+    /// reference the point-to-point path reproduces bit for bit.
+    pub point_to_point: bool,
 }
+
+/// Default of [`MdConfig::repartition_every`].
+pub const DEFAULT_REPARTITION_EVERY: u64 = 100;
+/// Default of [`MdConfig::max_imbalance`].
+pub const DEFAULT_MAX_IMBALANCE: f64 = 1.25;
 
 impl MdConfig {
     /// A configuration with defaults for everything but the essentials.
@@ -161,6 +181,9 @@ impl MdConfig {
             stop: None,
             spec: None,
             on_step: None,
+            repartition_every: DEFAULT_REPARTITION_EVERY,
+            max_imbalance: DEFAULT_MAX_IMBALANCE,
+            point_to_point: true,
         }
     }
 
@@ -179,6 +202,12 @@ impl MdConfig {
             return Err(MdError::Input(format!(
                 "--skin must be a non-negative distance in Å, got {}",
                 self.skin
+            )));
+        }
+        if !(self.max_imbalance.is_finite() && self.max_imbalance >= 1.0) {
+            return Err(MdError::Input(format!(
+                "--max-imbalance must be a finite ratio of at least 1, got {}",
+                self.max_imbalance
             )));
         }
         if let Ensemble::NoseHoover {
@@ -275,6 +304,9 @@ pub struct StartState {
     pub rebuilds: u64,
     /// Atoms that changed owner so far.
     pub migrated: u64,
+    /// The domains the checkpointed run was using (a restart on the same
+    /// rank count keeps them, so that it owns the same atoms).
+    pub domains: Option<DomainMap>,
 }
 
 impl StartState {
@@ -290,6 +322,7 @@ impl StartState {
             restarted: false,
             rebuilds: 0,
             migrated: 0,
+            domains: None,
         }
     }
 
@@ -323,6 +356,7 @@ impl StartState {
             restarted: true,
             rebuilds: ck.rebuilds,
             migrated: ck.migrated,
+            domains: ck.domains.clone(),
         })
     }
 }

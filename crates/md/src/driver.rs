@@ -331,6 +331,7 @@ impl Run<'_> {
             ranks: state.size,
             rebuilds: state.rebuilds,
             migrated: red.migrated as u64,
+            domains: Some(state.domains.clone()),
         })
     }
 
@@ -656,6 +657,12 @@ pub fn run_rank(
         start.cell,
         &start.build_positions,
         &start.momenta,
+        start.domains.as_ref(),
+        (
+            config.repartition_every,
+            config.max_imbalance,
+            config.point_to_point,
+        ),
         comm,
     )?;
     let (rank, size) = (state.rank, state.size);
@@ -824,6 +831,7 @@ pub fn run_rank(
         migrated: row.migrated,
         eval_s: run.eval_s,
         traffic,
+        repartitions: state.repartitions,
     }))
 }
 

@@ -28,7 +28,10 @@ mod threads;
 pub mod units;
 
 pub use checkpoint::{Checkpoint, CHECKPOINT_FORMAT, CHECKPOINT_VERSION};
-pub use config::{maxwell_boltzmann, CellDof, Ensemble, MdConfig, StartState, ThermostatState};
+pub use config::{
+    maxwell_boltzmann, CellDof, Ensemble, MdConfig, StartState, ThermostatState,
+    DEFAULT_MAX_IMBALANCE, DEFAULT_REPARTITION_EVERY,
+};
 pub use driver::run_rank;
 pub use progress::{StepObserver, StepProgress};
 pub use rank_eval::{LocalRows, RankEvaluator, RankForces};

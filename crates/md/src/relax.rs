@@ -387,6 +387,12 @@ pub fn relax_rank(
         cell,
         positions,
         &zeros,
+        None,
+        (
+            crate::config::DEFAULT_REPARTITION_EVERY,
+            crate::config::DEFAULT_MAX_IMBALANCE,
+            true,
+        ),
         comm,
     )?;
     let mut out = ev.evaluate_state(&mut state)?;

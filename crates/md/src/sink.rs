@@ -140,6 +140,9 @@ pub struct MdSummary {
     pub eval_s: f64,
     /// Rank 0's communication per kind of step.
     pub traffic: StepTraffic,
+    /// Full (collective) partitions in this call, the initial build
+    /// included; every other rebuild migrated atoms point to point.
+    pub repartitions: u64,
 }
 
 /// Rank 0's communication in the steps of a run, from its communicator's

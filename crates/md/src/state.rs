@@ -3,17 +3,29 @@
 //! built with a skin. Lives across MD steps; rebuilt (with migration) only
 //! when some atom has moved more than half the skin since the last build.
 
+use crate::collective::reduce;
 use crate::rank_eval::RankEvaluator;
 use crate::MdError;
 use ddmlip_atoms::{Cell, System};
 use ddmlip_comm::Communicator;
-use ddmlip_domain::{partition_system_balanced, Balance, HaloRuntime, LocalHaloPlan};
+use ddmlip_domain::{
+    partition_system_mapped, Balance, DomainMap, HaloRuntime, ImageScratch, LocalHaloPlan,
+};
 use ddmlip_engine::{DType, Model};
 use ddmlip_neighbors::{pair_list_for_centers_into, NeighborOptions, PairList, PairScratch};
 use ddmlip_spec::MLIPSpec;
 
 /// Message tag of the per-step ghost position refresh.
 const GHOST_TAG: u32 = 21;
+/// Message tag of atoms migrating to a neighbour rank.
+const MIGRATE_TAG: u32 = 22;
+/// Message tag of the ghost rows a rank hands its neighbours at a rebuild.
+const GHOST_BUILD_TAG: u32 = 23;
+/// Values per migrating atom: global id, position, momentum, mass, number.
+const MIGRANT_LEN: usize = 9;
+/// Values per ghost row handed over: global id, image shift, owner's row
+/// position, number.
+const GHOST_LEN: usize = 8;
 
 /// What every rank knows about every atom and never changes during a run:
 /// indexed by global atom id.
@@ -53,6 +65,16 @@ pub struct BuildOptions {
     pub even_counts: bool,
     /// Whether the model reads the runtime graph (else no pair list is kept).
     pub with_pairs: bool,
+    /// Rebuilds between scheduled full repartitions (0: none); see
+    /// [`crate::MdConfig::repartition_every`].
+    pub repartition_every: u64,
+    /// Owned-atom imbalance (max / mean) beyond which a rebuild
+    /// repartitions; see [`crate::MdConfig::max_imbalance`].
+    pub max_imbalance: f64,
+    /// Migrate point to point between repartitions (else gather everything
+    /// and partition with the same domains); see
+    /// [`crate::MdConfig::point_to_point`].
+    pub point_to_point: bool,
 }
 
 /// One rank's atoms between two rebuilds. Local rows: owned `0..n_owned`,
@@ -99,6 +121,14 @@ pub struct RankState {
     pub rebuilds: u64,
     /// Atoms that changed owner over all rebuilds (counted on their new rank).
     pub migrated: u64,
+    /// Full (collective) partitions so far, the initial build included; the
+    /// other rebuilds migrated atoms point to point.
+    pub repartitions: u64,
+    /// The domain boundaries in use since the last full partition.
+    pub domains: DomainMap,
+    /// The ranks this rank exchanges migrating atoms and ghosts with
+    /// ([`DomainMap::neighbours`]), ascending.
+    pub neighbours: Vec<usize>,
     scratch: PairScratch,
 }
 
@@ -109,7 +139,39 @@ struct Previous {
     gids: Vec<u64>,
     rebuilds: u64,
     migrated: u64,
+    repartitions: u64,
     scratch: PairScratch,
+}
+
+/// Where a build placed this rank's rows, before the pair list: owned rows
+/// (ascending global id, wrapped into the cell) then ghost rows, and the
+/// halo plan's peers.
+struct Placement {
+    gids: Vec<u64>,
+    /// Owned then ghost positions.
+    local: Vec<[f64; 3]>,
+    numbers: Vec<u32>,
+    momenta: Vec<[f64; 3]>,
+    masses: Vec<f64>,
+    build_positions: Vec<[f64; 3]>,
+    ghost_gids: Vec<u64>,
+    ghost_shifts: Vec<[i32; 3]>,
+    ghost_offsets: Vec<[f64; 3]>,
+    sends: Vec<(usize, Vec<u32>)>,
+    recvs: Vec<(usize, Vec<u32>)>,
+    domains: DomainMap,
+    /// Made by a full partition (collective) rather than locally.
+    full: bool,
+}
+
+/// An owned atom on its way through a local rebuild.
+struct Carried {
+    gid: u64,
+    /// Current (unwrapped) position.
+    position: [f64; 3],
+    momentum: [f64; 3],
+    mass: f64,
+    number: u32,
 }
 
 /// What one rank hands in to the first build: a disjoint share of the atoms (every atom in exactly one rank's share).
@@ -207,6 +269,8 @@ pub(crate) fn decompose<'m>(
     cell: Cell,
     positions: &[[f64; 3]],
     momenta: &[[f64; 3]],
+    domains: Option<&DomainMap>,
+    repartition: (u64, f64, bool),
     comm: Box<dyn Communicator>,
 ) -> Result<(RankState, BuildOptions, RankEvaluator<'m>), MdError> {
     let spec = spec
@@ -218,8 +282,13 @@ pub(crate) fn decompose<'m>(
         halo_depth: spec.halo_depth.max(1) as usize,
         even_counts,
         with_pairs: model.uses_runtime_graph(),
+        repartition_every: repartition.0,
+        max_imbalance: repartition.1,
+        point_to_point: repartition.2,
     };
     let (rank, size) = (comm.rank(), comm.size());
+    // Domains made for another rank count do not apply.
+    let domains = domains.filter(|d| d.n_ranks() == size);
     // Any disjoint split will do for the first build.
     let mine: Vec<usize> = (rank..topology.len()).step_by(size).collect();
     let share = Share {
@@ -227,14 +296,15 @@ pub(crate) fn decompose<'m>(
         positions: mine.iter().map(|&i| positions[i]).collect(),
         momenta: mine.iter().map(|&i| momenta[i]).collect(),
     };
-    let state = RankState::initial(comm, spec.clone(), topology, cell, &share, &opts)?;
+    let state = RankState::initial(comm, spec.clone(), topology, cell, &share, &opts, domains)?;
     Ok((state, opts, RankEvaluator::new(model, spec, dtype)))
 }
 
 impl RankState {
     /// The first build: every rank passes a share of the atoms (any split,
-    /// e.g. all atoms on rank 0 or every rank the same disjoint slice).
-    /// Collective; see [`RankState::rebuild`].
+    /// e.g. all atoms on rank 0 or every rank the same disjoint slice), and
+    /// the domains to use (`None`: place them). Collective; see
+    /// [`RankState::rebuild`].
     pub fn initial(
         comm: Box<dyn Communicator>,
         spec: ddmlip_spec::MLIPSpec,
@@ -242,53 +312,310 @@ impl RankState {
         cell: Cell,
         share: &Share,
         opts: &BuildOptions,
+        domains: Option<&DomainMap>,
     ) -> Result<RankState, MdError> {
         let halo = HaloRuntime::new(comm, LocalHaloPlan::default(), spec);
-        Self::build(halo, topology, cell, share, opts, None)
+        let (placement, halo) = Self::place_full(halo, topology, cell, share, opts, domains)?;
+        Self::finish(halo, placement, topology, cell, opts, None)
     }
 
     /// Migrates atoms to their new owners and rebuilds ghosts, halo plan and
-    /// pair list from the current positions (as `RankState::build` does).
-    /// Collective.
+    /// pair list from the current positions.
+    ///
+    /// Between repartitions the domains stay fixed: each rank sends the
+    /// atoms that left its domain to their new owners, which are among its
+    /// [`RankState::neighbours`], with all their per-atom data, and hands
+    /// every neighbour the images of its atoms that fall in that
+    /// neighbour's ghost region. The rows, ghosts and plan are exactly those
+    /// of a full partition with the same domains. Its one collective is a
+    /// three-number reduction (atom count, atoms that could not be placed,
+    /// largest share). A full, collective repartition (all positions
+    /// gathered, domains placed afresh) happens instead when the cell
+    /// changed, every [`BuildOptions::repartition_every`] rebuilds, when the
+    /// largest share exceeds [`BuildOptions::max_imbalance`] times the mean
+    /// (the last two only where the domains can move), or when an atom
+    /// moved beyond the neighbouring domains. Collective.
     pub fn rebuild(self, topology: &Topology, opts: &BuildOptions) -> Result<RankState, MdError> {
-        let share = self.share();
-        self.rebuild_from(topology, &share, opts)
+        let scheduled = opts.repartition_every > 0
+            && self.domains.can_change()
+            && self.rebuilds % opts.repartition_every == 0;
+        if scheduled || !map_fits_cell(&self.domains, &self.cell) {
+            let share = self.share();
+            return self.rebuild_from(topology, &share, opts, None);
+        }
+        if !opts.point_to_point {
+            let share = self.share();
+            let domains = self.domains.clone();
+            return self.rebuild_from(topology, &share, opts, Some(&domains));
+        }
+        self.rebuild_local(topology, opts)
     }
 
-    /// [`RankState::rebuild`] from a given share (a restart's build positions).
+    /// A full, collective rebuild from a given share (every rank's current
+    /// atoms) with the given domains (`None`: placed afresh).
     pub fn rebuild_from(
         mut self,
         topology: &Topology,
         share: &Share,
         opts: &BuildOptions,
+        domains: Option<&DomainMap>,
     ) -> Result<RankState, MdError> {
+        let (halo, prev) = self.take_previous()?;
+        let (placement, halo) = Self::place_full(halo, topology, self.cell, share, opts, domains)?;
+        Self::finish(halo, placement, topology, self.cell, opts, Some(prev))
+    }
+
+    fn take_previous(&mut self) -> Result<(HaloRuntime, Previous), MdError> {
         let halo = self
             .halo
             .take()
             .ok_or_else(|| MdError::Internal("the rank's communicator is missing".into()))?;
-        let cell = self.cell;
         let prev = Previous {
             gids: std::mem::take(&mut self.gids),
             rebuilds: self.rebuilds,
             migrated: self.migrated,
+            repartitions: self.repartitions,
             scratch: std::mem::take(&mut self.scratch),
         };
-        Self::build(halo, topology, cell, share, opts, Some(prev))
+        Ok((halo, prev))
     }
 
-    /// Builds this rank's share from every rank's `share`: gathers all atoms
-    /// by global id (checking none is lost or duplicated), partitions the
-    /// system — the same pure function on every rank —, wraps the atoms this
-    /// rank now owns into the cell, and lays out its ghosts, halo plan and
-    /// skin pair list.
-    fn build(
-        mut halo: HaloRuntime,
+    /// The point-to-point rebuild of [`RankState::rebuild`].
+    fn rebuild_local(
+        mut self,
+        topology: &Topology,
+        opts: &BuildOptions,
+    ) -> Result<RankState, MdError> {
+        let n_atoms = topology.len();
+        let (rank, size) = (self.rank, self.size);
+        let map = &self.domains;
+        let peers = &self.neighbours;
+        let comm = self
+            .halo
+            .as_ref()
+            .map(|h| h.comm.as_ref())
+            .ok_or_else(|| MdError::Internal("the rank's communicator is missing".into()))?;
+        // Migration: owned atoms whose position now lies in another domain
+        // go to its rank, with everything that belongs to them.
+        let n = self.n_owned();
+        let mut outgoing: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
+        let mut atoms = Vec::with_capacity(n);
+        let mut strays = 0usize;
+        for k in 0..n {
+            let r = self.positions[k];
+            let dest = map.owner(map.wrap(r).0);
+            let slot = (dest != rank).then(|| peers.binary_search(&dest).ok());
+            match slot {
+                Some(Some(i)) => {
+                    let p = self.momenta[k];
+                    outgoing[i].extend_from_slice(&[
+                        self.gids[k] as f64,
+                        r[0],
+                        r[1],
+                        r[2],
+                        p[0],
+                        p[1],
+                        p[2],
+                        self.masses[k],
+                        f64::from(self.numbers[k]),
+                    ]);
+                }
+                // Not a neighbour's: kept here, and the rebuild falls back to
+                // a full repartition below.
+                Some(None) | None => {
+                    strays += usize::from(slot.is_some());
+                    atoms.push(Carried {
+                        gid: self.gids[k],
+                        position: r,
+                        momentum: self.momenta[k],
+                        mass: self.masses[k],
+                        number: self.numbers[k],
+                    });
+                }
+            }
+        }
+        let sends: Vec<(usize, &[f64])> = peers
+            .iter()
+            .zip(&outgoing)
+            .map(|(&p, b)| (p, b.as_slice()))
+            .collect();
+        let got = comm
+            .exchange_f64(&sends, peers, MIGRATE_TAG)
+            .map_err(comm_err("migration"))?;
+        for (&peer, buf) in peers.iter().zip(&got) {
+            if buf.len() % MIGRANT_LEN != 0 {
+                return Err(MdError::Comm(format!(
+                    "migration: rank {peer} sent {} values, not whole atoms",
+                    buf.len()
+                )));
+            }
+            for a in buf.chunks_exact(MIGRANT_LEN) {
+                atoms.push(Carried {
+                    gid: a[0] as u64,
+                    position: [a[1], a[2], a[3]],
+                    momentum: [a[4], a[5], a[6]],
+                    mass: a[7],
+                    number: a[8] as u32,
+                });
+            }
+        }
+        atoms.sort_unstable_by_key(|a| a.gid);
+        // The rebuild's one collective: no atom may be lost, and whether
+        // this rebuild must repartition instead.
+        let (sums, maxes) = reduce(
+            comm,
+            &[atoms.len() as f64, strays as f64],
+            &[atoms.len() as f64],
+        )?;
+        if sums[0] != n_atoms as f64 {
+            return Err(MdError::Ownership(format!(
+                "after migration the ranks own {} atoms of {n_atoms}",
+                sums[0]
+            )));
+        }
+        let share = Share {
+            gids: atoms.iter().map(|a| a.gid).collect(),
+            positions: atoms.iter().map(|a| a.position).collect(),
+            momenta: atoms.iter().map(|a| a.momentum).collect(),
+        };
+        if cfg!(debug_assertions) {
+            // Every id exactly once (a full gather: debug builds only).
+            gather_by_gid(comm, n_atoms, &share)?;
+        }
+        let imbalance = maxes[0] * size as f64 / n_atoms as f64;
+        if sums[1] > 0.0 || (map.can_change() && imbalance > opts.max_imbalance) {
+            return self.rebuild_from(topology, &share, opts, None);
+        }
+        let placement = self.place_local(atoms)?;
+        let (halo, prev) = self.take_previous()?;
+        Self::finish(halo, placement, topology, self.cell, opts, Some(prev))
+    }
+
+    /// Owned rows from the atoms this rank now owns (ascending id), and the
+    /// ghost rows its neighbours hand it: each rank walks its own atoms
+    /// through [`DomainMap::for_each_image`] and sends every neighbour the
+    /// images in its ghost region (global id, image shift, the owner's
+    /// wrapped row, number). Received per owner rank in ascending order,
+    /// they are the ghosts of a full partition, in its order.
+    fn place_local(&self, atoms: Vec<Carried>) -> Result<Placement, MdError> {
+        let rank = self.rank;
+        let map = &self.domains;
+        let cell = self.cell;
+        let comm = self.comm()?;
+        // Neighbours and this rank (its own periodic images), ascending.
+        let mut peers = self.neighbours.clone();
+        let me = peers.partition_point(|&p| p < rank);
+        peers.insert(me, rank);
+        let mut outgoing: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
+        let mut send_rows: Vec<Vec<u32>> = vec![Vec::new(); peers.len()];
+        let n_owned = atoms.len();
+        let mut local = Vec::with_capacity(n_owned);
+        let mut scratch = ImageScratch::default();
+        let mut outside = None;
+        for (k, a) in atoms.iter().enumerate() {
+            let (f, w) = map.wrap(a.position);
+            let row = add(a.position, cell.shift_vector(w));
+            local.push(row);
+            map.for_each_image(f, rank, &mut scratch, |to, m| {
+                match peers.binary_search(&to) {
+                    Ok(i) => {
+                        outgoing[i].extend_from_slice(&[
+                            a.gid as f64,
+                            f64::from(m[0]),
+                            f64::from(m[1]),
+                            f64::from(m[2]),
+                            row[0],
+                            row[1],
+                            row[2],
+                            f64::from(a.number),
+                        ]);
+                        send_rows[i].push(k as u32);
+                    }
+                    Err(_) => outside = Some((a.gid, to)),
+                }
+            });
+        }
+        if let Some((gid, to)) = outside {
+            return Err(MdError::Internal(format!(
+                "atom {gid} has a ghost image on rank {to}, which is not a neighbour of rank {rank}"
+            )));
+        }
+        let refs: Vec<(usize, &[f64])> = peers
+            .iter()
+            .zip(&outgoing)
+            .map(|(&p, b)| (p, b.as_slice()))
+            .collect();
+        let got = comm
+            .exchange_f64(&refs, &peers, GHOST_BUILD_TAG)
+            .map_err(comm_err("ghost search"))?;
+        let n_ghosts: usize = got.iter().map(|b| b.len() / GHOST_LEN).sum();
+        let mut numbers: Vec<u32> = atoms.iter().map(|a| a.number).collect();
+        numbers.reserve(n_ghosts);
+        local.reserve(n_ghosts);
+        let mut ghost_gids = Vec::with_capacity(n_ghosts);
+        let mut ghost_shifts = Vec::with_capacity(n_ghosts);
+        let mut ghost_offsets = Vec::with_capacity(n_ghosts);
+        let mut recvs = Vec::new();
+        for (&peer, buf) in peers.iter().zip(&got) {
+            if buf.len() % GHOST_LEN != 0 {
+                return Err(MdError::Comm(format!(
+                    "ghost search: rank {peer} sent {} values, not whole rows",
+                    buf.len()
+                )));
+            }
+            let first = local.len() as u32;
+            for g in buf.chunks_exact(GHOST_LEN) {
+                let shift = [g[1] as i32, g[2] as i32, g[3] as i32];
+                // The owner's row plus the image offset: exactly what a
+                // refresh produces.
+                let offset = cell.shift_vector(shift);
+                local.push(add([g[4], g[5], g[6]], offset));
+                numbers.push(g[7] as u32);
+                ghost_gids.push(g[0] as u64);
+                ghost_shifts.push(shift);
+                ghost_offsets.push(offset);
+            }
+            if local.len() as u32 > first {
+                recvs.push((peer, (first..local.len() as u32).collect()));
+            }
+        }
+        let sends = peers
+            .iter()
+            .zip(send_rows)
+            .filter(|(_, rows)| !rows.is_empty())
+            .map(|(&p, rows)| (p, rows))
+            .collect();
+        Ok(Placement {
+            gids: atoms.iter().map(|a| a.gid).collect(),
+            momenta: atoms.iter().map(|a| a.momentum).collect(),
+            masses: atoms.iter().map(|a| a.mass).collect(),
+            build_positions: atoms.iter().map(|a| a.position).collect(),
+            local,
+            numbers,
+            ghost_gids,
+            ghost_shifts,
+            ghost_offsets,
+            sends,
+            recvs,
+            domains: map.clone(),
+            full: false,
+        })
+    }
+
+    /// Places this rank's rows from every rank's `share` with a full
+    /// partition: gathers all atoms by global id (checking none is lost or
+    /// duplicated), partitions the system with `domains` (or domains placed
+    /// afresh) — the same pure function on every rank —, wraps the atoms
+    /// this rank now owns into the cell, and lays out its ghosts and halo
+    /// peers. Collective.
+    fn place_full(
+        halo: HaloRuntime,
         topology: &Topology,
         cell: Cell,
         share: &Share,
         opts: &BuildOptions,
-        previous: Option<Previous>,
-    ) -> Result<RankState, MdError> {
+        domains: Option<&DomainMap>,
+    ) -> Result<(Placement, HaloRuntime), MdError> {
         let (rank, size) = (halo.comm.rank(), halo.comm.size());
         let (positions, momenta) = gather_by_gid(halo.comm.as_ref(), topology.len(), share)?;
         let sys = System::new(
@@ -303,7 +630,7 @@ impl RankState {
         } else {
             Balance::Geometric
         };
-        let part = partition_system_balanced(&sys, size, width, balance)
+        let (part, domains) = partition_system_mapped(&sys, size, width, balance, domains)
             .map_err(|e| MdError::Input(format!("cannot partition the system: {e}")))?;
         let dom = &part.ranks[rank];
         let n_owned = dom.owned.len();
@@ -359,21 +686,72 @@ impl RankState {
                 recvs.push((peer, rows));
             }
         }
+        let gids: Vec<u64> = dom.owned.iter().map(|&j| j as u64).collect();
+        let placement = Placement {
+            momenta: gids.iter().map(|&g| momenta[g as usize]).collect(),
+            masses: gids.iter().map(|&g| topology.masses[g as usize]).collect(),
+            build_positions: gids.iter().map(|&g| positions[g as usize]).collect(),
+            gids,
+            local,
+            numbers,
+            ghost_gids,
+            ghost_shifts,
+            ghost_offsets,
+            sends,
+            recvs,
+            domains,
+            full: true,
+        };
+        Ok((placement, halo))
+    }
+
+    /// Completes a build from its placement: the halo plan, the skin pair
+    /// list, the counters.
+    fn finish(
+        mut halo: HaloRuntime,
+        placement: Placement,
+        topology: &Topology,
+        cell: Cell,
+        opts: &BuildOptions,
+        previous: Option<Previous>,
+    ) -> Result<RankState, MdError> {
+        let _ = topology;
+        let (rank, size) = (halo.comm.rank(), halo.comm.size());
+        let Placement {
+            gids,
+            local,
+            numbers,
+            momenta,
+            masses,
+            build_positions,
+            ghost_gids,
+            ghost_shifts,
+            ghost_offsets,
+            sends,
+            recvs,
+            domains,
+            full,
+        } = placement;
+        let n_owned = gids.len();
         let plan = LocalHaloPlan {
             n_owned,
             n_local: local.len(),
             sends,
             recvs,
         };
-        let gids: Vec<u64> = dom.owned.iter().map(|&j| j as u64).collect();
-        let (mut scratch, rebuilds, migrated) = match previous {
+        let (mut scratch, rebuilds, migrated, repartitions) = match previous {
             Some(prev) => {
                 // Atoms this rank owns now but did not own before arrived here.
                 let before: std::collections::HashSet<u64> = prev.gids.iter().copied().collect();
                 let arrived = gids.iter().filter(|g| !before.contains(g)).count() as u64;
-                (prev.scratch, prev.rebuilds + 1, prev.migrated + arrived)
+                (
+                    prev.scratch,
+                    prev.rebuilds + 1,
+                    prev.migrated + arrived,
+                    prev.repartitions + u64::from(full),
+                )
             }
-            None => (PairScratch::default(), 1, 0),
+            None => (PairScratch::default(), 1, 0, 1),
         };
         halo.plan = plan;
         let mut pairs = PairList::default();
@@ -408,14 +786,15 @@ impl RankState {
             }
         }
         let owned_positions = local[..n_owned].to_vec();
+        let neighbours = domains.neighbours(rank);
         Ok(RankState {
             rank,
             size,
             numbers,
-            momenta: gids.iter().map(|&g| momenta[g as usize]).collect(),
-            masses: gids.iter().map(|&g| topology.masses[g as usize]).collect(),
+            momenta,
+            masses,
             forces: vec![[0.0; 3]; n_owned],
-            build_positions: gids.iter().map(|&g| positions[g as usize]).collect(),
+            build_positions,
             gids,
             reference: owned_positions,
             positions: local,
@@ -428,6 +807,9 @@ impl RankState {
             halo: Some(halo),
             rebuilds,
             migrated,
+            repartitions,
+            domains,
+            neighbours,
             scratch,
         })
     }
@@ -508,4 +890,15 @@ impl RankState {
         }
         Ok(())
     }
+}
+
+/// Whether `map` was made for `cell` (its frame is the cell's, bit for bit,
+/// or the identity of a system without a usable cell).
+fn map_fits_cell(map: &DomainMap, cell: &Cell) -> bool {
+    let frame = if !cell.is_zero() && cell.inverse().is_ok() {
+        cell.matrix
+    } else {
+        Cell::orthorhombic(1.0, 1.0, 1.0).matrix
+    };
+    frame.map(|r| r.map(f64::to_bits)) == map.frame.map(|r| r.map(f64::to_bits))
 }

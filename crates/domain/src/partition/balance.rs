@@ -140,6 +140,7 @@ pub(super) fn largest_gap_in(hist: &[usize]) -> f64 {
 
 /// The three levels of domain layouts: one for the first axis, one per slab
 /// for the second, one per (slab, column) for the third.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(super) struct Layouts {
     pub(super) a: AxisLayout,
     pub(super) b: Vec<AxisLayout>,
@@ -165,6 +166,45 @@ impl Layouts {
         let d0 = self.a.owner(f[0]);
         let d1 = self.b(d0).owner(f[1]);
         [d0, d1, self.c(d0, d1).owner(f[2])]
+    }
+
+    /// Calls `visit(rank, m)` for every periodic image offset `m` of an
+    /// atom at wrapped fractional position `f` and every domain of the
+    /// `grid` whose expanded box holds that image, in ascending `(m, rank)`
+    /// order per axis, except the atom's own row (`m = 0` in `owner`).
+    pub(super) fn for_each_image(
+        &self,
+        f: [f64; 3],
+        grid: [usize; 3],
+        owner: usize,
+        scratch: &mut ImageScratch,
+        mut visit: impl FnMut(usize, [i32; 3]),
+    ) {
+        let rank_of = |d: [usize; 3]| (d[0] * grid[1] + d[1]) * grid[2] + d[2];
+        let axis_images = &mut scratch.axes;
+        self.a.images(f[0], &mut axis_images[0]);
+        if self.regular {
+            self.b(0).images(f[1], &mut axis_images[1]);
+            self.c(0, 0).images(f[2], &mut axis_images[2]);
+        }
+        let [img0, img1, img2] = axis_images;
+        for &(m0, d0) in img0.iter() {
+            if !self.regular {
+                self.b(d0).images(f[1], img1);
+            }
+            for &(m1, d1) in img1.iter() {
+                if !self.regular {
+                    self.c(d0, d1).images(f[2], img2);
+                }
+                for &(m2, d2) in img2.iter() {
+                    let rank = rank_of([d0, d1, d2]);
+                    if rank == owner && m0 == 0 && m1 == 0 && m2 == 0 {
+                        continue; // the owned row itself
+                    }
+                    visit(rank, [m0, m1, m2]);
+                }
+            }
+        }
     }
 
     pub(super) fn bounds(&self, d: [usize; 3]) -> [[f64; 2]; 3] {

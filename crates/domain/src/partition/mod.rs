@@ -19,6 +19,7 @@ mod grid;
 mod group;
 mod halo;
 mod health;
+mod map;
 
 pub use balance::Balance;
 #[cfg(test)]
@@ -27,11 +28,12 @@ use balance::{axis_histogram, largest_gap_in, weighted_layouts, Layouts};
 pub use grid::choose_grid;
 pub use halo::{apply_refresh_serial, apply_reverse_sum_serial, halo_plans, HaloError, HaloPlan};
 pub use health::{partition_health, AxisHealth, PartitionHealth, RankHealth};
+pub use map::{partition_system_mapped, DomainMap, ImageScratch};
 
 use ddmlip_atoms::{to_fractional, Cell, CellError, System, SystemError};
 use group::{RankGroups, ATOM_CHUNK};
 use rayon::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 /// Upper bound on the number of ghost entries a partition may create; beyond
@@ -142,6 +144,9 @@ pub enum PartitionError {
     /// Any other inconsistency [`System::validate`] reports.
     #[error("{0}")]
     InvalidSystem(#[source] SystemError),
+    /// A fixed [`DomainMap`] does not fit the system or the request.
+    #[error("the domain map does not fit: {0}")]
+    MapMismatch(String),
 }
 
 /// One ghost row of a rank: periodic image `S` of global atom `global`,
@@ -292,11 +297,13 @@ impl Frame {
 
 /// Per-axis layout of the domains: `n` intervals between `cuts`
 /// (`cuts[0] = lo`, `cuts[n] = hi`, non-decreasing).
-#[derive(Clone)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct AxisLayout {
+    #[serde(with = "map::vec_bits")]
     cuts: Vec<f64>,
     /// Fractional ghost margin, slightly enlarged so that rounding can only
     /// add ghosts, never drop one.
+    #[serde(with = "map::scalar_bits")]
     margin: f64,
     periodic: bool,
 }
@@ -413,6 +420,30 @@ pub fn partition_system_balanced(
     ghost_width: f64,
     balance: Balance<'_>,
 ) -> Result<Partition, PartitionError> {
+    partition_impl(system, n_ranks, ghost_width, balance, MapUse::Plain).map(|(p, _)| p)
+}
+
+/// How [`partition_impl`] treats the domain boundaries.
+#[derive(Clone, Copy)]
+pub(crate) enum MapUse<'m> {
+    /// Place them from the atoms (`balance`); the ends of non-periodic axes
+    /// are the atoms' bounding box.
+    Plain,
+    /// Place them from the atoms, then open the end domains of non-periodic
+    /// axes to infinity, so that the map stays valid as atoms move out.
+    Open,
+    /// Use these boundaries.
+    Fixed(&'m DomainMap),
+}
+
+/// The partition and the domain map it used.
+pub(crate) fn partition_impl(
+    system: &System,
+    n_ranks: usize,
+    ghost_width: f64,
+    balance: Balance<'_>,
+    map_use: MapUse<'_>,
+) -> Result<(Partition, DomainMap), PartitionError> {
     if let Balance::Weighted(w) = balance {
         if w.len() != n_ranks {
             return Err(PartitionError::BadRankWeights(format!(
@@ -459,6 +490,9 @@ pub fn partition_system_balanced(
     })?;
     let periodic = system.pbc;
     let frame = Frame::of(system)?;
+    if let MapUse::Fixed(map) = map_use {
+        map.check_fits(n_ranks, ghost_width, periodic, &frame.matrix)?;
+    }
 
     // Fractional coordinates, wrapped along periodic axes, with the wrap shift
     // w such that positions[i] + w·cell is the wrapped position.
@@ -470,20 +504,7 @@ pub fn partition_system_balanced(
         .zip(wrap_shift.par_iter_mut())
         .zip(system.positions.par_iter())
         .for_each(|((f_out, w_out), &r)| {
-            let f = to_fractional(&frame.inverse, r);
-            for k in 0..3 {
-                f_out[k] = f[k];
-                if periodic[k] && f[k].abs() < MAX_FRACTIONAL {
-                    let mut w = -f[k].floor();
-                    // A tiny negative coordinate wraps to exactly 1.0 in floating
-                    // point; keep it in the first cell instead.
-                    if f[k] + w >= 1.0 {
-                        w -= 1.0;
-                    }
-                    w_out[k] = w as i32;
-                    f_out[k] = f[k] + w;
-                }
-            }
+            (*f_out, *w_out) = wrap_fractional(&frame.inverse, periodic, r);
         });
     // Huge finite positions can overflow the fractional transform.
     let too_far = |x: &f64| !x.is_finite() || x.abs() >= MAX_FRACTIONAL;
@@ -526,7 +547,10 @@ pub fn partition_system_balanced(
             axis_widths[k]
         }
     });
-    let grid = choose_grid(filled_widths, periodic, n_ranks);
+    let grid = match map_use {
+        MapUse::Fixed(map) => map.grid,
+        _ => choose_grid(filled_widths, periodic, n_ranks),
+    };
     let margins: [f64; 3] = std::array::from_fn(|k| {
         let [lo, hi] = region[k];
         let exact = ghost_width / frame.heights[k];
@@ -534,14 +558,15 @@ pub fn partition_system_balanced(
     });
     let even =
         |k: usize| AxisLayout::even(region[k][0], region[k][1], grid[k], margins[k], periodic[k]);
-    let layouts = match balance {
-        Balance::Geometric => Layouts {
+    let layouts = match (map_use, balance) {
+        (MapUse::Fixed(map), _) => map.layouts.clone(),
+        (_, Balance::Geometric) => Layouts {
             a: even(0),
             b: vec![even(1)],
             c: vec![even(2)],
             regular: true,
         },
-        Balance::Weighted(_) | Balance::EvenCounts => {
+        (_, Balance::Weighted(_) | Balance::EvenCounts) => {
             let weight = |r: usize| match balance {
                 Balance::Weighted(w) => w[r],
                 _ => 1.0,
@@ -570,6 +595,10 @@ pub fn partition_system_balanced(
             ghost_width,
             heights: frame.heights,
         });
+    }
+    let mut layouts = layouts;
+    if let MapUse::Open = map_use {
+        layouts.open_non_periodic_ends();
     }
 
     let rank_of = |d: [usize; 3]| (d[0] * grid[1] + d[1]) * grid[2] + d[2];
@@ -610,33 +639,12 @@ pub fn partition_system_balanced(
             let atoms_here = ATOM_CHUNK.min(n_atoms - c * ATOM_CHUNK);
             let mut out =
                 Vec::with_capacity((atoms_here as f64 * estimated / n_atoms as f64) as usize);
-            let mut axis_images: [Vec<(i32, usize)>; 3] = Default::default();
+            let mut scratch = ImageScratch::default();
             for j in c * ATOM_CHUNK..((c + 1) * ATOM_CHUNK).min(n_atoms) {
-                let f = wrapped[j];
-                layouts.a.images(f[0], &mut axis_images[0]);
-                if layouts.regular {
-                    layouts.b(0).images(f[1], &mut axis_images[1]);
-                    layouts.c(0, 0).images(f[2], &mut axis_images[2]);
-                }
                 let w = wrap_shift[j];
-                let [img0, img1, img2] = &mut axis_images;
-                for &(m0, d0) in img0.iter() {
-                    if !layouts.regular {
-                        layouts.b(d0).images(f[1], img1);
-                    }
-                    for &(m1, d1) in img1.iter() {
-                        if !layouts.regular {
-                            layouts.c(d0, d1).images(f[2], img2);
-                        }
-                        for &(m2, d2) in img2.iter() {
-                            let rank = rank_of([d0, d1, d2]);
-                            if rank == owner[j] && m0 == 0 && m1 == 0 && m2 == 0 {
-                                continue; // the owned row itself
-                            }
-                            out.push((rank, (j, [w[0] + m0, w[1] + m1, w[2] + m2])));
-                        }
-                    }
-                }
+                layouts.for_each_image(wrapped[j], grid, owner[j], &mut scratch, |rank, m| {
+                    out.push((rank, (j, [w[0] + m[0], w[1] + m[1], w[2] + m[2]])));
+                });
             }
             out
         })
@@ -676,7 +684,7 @@ pub fn partition_system_balanced(
         })
         .collect();
 
-    Ok(Partition {
+    let partition = Partition {
         grid,
         ghost_width,
         periodic,
@@ -684,7 +692,43 @@ pub fn partition_system_balanced(
         region_frac: region,
         axis_widths,
         ranks,
-    })
+    };
+    let map = DomainMap {
+        grid,
+        frame: frame.matrix,
+        inverse: frame.inverse,
+        periodic,
+        ghost_width,
+        layouts,
+    };
+    Ok((partition, map))
+}
+
+/// Fractional coordinates of `r` in the frame of `inverse`, wrapped into
+/// `[0, 1)` along periodic axes, and the integer shift `w` that wraps it
+/// (`r + w·cell` is the wrapped position; zero on other axes and for
+/// coordinates too far out to wrap, which the caller rejects).
+pub(crate) fn wrap_fractional(
+    inverse: &[[f64; 3]; 3],
+    periodic: [bool; 3],
+    r: [f64; 3],
+) -> ([f64; 3], [i32; 3]) {
+    let f = to_fractional(inverse, r);
+    let mut f_out = f;
+    let mut w_out = [0i32; 3];
+    for k in 0..3 {
+        if periodic[k] && f[k].abs() < MAX_FRACTIONAL {
+            let mut w = -f[k].floor();
+            // A tiny negative coordinate wraps to exactly 1.0 in floating
+            // point; keep it in the first cell instead.
+            if f[k] + w >= 1.0 {
+                w -= 1.0;
+            }
+            w_out[k] = w as i32;
+            f_out[k] = f[k] + w;
+        }
+    }
+    (f_out, w_out)
 }
 
 /// A ghost candidate before its owner is looked up: atom id and image shift.
