@@ -110,6 +110,20 @@ pub struct MdArgs {
     dtype: Precision,
     #[arg(long, value_enum, default_value_t = BalanceArg::Geometric)]
     balance: BalanceArg,
+    /// Rebuilds between full (collective) repartitions that re-place the
+    /// domains for load balance (0: never scheduled); in between atoms
+    /// migrate point to point. Only where domains can move (`--balance
+    /// atoms`, or a non-periodic axis).
+    #[arg(long, default_value_t = ddmlip_md::DEFAULT_REPARTITION_EVERY)]
+    repartition_every: u64,
+    /// Repartition at a rebuild whose most loaded rank owns more than this
+    /// multiple of the mean atom count (≥ 1; only where domains can move).
+    #[arg(long, default_value_t = ddmlip_md::DEFAULT_MAX_IMBALANCE, allow_negative_numbers = true)]
+    max_imbalance: f64,
+    /// How rebuilds between repartitions move atoms: point to point among
+    /// neighbour ranks, or by gathering every position (the reference path).
+    #[arg(long, value_enum, default_value_t = MigrationArg::PointToPoint)]
+    migration: MigrationArg,
     /// Trajectory (extended XYZ, positions, momenta, energy, forces, stress).
     #[arg(long)]
     traj: Option<PathBuf>,
@@ -336,6 +350,9 @@ fn prepare(a: &MdArgs) -> Result<Prepared, CliError> {
     config.skin = a.skin;
     config.dtype = a.dtype.into();
     config.even_counts = matches!(a.balance, BalanceArg::Atoms);
+    config.repartition_every = a.repartition_every;
+    config.max_imbalance = a.max_imbalance;
+    config.point_to_point = matches!(a.migration, MigrationArg::PointToPoint);
     config.frame_every = if a.traj.is_some() { a.traj_every } else { 0 };
     config.thermo_every = 1;
     config.checkpoint_every = if a.checkpoint.is_some() {
@@ -622,4 +639,14 @@ fn md_mpi(_: &MdArgs, _: &Prepared, _: &MdConfig) -> Result<u8, CliError> {
     Err(CliError::input(anyhow!(
         "this ddmlip was built without MPI support; rebuild it with `cargo build --release --features mpi`, then launch `mpirun -n N ddmlip md --backend mpi ...`"
     )))
+}
+
+/// `--migration`: how rebuilds between repartitions move atoms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MigrationArg {
+    /// Send atoms to their new owners and ghosts to neighbour ranks only.
+    PointToPoint,
+    /// Gather every position on every rank and partition with the same
+    /// domains (the same bits, more traffic).
+    Collective,
 }
