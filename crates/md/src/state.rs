@@ -444,10 +444,9 @@ impl RankState {
             .map_err(comm_err("migration"))?;
         for (&peer, buf) in peers.iter().zip(&got) {
             if buf.len() % MIGRANT_LEN != 0 {
-                return Err(MdError::Comm(format!(
-                    "migration: rank {peer} sent {} values, not whole atoms",
-                    buf.len()
-                )));
+                let e = format!("rank {peer} sent {} values, not whole atoms", buf.len());
+                comm.abort(&e);
+                return Err(MdError::Comm(format!("migration: {e}")));
             }
             for a in buf.chunks_exact(MIGRANT_LEN) {
                 atoms.push(Carried {
@@ -536,9 +535,13 @@ impl RankState {
             });
         }
         if let Some((gid, to)) = outside {
-            return Err(MdError::Internal(format!(
+            // Only this rank knows: tell the peers rather than leave them
+            // waiting in the exchange.
+            let e = MdError::Internal(format!(
                 "atom {gid} has a ghost image on rank {to}, which is not a neighbour of rank {rank}"
-            )));
+            ));
+            comm.abort(&e.to_string());
+            return Err(e);
         }
         let refs: Vec<(usize, &[f64])> = peers
             .iter()
@@ -558,10 +561,9 @@ impl RankState {
         let mut recvs = Vec::new();
         for (&peer, buf) in peers.iter().zip(&got) {
             if buf.len() % GHOST_LEN != 0 {
-                return Err(MdError::Comm(format!(
-                    "ghost search: rank {peer} sent {} values, not whole rows",
-                    buf.len()
-                )));
+                let e = format!("rank {peer} sent {} values, not whole rows", buf.len());
+                comm.abort(&e);
+                return Err(MdError::Comm(format!("ghost search: {e}")));
             }
             let first = local.len() as u32;
             for g in buf.chunks_exact(GHOST_LEN) {

@@ -38,7 +38,8 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Molecular dynamics (nve, langevin, nose-hoover) split over ranks, with
     /// skin lists, migration, trajectory, thermo log and checkpoints.
-    Md(md::MdArgs),
+    // Boxed: by far the largest argument set.
+    Md(Box<md::MdArgs>),
     /// Relax the positions (with --cell also the cell) with FIRE, split over ranks.
     Relax(relax::RelaxArgs),
 }
@@ -53,7 +54,7 @@ pub fn run(cmd: Command) -> Result<u8, CliError> {
         Command::Demo(a) => demo::run(a),
         Command::Validate(a) => validate::run(a),
         Command::Bench(a) => bench::run(a),
-        Command::Md(a) => md::md(a),
+        Command::Md(a) => md::md(*a),
         Command::Relax(a) => relax::relax(a),
     }
 }
