@@ -316,7 +316,7 @@ impl RankState {
     ) -> Result<RankState, MdError> {
         let halo = HaloRuntime::new(comm, LocalHaloPlan::default(), spec);
         let (placement, halo) = Self::place_full(halo, topology, cell, share, opts, domains)?;
-        Self::finish(halo, placement, topology, cell, opts, None)
+        Self::finish(halo, placement, cell, opts, None)
     }
 
     /// Migrates atoms to their new owners and rebuilds ghosts, halo plan and
@@ -362,7 +362,7 @@ impl RankState {
     ) -> Result<RankState, MdError> {
         let (halo, prev) = self.take_previous()?;
         let (placement, halo) = Self::place_full(halo, topology, self.cell, share, opts, domains)?;
-        Self::finish(halo, placement, topology, self.cell, opts, Some(prev))
+        Self::finish(halo, placement, self.cell, opts, Some(prev))
     }
 
     fn take_previous(&mut self) -> Result<(HaloRuntime, Previous), MdError> {
@@ -487,7 +487,7 @@ impl RankState {
         }
         let placement = self.place_local(atoms)?;
         let (halo, prev) = self.take_previous()?;
-        Self::finish(halo, placement, topology, self.cell, opts, Some(prev))
+        Self::finish(halo, placement, self.cell, opts, Some(prev))
     }
 
     /// Owned rows from the atoms this rank now owns (ascending id), and the
@@ -712,12 +712,10 @@ impl RankState {
     fn finish(
         mut halo: HaloRuntime,
         placement: Placement,
-        topology: &Topology,
         cell: Cell,
         opts: &BuildOptions,
         previous: Option<Previous>,
     ) -> Result<RankState, MdError> {
-        let _ = topology;
         let (rank, size) = (halo.comm.rank(), halo.comm.size());
         let Placement {
             gids,
