@@ -471,8 +471,7 @@ struct Search<'a> {
 struct Scratch {
     found: Vec<Candidate>,
     keys: Vec<u64>,
-    /// Runs of consecutive z bins sharing one image shift: (first, last, T_z).
-    runs: Vec<(usize, usize, i32)>,
+    probe: Probe,
 }
 
 impl<'a> Search<'a> {
@@ -549,7 +548,7 @@ impl<'a> Search<'a> {
             let mut closest = f64::INFINITY;
             for &i in centers {
                 let before = out.neighbors.len();
-                self.center(i as usize, &mut scratch.runs, |j, _, shift, _, d2| {
+                self.center(i as usize, &mut scratch.probe, |j, _, shift, _, d2| {
                     if d2 < closest {
                         closest = d2;
                         out.closest = Some((out.neighbors.len(), d2));
@@ -568,7 +567,7 @@ impl<'a> Search<'a> {
             let found = &mut scratch.found;
             self.center(
                 i as usize,
-                &mut scratch.runs,
+                &mut scratch.probe,
                 |j, image, shift, vector, d2| {
                     found.push(Candidate {
                         j,
@@ -605,34 +604,106 @@ impl<'a> Search<'a> {
             }
         }
     }
-
     /// Calls `emit(j, image code, S, r_j + S·cell − r_i, |·|²)` for every
-    /// neighbour of centre `i` (in bin order). `runs` is scratch.
+    /// neighbour of centre `i` (in bin order). `probe` is scratch.
+    ///
+    /// Two passes: the stencil walk tests every slot of every bin run
+    /// against the search radius with a branch-free compress (a
+    /// mispredicted branch per slot cost more than the test itself), then
+    /// the few candidates get their index, shift and exact vector.
     #[inline(always)]
     fn center<F: FnMut(u32, u32, [i32; 3], [f64; 3], f64)>(
         &self,
         i: usize,
-        runs: &mut Vec<(usize, usize, i32)>,
+        probe: &mut Probe,
         mut emit: F,
+    ) {
+        let bins = self.bins;
+        let index_i = i as u32;
+        let wrap_i = bins.atom_wrap[i];
+        let r_i = self.positions[i];
+        self.collect_candidates(i, probe, |slots, slot_image, images| {
+            for (&slot, &image_index) in slots.iter().zip(slot_image) {
+                let slot = slot as usize;
+                let j = bins.atom[slot];
+                // Half lists: the compress already dropped j < i.
+                let image = &images[image_index as usize];
+                let wrap_j = bins.wrap[slot];
+                // wrapped_j + T·cell − wrapped_i = r_j + (T + n_i − n_j)·cell − r_i.
+                let shift = [
+                    image.shift[0] + wrap_i[0] - wrap_j[0],
+                    image.shift[1] + wrap_i[1] - wrap_j[1],
+                    image.shift[2] + wrap_i[2] - wrap_j[2],
+                ];
+                if j == index_i
+                    && (shift == [0, 0, 0] || (self.half && !keep_in_half(j, j, shift)))
+                {
+                    continue;
+                }
+                // The same operations as the compress, hence the same d².
+                let d = [
+                    bins.wrapped_x[slot] - image.origin[0],
+                    bins.wrapped_y[slot] - image.origin[1],
+                    bins.wrapped_z[slot] - image.origin[2],
+                ];
+                let d2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
+                if self.exact_candidates || (!self.fields.geometry && d2 < self.inside2) {
+                    // The candidate distance decides (exact, or far enough
+                    // inside the cutoff that rounding cannot).
+                    if d2 < self.cutoff2 {
+                        emit(j, image.code, shift, d, d2);
+                    }
+                    continue;
+                }
+                let (vector, exact2) = pair_vector(
+                    r_i,
+                    bins.original[slot],
+                    self.frame.shift_cartesian(shift),
+                );
+                if exact2 < self.cutoff2 {
+                    emit(j, image.code, shift, vector, exact2);
+                }
+            }
+        });
+    }
+
+    /// Walks the stencil of centre `i` and hands `process(slots, images of
+    /// the slots, images)` the slots within the search radius of its wrapped
+    /// position (for half lists only those with atom index ≥ `i`), in bin
+    /// order, in batches of about [`PROBE_BATCH`] so that a centre with
+    /// millions of images (tiny cells) needs no more scratch than any other.
+    #[inline(always)]
+    fn collect_candidates(
+        &self,
+        i: usize,
+        probe: &mut Probe,
+        mut process: impl FnMut(&[u32], &[u32], &[Image]),
     ) {
         let bins = self.bins;
         let grid = self.grid;
         let basis = &self.frame.basis;
         let bin_i = bins.atom_bin[i];
         let u_i = bins.atom_u[i];
-        let wrap_i = bins.atom_wrap[i];
         let w_i = bins.atom_wrapped[i];
-        let r_i = self.positions[i];
         let index_i = i as u32;
         let st = grid.stencil;
         let reach = self.image_reach;
         let width = [2 * reach[1] as u32 + 1, 2 * reach[2] as u32 + 1];
-        let (exact, radius) = (self.exact_candidates, self.search_radius);
+        let radius = self.search_radius;
+        let search2 = self.search2;
+        let Probe {
+            runs,
+            slots,
+            slot_image,
+            images,
+        } = probe;
+        images.clear();
+        let mut n = 0usize;
 
         let (x_lo, x_hi) = grid.targets(0, bin_i[0], u_i[0], radius);
         for tx_raw in x_lo..=x_hi {
             let gx = grid.gap(0, tx_raw, u_i[0]);
-            let left_x = self.search2 - gx * gx;
+            let left_x = search2 - gx * gx;
             if grid.trimmed && left_x <= 0.0 {
                 continue;
             }
@@ -668,60 +739,93 @@ impl<'a> Search<'a> {
                 }
                 let row = (tx * grid.nbins[1] + ty) * grid.nbins[2];
                 for &(first, last, sz) in runs.iter() {
+                    let lo = bins.start[row + first] as usize;
+                    let hi = bins.start[row + last + 1] as usize;
+                    if lo == hi {
+                        continue;
+                    }
                     // The image of the run translated by T·cell, seen from w_i.
                     let origin = [
                         w_i[0] - (shift_xy[0] + sz as f64 * basis[2][0]),
                         w_i[1] - (shift_xy[1] + sz as f64 * basis[2][1]),
                         w_i[2] - (shift_xy[2] + sz as f64 * basis[2][2]),
                     ];
-                    let image = [sx, sy, sz];
                     let code = (((sx + reach[0]) as u32 * width[0]) + (sy + reach[1]) as u32)
                         * width[1]
                         + (sz + reach[2]) as u32;
-                    let lo = bins.start[row + first] as usize;
-                    let hi = bins.start[row + last + 1] as usize;
-                    for slot in lo..hi {
-                        let p = bins.wrapped[slot];
-                        let d = [p[0] - origin[0], p[1] - origin[1], p[2] - origin[2]];
-                        let d2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
-                        if d2 >= self.search2 {
-                            continue;
-                        }
-                        let j = bins.atom[slot];
-                        if self.half && j < index_i {
-                            continue;
-                        }
-                        let wrap_j = bins.wrap[slot];
-                        // wrapped_j + T·cell − wrapped_i = r_j + (T + n_i − n_j)·cell − r_i.
-                        let shift = [
-                            image[0] + wrap_i[0] - wrap_j[0],
-                            image[1] + wrap_i[1] - wrap_j[1],
-                            image[2] + wrap_i[2] - wrap_j[2],
-                        ];
-                        if j == index_i
-                            && (shift == [0, 0, 0] || (self.half && !keep_in_half(j, j, shift)))
+                    let image_index = images.len() as u32;
+                    images.push(Image {
+                        shift: [sx, sy, sz],
+                        code,
+                        origin,
+                    });
+                    if slots.len() < n + (hi - lo) {
+                        slots.resize(n + (hi - lo), 0);
+                    }
+                    let start = n;
+                    let xs = &bins.wrapped_x[lo..hi];
+                    let ys = &bins.wrapped_y[lo..hi];
+                    let zs = &bins.wrapped_z[lo..hi];
+                    if self.half {
+                        let atoms = &bins.atom[lo..hi];
+                        for (k, (((&x, &y), &z), &j)) in
+                            xs.iter().zip(ys).zip(zs).zip(atoms).enumerate()
                         {
-                            continue;
+                            let d = [x - origin[0], y - origin[1], z - origin[2]];
+                            let d2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
+                            slots[n] = (lo + k) as u32;
+                            n += ((d2 < search2) & (j >= index_i)) as usize;
                         }
-                        if exact || (!self.fields.geometry && d2 < self.inside2) {
-                            // The candidate distance decides (exact, or far
-                            // enough inside the cutoff that rounding cannot).
-                            if d2 < self.cutoff2 {
-                                emit(j, code, shift, d, d2);
-                            }
-                            continue;
+                    } else {
+                        for (k, ((&x, &y), &z)) in xs.iter().zip(ys).zip(zs).enumerate() {
+                            let d = [x - origin[0], y - origin[1], z - origin[2]];
+                            let d2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
+                            slots[n] = (lo + k) as u32;
+                            n += (d2 < search2) as usize;
                         }
-                        let (vector, exact2) = pair_vector(
-                            r_i,
-                            bins.original[slot],
-                            self.frame.shift_cartesian(shift),
-                        );
-                        if exact2 < self.cutoff2 {
-                            emit(j, code, shift, vector, exact2);
-                        }
+                    }
+                    if slot_image.len() < n {
+                        slot_image.resize(n, 0);
+                    }
+                    slot_image[start..n].fill(image_index);
+                    if n >= PROBE_BATCH || images.len() >= PROBE_BATCH {
+                        process(&slots[..n], &slot_image[..n], images);
+                        n = 0;
+                        images.clear();
                     }
                 }
             }
         }
+        process(&slots[..n], &slot_image[..n], images);
     }
+}
+
+/// Candidates (or images) after which a centre's stencil walk hands its
+/// batch on.
+const PROBE_BATCH: usize = 1024;
+
+/// One periodic image of a bin run as a centre sees it.
+#[derive(Clone, Copy)]
+struct Image {
+    /// The image shift T (bins of the run translated by T·cell).
+    shift: [i32; 3],
+    /// Stencil image code, monotone in T.
+    code: u32,
+    /// The centre's wrapped position minus T·cell: a slot's candidate vector
+    /// is its wrapped position minus this.
+    origin: [f64; 3],
+}
+
+/// Scratch of one centre's stencil walk, reused across centres.
+#[derive(Default)]
+struct Probe {
+    /// Runs of consecutive z bins sharing one image shift: (first, last, T_z).
+    runs: Vec<(usize, usize, i32)>,
+    /// Candidate slots (the first `n` entries are valid; the rest is room
+    /// for the branch-free compress, which writes every slot it tests).
+    slots: Vec<u32>,
+    /// Per candidate, the index of its image in `images`.
+    slot_image: Vec<u32>,
+    /// The images of the runs walked for the current centre.
+    images: Vec<Image>,
 }
