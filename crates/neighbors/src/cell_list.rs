@@ -23,6 +23,7 @@ use rayon::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+mod center_order;
 mod gather;
 mod grid;
 
@@ -258,21 +259,7 @@ fn search_into(
     n_centers: usize,
     out: &mut NeighborList,
 ) -> Result<(), NeighborError> {
-    out.clear();
-    let mut chunks = Vec::new();
-    if let Some(searched) = search_chunks(
-        positions,
-        cell,
-        pbc,
-        opts,
-        n_centers,
-        ALL_FIELDS,
-        &mut chunks,
-        None,
-    )? {
-        gather_in_center_order(&searched, ALL_FIELDS, out, None);
-    }
-    Ok(())
+    center_order::search_in_center_order(positions, cell, pbc, opts, n_centers, out)
 }
 
 /// The pairs of a search, per chunk of centres, before they are put in
@@ -297,60 +284,18 @@ fn search_chunks<'s>(
     lists: &'s mut Vec<ChunkPairs>,
     runner: Option<&ChunkRunner>,
 ) -> Result<Option<SearchedChunks<'s>>, NeighborError> {
-    let prepared = prepare(positions, cell, pbc, opts)?;
-    let n_atoms = positions.len();
-    if n_atoms == 0 {
+    let Some(plan) = Plan::new(positions, cell, pbc, opts, n_centers, fields)? else {
         return Ok(None);
-    }
-    let frame = &prepared.frame;
-
-    // The bin search and the prefilter run on wrapped coordinates, which differ
-    // from the exact pair vector by rounding; widen the search radius so that
-    // every pair the exact test accepts is a candidate.
-    let max_coordinate = positions
-        .iter()
-        .flatten()
-        .fold(0.0_f64, |m, x| m.max(x.abs()));
-    let max_lattice = (0..3)
-        .filter(|&k| pbc[k])
-        .map(|k| frame.basis[k].iter().fold(0.0_f64, |m, x| m.max(x.abs())))
-        .sum::<f64>();
-    let search_radius = opts.cutoff * (1.0 + 1e-9) + 1e-12 * (max_coordinate + max_lattice);
-
-    // Memory: the pairs of the centres searched, at the size of what this
-    // search stores per pair, before anything per pair is allocated.
-    let n_centers = n_centers.min(n_atoms);
-    let half_factor = if opts.half { 0.5 } else { 1.0 };
-    let expected_pairs =
-        prepared.estimated_pairs * half_factor * (n_centers as f64 / n_atoms as f64);
-    let bytes_per_pair =
-        8.0 + if fields.shifts { 12.0 } else { 0.0 } + if fields.geometry { 32.0 } else { 0.0 };
-    check_pairs_fit(opts.cutoff, expected_pairs, bytes_per_pair)?;
-
-    let grid = Grid::new(frame, &prepared, search_radius, n_atoms);
-    // Time: the (bin, image) cells the stencils visit, bounded before the
-    // stencil tables are built from them.
-    let visits = grid.stencil_cells() * n_centers as f64;
-    if visits.is_nan() || visits > MAX_STENCIL_VISITS.max(64.0 * expected_pairs) {
-        return Err(NeighborError::SearchTooCostly {
-            cutoff: opts.cutoff,
-            heights: frame.heights,
-            visits,
-            limit: MAX_STENCIL_VISITS.max(64.0 * expected_pairs),
-        });
-    }
-    let bins = Bins::new(positions, &prepared, &grid, frame);
-
-    let search = Search::new(
-        &grid,
-        &bins,
-        frame,
-        positions,
-        opts.half,
-        opts.cutoff,
-        search_radius,
-        fields,
-    );
+    };
+    let Plan {
+        ref bins,
+        expected_pairs,
+        bytes_per_pair,
+        ..
+    } = plan;
+    let n_centers = n_centers.min(positions.len());
+    let n_atoms = positions.len();
+    let search = plan.search(positions, opts, fields);
 
     // Centres are searched in bin order (neighbouring centres touch the same
     // bins, which keeps the search in cache), in chunks that each produce a
@@ -421,6 +366,105 @@ fn search_chunks<'s>(
     }))
 }
 
+/// What a search needs before it walks the centres: the validated input,
+/// the bin grid with the atoms sorted into it, and the size estimates.
+struct Plan {
+    prepared: crate::Prepared,
+    grid: Grid,
+    bins: Bins,
+    /// The cutoff widened by the rounding margin of wrapped coordinates (Å).
+    search_radius: f64,
+    /// Uniform-density estimate of the pairs of the centres searched.
+    expected_pairs: f64,
+    /// Bytes stored per pair by this search.
+    bytes_per_pair: f64,
+}
+
+impl Plan {
+    /// Validates the input, refuses searches too large for memory or time,
+    /// and bins the atoms; `None` without atoms.
+    fn new(
+        positions: &[[f64; 3]],
+        cell: Option<&Cell>,
+        pbc: [bool; 3],
+        opts: &NeighborOptions,
+        n_centers: usize,
+        fields: Fields,
+    ) -> Result<Option<Self>, NeighborError> {
+        let prepared = prepare(positions, cell, pbc, opts)?;
+        let n_atoms = positions.len();
+        if n_atoms == 0 {
+            return Ok(None);
+        }
+        let frame = &prepared.frame;
+
+        // The bin search and the prefilter run on wrapped coordinates, which differ
+        // from the exact pair vector by rounding; widen the search radius so that
+        // every pair the exact test accepts is a candidate.
+        let max_coordinate = positions
+            .iter()
+            .flatten()
+            .fold(0.0_f64, |m, x| m.max(x.abs()));
+        let max_lattice = (0..3)
+            .filter(|&k| pbc[k])
+            .map(|k| frame.basis[k].iter().fold(0.0_f64, |m, x| m.max(x.abs())))
+            .sum::<f64>();
+        let search_radius = opts.cutoff * (1.0 + 1e-9) + 1e-12 * (max_coordinate + max_lattice);
+
+        // Memory: the pairs of the centres searched, at the size of what this
+        // search stores per pair, before anything per pair is allocated.
+        let n_centers = n_centers.min(n_atoms);
+        let half_factor = if opts.half { 0.5 } else { 1.0 };
+        let expected_pairs =
+            prepared.estimated_pairs * half_factor * (n_centers as f64 / n_atoms as f64);
+        let bytes_per_pair =
+            8.0 + if fields.shifts { 12.0 } else { 0.0 } + if fields.geometry { 32.0 } else { 0.0 };
+        check_pairs_fit(opts.cutoff, expected_pairs, bytes_per_pair)?;
+
+        let grid = Grid::new(frame, &prepared, search_radius, n_atoms);
+        // Time: the (bin, image) cells the stencils visit, bounded before the
+        // stencil tables are built from them.
+        let visits = grid.stencil_cells() * n_centers as f64;
+        if visits.is_nan() || visits > MAX_STENCIL_VISITS.max(64.0 * expected_pairs) {
+            return Err(NeighborError::SearchTooCostly {
+                cutoff: opts.cutoff,
+                heights: frame.heights,
+                visits,
+                limit: MAX_STENCIL_VISITS.max(64.0 * expected_pairs),
+            });
+        }
+        let bins = Bins::new(positions, &prepared, &grid, frame);
+
+        Ok(Some(Self {
+            prepared,
+            grid,
+            bins,
+            search_radius,
+            expected_pairs,
+            bytes_per_pair,
+        }))
+    }
+
+    /// The search over this plan's bins.
+    fn search<'a>(
+        &'a self,
+        positions: &'a [[f64; 3]],
+        opts: &NeighborOptions,
+        fields: Fields,
+    ) -> Search<'a> {
+        Search::new(
+            &self.grid,
+            &self.bins,
+            &self.prepared.frame,
+            positions,
+            opts.half,
+            opts.cutoff,
+            self.search_radius,
+            fields,
+        )
+    }
+}
+
 /// A pair found for the current centre, before sorting by (j, S).
 #[derive(Clone, Copy)]
 struct Candidate {
@@ -463,14 +507,21 @@ struct Search<'a> {
     image_reach: [i32; 3],
     /// Whether image codes fit in `IMAGE_BITS`.
     packed_keys: bool,
+    /// The stencil rows every centre walks, when the stencil is narrow
+    /// enough for a table ([`stencil_rows`]).
+    rows: Option<Vec<StencilRow>>,
     fields: Fields,
 }
 
 /// Scratch reused across the centres of one chunk.
 #[derive(Default)]
 struct Scratch {
+    /// The pairs of the current centre, in search order.
     found: Vec<Candidate>,
+    /// Packed sort keys of `found`.
     keys: Vec<u64>,
+    /// Indices into `found` in `(j, S)` order.
+    order: Vec<u32>,
     probe: Probe,
 }
 
@@ -521,6 +572,7 @@ impl<'a> Search<'a> {
             wrap_tables,
             image_reach,
             packed_keys: codes < (1 << IMAGE_BITS),
+            rows: stencil_rows(grid, search_radius),
             fields,
         }
     }
@@ -529,8 +581,7 @@ impl<'a> Search<'a> {
     /// over `out` (whose allocations are reused). With geometry a segment is
     /// sorted by `(j, S)`; without, it is in search order.
     fn run_into(&self, centers: &[u32], capacity: usize, out: &mut ChunkPairs) {
-        let Fields { geometry, shifts } = self.fields;
-        let sized = |on: bool| if on { capacity } else { 0 };
+        let shifts = self.fields.shifts;
         out.counts.clear();
         out.neighbors.clear();
         out.shifts.clear();
@@ -539,71 +590,62 @@ impl<'a> Search<'a> {
         out.closest = None;
         out.counts.reserve(centers.len());
         out.neighbors.reserve(capacity);
-        out.shifts.reserve(sized(shifts));
-        out.vectors.reserve(sized(geometry));
-        out.distances.reserve(sized(geometry));
-        let mut scratch = Scratch::default();
-        if !geometry {
-            // Pair lists: straight into the output, no per-centre sort.
-            let mut closest = f64::INFINITY;
-            for &i in centers {
-                let before = out.neighbors.len();
-                self.center(i as usize, &mut scratch.probe, |j, _, shift, _, d2| {
-                    if d2 < closest {
-                        closest = d2;
-                        out.closest = Some((out.neighbors.len(), d2));
-                    }
-                    out.neighbors.push(j);
-                    if shifts {
-                        out.shifts.push(shift);
-                    }
-                });
-                out.counts.push((out.neighbors.len() - before) as u32);
-            }
-            return;
-        }
+        out.shifts.reserve(if shifts { capacity } else { 0 });
+        let mut probe = Probe::default();
+        let mut closest = f64::INFINITY;
         for &i in centers {
-            scratch.found.clear();
-            let found = &mut scratch.found;
-            self.center(
-                i as usize,
-                &mut scratch.probe,
-                |j, image, shift, vector, d2| {
-                    found.push(Candidate {
-                        j,
-                        image,
-                        shift,
-                        vector,
-                        d2,
-                    })
-                },
-            );
-            out.counts.push(found.len() as u32);
-            let mut emit = |c: &Candidate| {
-                out.neighbors.push(c.j);
+            let before = out.neighbors.len();
+            self.center(i as usize, &mut probe, |j, _, shift, _, d2| {
+                if d2 < closest {
+                    closest = d2;
+                    out.closest = Some((out.neighbors.len(), d2));
+                }
+                out.neighbors.push(j);
                 if shifts {
-                    out.shifts.push(c.shift);
+                    out.shifts.push(shift);
                 }
-                out.vectors.push(c.vector);
-                out.distances.push(c.d2.sqrt());
-            };
-            if self.packed_keys && found.len() < (1 << INDEX_BITS) {
-                scratch.keys.clear();
-                scratch
-                    .keys
-                    .extend(found.iter().enumerate().map(|(index, c)| {
-                        ((c.j as u64) << 32) | ((c.image as u64) << INDEX_BITS) | index as u64
-                    }));
-                scratch.keys.sort_unstable();
-                for &key in &scratch.keys {
-                    emit(&found[(key & ((1 << INDEX_BITS) - 1)) as usize]);
-                }
-            } else {
-                found.sort_unstable_by_key(|c| (c.j, c.shift));
-                found.iter().for_each(&mut emit);
-            }
+            });
+            out.counts.push((out.neighbors.len() - before) as u32);
         }
     }
+
+    /// Finds the pairs of centre `i` into `scratch.found` and leaves in
+    /// `scratch.order` the indices into it in `(j, S)` order.
+    #[inline]
+    fn sorted_pairs(&self, i: usize, scratch: &mut Scratch) {
+        let Scratch {
+            found,
+            keys,
+            order,
+            probe,
+        } = scratch;
+        found.clear();
+        order.clear();
+        self.center(i, probe, |j, image, shift, vector, d2| {
+            found.push(Candidate {
+                j,
+                image,
+                shift,
+                vector,
+                d2,
+            })
+        });
+        if self.packed_keys && found.len() < (1 << INDEX_BITS) {
+            keys.clear();
+            keys.extend(found.iter().enumerate().map(|(index, c)| {
+                ((c.j as u64) << 32) | ((c.image as u64) << INDEX_BITS) | index as u64
+            }));
+            keys.sort_unstable();
+            order.extend(
+                keys.iter()
+                    .map(|&key| (key & ((1 << INDEX_BITS) - 1)) as u32),
+            );
+        } else {
+            order.extend(0..found.len() as u32);
+            order.sort_unstable_by_key(|&k| (found[k as usize].j, found[k as usize].shift));
+        }
+    }
+
     /// Calls `emit(j, image code, S, r_j + S·cell − r_i, |·|²)` for every
     /// neighbour of centre `i` (in bin order). `probe` is scratch.
     ///
@@ -635,8 +677,7 @@ impl<'a> Search<'a> {
                     image.shift[1] + wrap_i[1] - wrap_j[1],
                     image.shift[2] + wrap_i[2] - wrap_j[2],
                 ];
-                if j == index_i
-                    && (shift == [0, 0, 0] || (self.half && !keep_in_half(j, j, shift)))
+                if j == index_i && (shift == [0, 0, 0] || (self.half && !keep_in_half(j, j, shift)))
                 {
                     continue;
                 }
@@ -655,11 +696,14 @@ impl<'a> Search<'a> {
                     }
                     continue;
                 }
-                let (vector, exact2) = pair_vector(
-                    r_i,
-                    bins.original[slot],
-                    self.frame.shift_cartesian(shift),
-                );
+                // Atoms wrapped alike (all of them when inside the cell)
+                // have S = T, whose Cartesian shift the image holds.
+                let shift_cart = if wrap_j == wrap_i {
+                    image.shift_cartesian
+                } else {
+                    self.frame.shift_cartesian(shift)
+                };
+                let (vector, exact2) = pair_vector(r_i, bins.original[slot], shift_cart);
                 if exact2 < self.cutoff2 {
                     emit(j, image.code, shift, vector, exact2);
                 }
@@ -689,10 +733,9 @@ impl<'a> Search<'a> {
         let st = grid.stencil;
         let reach = self.image_reach;
         let width = [2 * reach[1] as u32 + 1, 2 * reach[2] as u32 + 1];
-        let radius = self.search_radius;
         let search2 = self.search2;
+        let half = self.half;
         let Probe {
-            runs,
             slots,
             slot_image,
             images,
@@ -700,104 +743,191 @@ impl<'a> Search<'a> {
         images.clear();
         let mut n = 0usize;
 
-        let (x_lo, x_hi) = grid.targets(0, bin_i[0], u_i[0], radius);
-        for tx_raw in x_lo..=x_hi {
-            let gx = grid.gap(0, tx_raw, u_i[0]);
-            let left_x = search2 - gx * gx;
-            if grid.trimmed && left_x <= 0.0 {
-                continue;
-            }
-            let (tx, sx) = self.wrap_tables[0][(tx_raw + st[0]) as usize];
-            let shift_x = [
-                sx as f64 * basis[0][0],
-                sx as f64 * basis[0][1],
-                sx as f64 * basis[0][2],
+        // Scans the z targets `z_lo..=z_hi` (raw) of the bin row (tx, ty)
+        // seen through the image shifts (sx, sy) along x and y.
+        let mut scan_row = |tx: usize, sx: i32, ty: usize, sy: i32, z_lo: i64, z_hi: i64| {
+            let shift_xy = [
+                sx as f64 * basis[0][0] + sy as f64 * basis[1][0],
+                sx as f64 * basis[0][1] + sy as f64 * basis[1][1],
+                sx as f64 * basis[0][2] + sy as f64 * basis[1][2],
             ];
-            let (y_lo, y_hi) = grid.targets(1, bin_i[1], u_i[1], left_x.max(0.0).sqrt());
-            for ty_raw in y_lo..=y_hi {
-                let gy = grid.gap(1, ty_raw, u_i[1]);
-                let left_y = left_x - gy * gy;
-                if grid.trimmed && left_y <= 0.0 {
+            // Along z, consecutive bins are consecutive slot ranges: the
+            // row's targets form runs that each share one image shift (one
+            // run unless the row wraps around the cell).
+            let row = (tx * grid.nbins[1] + ty) * grid.nbins[2];
+            let mut t = z_lo;
+            while t <= z_hi {
+                let (first, sz) = self.wrap_tables[2][(t + st[2]) as usize];
+                let extra = ((z_hi - t) as usize).min(grid.nbins[2] - 1 - first);
+                let last = first + extra;
+                t += extra as i64 + 1;
+                let lo = bins.start[row + first] as usize;
+                let hi = bins.start[row + last + 1] as usize;
+                if lo == hi {
                     continue;
                 }
-                let (ty, sy) = self.wrap_tables[1][(ty_raw + st[1]) as usize];
-                let shift_xy = [
-                    shift_x[0] + sy as f64 * basis[1][0],
-                    shift_x[1] + sy as f64 * basis[1][1],
-                    shift_x[2] + sy as f64 * basis[1][2],
+                // The image of the run translated by T·cell, seen from w_i.
+                let origin = [
+                    w_i[0] - (shift_xy[0] + sz as f64 * basis[2][0]),
+                    w_i[1] - (shift_xy[1] + sz as f64 * basis[2][1]),
+                    w_i[2] - (shift_xy[2] + sz as f64 * basis[2][2]),
                 ];
-                // Along z, consecutive bins are consecutive slot ranges: merge
-                // the row's targets into runs that share one image shift.
-                let (z_lo, z_hi) = grid.targets(2, bin_i[2], u_i[2], left_y.max(0.0).sqrt());
-                runs.clear();
-                for t in z_lo..=z_hi {
-                    let (tz, sz) = self.wrap_tables[2][(t + st[2]) as usize];
-                    match runs.last_mut() {
-                        Some(run) if run.2 == sz && run.1 + 1 == tz => run.1 = tz,
-                        _ => runs.push((tz, tz, sz)),
-                    }
+                let code = (((sx + reach[0]) as u32 * width[0]) + (sy + reach[1]) as u32)
+                    * width[1]
+                    + (sz + reach[2]) as u32;
+                let image_index = images.len() as u32;
+                images.push(Image {
+                    shift: [sx, sy, sz],
+                    code,
+                    origin,
+                    shift_cartesian: self.frame.shift_cartesian([sx, sy, sz]),
+                });
+                if slots.len() < n + (hi - lo) {
+                    slots.resize(n + (hi - lo), 0);
                 }
-                let row = (tx * grid.nbins[1] + ty) * grid.nbins[2];
-                for &(first, last, sz) in runs.iter() {
-                    let lo = bins.start[row + first] as usize;
-                    let hi = bins.start[row + last + 1] as usize;
-                    if lo == hi {
+                let start = n;
+                let room = &mut slots[n..n + (hi - lo)];
+                let atoms = &bins.atom[lo..hi];
+                let (xs, ys, zs) = (
+                    &bins.wrapped_x[lo..hi],
+                    &bins.wrapped_y[lo..hi],
+                    &bins.wrapped_z[lo..hi],
+                );
+                n += if half {
+                    compress_within(xs, ys, zs, origin, search2, lo as u32, room, |k| {
+                        atoms[k] >= index_i
+                    })
+                } else {
+                    compress_within(xs, ys, zs, origin, search2, lo as u32, room, |_| true)
+                };
+                if slot_image.len() < n {
+                    slot_image.resize(n, 0);
+                }
+                slot_image[start..n].fill(image_index);
+                if n >= PROBE_BATCH || images.len() >= PROBE_BATCH {
+                    process(&slots[..n], &slot_image[..n], images);
+                    n = 0;
+                    images.clear();
+                }
+            }
+        };
+
+        if let Some(rows) = &self.rows {
+            // The precomputed rows: no per-centre trimming along x and y.
+            for row in rows {
+                let tx_raw = bin_i[0] as i64 + row.dx;
+                let ty_raw = bin_i[1] as i64 + row.dy;
+                if !grid.pbc[0] && (tx_raw < 0 || tx_raw >= grid.nbins[0] as i64) {
+                    continue;
+                }
+                if !grid.pbc[1] && (ty_raw < 0 || ty_raw >= grid.nbins[1] as i64) {
+                    continue;
+                }
+                let (tx, sx) = self.wrap_tables[0][(tx_raw + st[0]) as usize];
+                let (ty, sy) = self.wrap_tables[1][(ty_raw + st[1]) as usize];
+                let (z_lo, z_hi) = grid.targets(2, bin_i[2], u_i[2], row.reach_z);
+                scan_row(tx, sx, ty, sy, z_lo, z_hi);
+            }
+        } else {
+            // Stencils too wide for a table (cells far smaller than the
+            // cutoff): trim each centre's rows to the bins its sphere reaches.
+            let (x_lo, x_hi) = grid.targets(0, bin_i[0], u_i[0], self.search_radius);
+            for tx_raw in x_lo..=x_hi {
+                let gx = grid.gap(0, tx_raw, u_i[0]);
+                let left_x = search2 - gx * gx;
+                if grid.trimmed && left_x <= 0.0 {
+                    continue;
+                }
+                let (tx, sx) = self.wrap_tables[0][(tx_raw + st[0]) as usize];
+                let (y_lo, y_hi) = grid.targets(1, bin_i[1], u_i[1], left_x.max(0.0).sqrt());
+                for ty_raw in y_lo..=y_hi {
+                    let gy = grid.gap(1, ty_raw, u_i[1]);
+                    let left_y = left_x - gy * gy;
+                    if grid.trimmed && left_y <= 0.0 {
                         continue;
                     }
-                    // The image of the run translated by T·cell, seen from w_i.
-                    let origin = [
-                        w_i[0] - (shift_xy[0] + sz as f64 * basis[2][0]),
-                        w_i[1] - (shift_xy[1] + sz as f64 * basis[2][1]),
-                        w_i[2] - (shift_xy[2] + sz as f64 * basis[2][2]),
-                    ];
-                    let code = (((sx + reach[0]) as u32 * width[0]) + (sy + reach[1]) as u32)
-                        * width[1]
-                        + (sz + reach[2]) as u32;
-                    let image_index = images.len() as u32;
-                    images.push(Image {
-                        shift: [sx, sy, sz],
-                        code,
-                        origin,
-                    });
-                    if slots.len() < n + (hi - lo) {
-                        slots.resize(n + (hi - lo), 0);
-                    }
-                    let start = n;
-                    let xs = &bins.wrapped_x[lo..hi];
-                    let ys = &bins.wrapped_y[lo..hi];
-                    let zs = &bins.wrapped_z[lo..hi];
-                    if self.half {
-                        let atoms = &bins.atom[lo..hi];
-                        for (k, (((&x, &y), &z), &j)) in
-                            xs.iter().zip(ys).zip(zs).zip(atoms).enumerate()
-                        {
-                            let d = [x - origin[0], y - origin[1], z - origin[2]];
-                            let d2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
-                            slots[n] = (lo + k) as u32;
-                            n += ((d2 < search2) & (j >= index_i)) as usize;
-                        }
-                    } else {
-                        for (k, ((&x, &y), &z)) in xs.iter().zip(ys).zip(zs).enumerate() {
-                            let d = [x - origin[0], y - origin[1], z - origin[2]];
-                            let d2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
-                            slots[n] = (lo + k) as u32;
-                            n += (d2 < search2) as usize;
-                        }
-                    }
-                    if slot_image.len() < n {
-                        slot_image.resize(n, 0);
-                    }
-                    slot_image[start..n].fill(image_index);
-                    if n >= PROBE_BATCH || images.len() >= PROBE_BATCH {
-                        process(&slots[..n], &slot_image[..n], images);
-                        n = 0;
-                        images.clear();
-                    }
+                    let (ty, sy) = self.wrap_tables[1][(ty_raw + st[1]) as usize];
+                    let (z_lo, z_hi) = grid.targets(2, bin_i[2], u_i[2], left_y.max(0.0).sqrt());
+                    scan_row(tx, sx, ty, sy, z_lo, z_hi);
                 }
             }
         }
         process(&slots[..n], &slot_image[..n], images);
     }
+}
+
+/// Writes to the front of `room` the slots `first_slot + k` of the points
+/// `(xs[k], ys[k], zs[k])` closer than `sqrt(radius2)` to `origin` for which
+/// `keep(k)` holds, in order, and returns how many. Branch-free: every
+/// point's slot is written and only those inside advance the count (a
+/// mispredicted branch per point would cost more than its test), with the
+/// count in a register rather than behind a captured reference.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn compress_within(
+    xs: &[f64],
+    ys: &[f64],
+    zs: &[f64],
+    origin: [f64; 3],
+    radius2: f64,
+    first_slot: u32,
+    room: &mut [u32],
+    keep: impl Fn(usize) -> bool,
+) -> usize {
+    let mut n = 0;
+    for (k, ((&x, &y), &z)) in xs.iter().zip(ys).zip(zs).enumerate() {
+        let d = [x - origin[0], y - origin[1], z - origin[2]];
+        let d2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
+        room[n] = first_slot + k as u32;
+        n += ((d2 < radius2) & keep(k)) as usize;
+    }
+    n
+}
+
+/// Largest stencil row table [`Search`] precomputes; wider stencils (cells
+/// far smaller than the cutoff) trim each centre's rows on the fly.
+const MAX_ROW_TABLE: usize = 4096;
+
+/// One row of bins of the precomputed stencil, relative to the centre's
+/// bin: offsets `dx`, `dy`, and how far along z (Å) from the centre the
+/// row can hold a neighbour.
+#[derive(Clone, Copy)]
+struct StencilRow {
+    dx: i64,
+    dy: i64,
+    reach_z: f64,
+}
+
+/// The rows of the stencil around a bin that can hold a point within
+/// `radius` of some point of that bin. With axis-aligned bins the gap
+/// between bins `d` apart is `(|d| − 1)·width` per axis, which cuts the
+/// rows to a disc and gives each its reach along z; otherwise it is every
+/// row of the box of half-widths `grid.stencil`. `None` when the table
+/// would exceed [`MAX_ROW_TABLE`] rows.
+fn stencil_rows(grid: &Grid, radius: f64) -> Option<Vec<StencilRow>> {
+    let st = grid.stencil;
+    let rows = (2 * st[0] + 1).checked_mul(2 * st[1] + 1)?;
+    if rows as usize > MAX_ROW_TABLE {
+        return None;
+    }
+    let r2 = radius * radius;
+    let gap2 = |d: i64, axis: usize| {
+        let g = (d.abs() - 1).max(0) as f64 * grid.width[axis];
+        g * g
+    };
+    let mut table = Vec::with_capacity(rows as usize);
+    for dx in -st[0]..=st[0] {
+        for dy in -st[1]..=st[1] {
+            let left = r2 - gap2(dx, 0) - gap2(dy, 1);
+            if grid.trimmed && left <= 0.0 {
+                continue;
+            }
+            // Unused by `Grid::targets` on untrimmed grids.
+            let reach_z = left.max(0.0).sqrt();
+            table.push(StencilRow { dx, dy, reach_z });
+        }
+    }
+    Some(table)
 }
 
 /// Candidates (or images) after which a centre's stencil walk hands its
@@ -814,13 +944,13 @@ struct Image {
     /// The centre's wrapped position minus T·cell: a slot's candidate vector
     /// is its wrapped position minus this.
     origin: [f64; 3],
+    /// `T·cell` as [`Frame::shift_cartesian`] computes it (Å).
+    shift_cartesian: [f64; 3],
 }
 
 /// Scratch of one centre's stencil walk, reused across centres.
 #[derive(Default)]
 struct Probe {
-    /// Runs of consecutive z bins sharing one image shift: (first, last, T_z).
-    runs: Vec<(usize, usize, i32)>,
     /// Candidate slots (the first `n` entries are valid; the rest is room
     /// for the branch-free compress, which writes every slot it tests).
     slots: Vec<u32>,
