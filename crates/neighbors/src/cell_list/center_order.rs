@@ -4,12 +4,15 @@
 //! The bin-order search of pair lists ([`search_chunks`]) keeps every pair
 //! in per-chunk buffers and copies them into centre order afterwards: two
 //! writes of every pair, and page faults on buffers as large as the list.
-//! Here the first range of centres (all of them on one thread) appends
-//! straight to the caller's list, reusing its allocation across calls; the
-//! other ranges, one per further thread, append to their own lists, which
-//! are copied behind it. The pairs and their order are those of the
+//! Here a single range (one thread) appends straight to the caller's list,
+//! reusing its allocation across calls. With several threads each range of
+//! centres writes into its own region of the caller's arrays, sized by the
+//! density estimate; the gaps the estimate leaves are closed afterwards by
+//! one move of each region, and a range that outgrows its region continues
+//! in a list of its own. The pairs and their order are those of the
 //! bin-order search; only the order in which centres are visited differs.
 
+use super::gather::{resize_for_overwrite, split_by_lengths};
 use super::*;
 
 /// Fewest centres a range gets: below this a second thread costs more in
@@ -30,56 +33,158 @@ pub(super) fn search_in_center_order(
     n_centers: usize,
     out: &mut NeighborList,
 ) -> Result<(), NeighborError> {
-    out.clear();
-    let Some(plan) = Plan::new(positions, cell, pbc, opts, n_centers, ALL_FIELDS)? else {
+    let result = search_ranges(positions, cell, pbc, opts, n_centers, out);
+    if result.is_err() {
+        out.clear();
+    }
+    result
+}
+
+fn search_ranges(
+    positions: &[[f64; 3]],
+    cell: Option<&Cell>,
+    pbc: [bool; 3],
+    opts: &NeighborOptions,
+    n_centers: usize,
+    out: &mut NeighborList,
+) -> Result<(), NeighborError> {
+    let n_centers = n_centers.min(positions.len());
+    let plan = Plan::new(positions, cell, pbc, opts, n_centers, ALL_FIELDS)?;
+    let Some(plan) = plan.filter(|_| n_centers > 0) else {
+        out.clear();
         return Ok(());
     };
-    let n_centers = n_centers.min(positions.len());
-    if n_centers == 0 {
-        return Ok(());
-    }
     let search = plan.search(positions, opts, ALL_FIELDS);
     let threads = rayon::current_num_threads().max(1);
     let n_ranges = threads.min(n_centers / MIN_CENTERS_PER_RANGE).max(1);
     let per_range = n_centers.div_ceil(n_ranges);
+    let ranges: Vec<std::ops::Range<usize>> = (0..n_ranges)
+        .map(|r| r * per_range..((r + 1) * per_range).min(n_centers))
+        .collect();
     let pairs_per_center = plan.expected_pairs / n_centers as f64;
     // The estimate sizes the first allocation only, never beyond a bound:
     // lists grow like any vector when they find more.
     let capacity =
         |centers: usize| (centers as f64 * pairs_per_center * 1.05 + 64.0).min(1e9) as usize;
-    reserve_total(out, capacity(n_centers));
-
     let found = AtomicUsize::new(0);
     let limit = (memory_budget_bytes() / plan.bytes_per_pair).min(MAX_ESTIMATED_PAIRS) as usize;
-    let mut tails: Vec<NeighborList> = (1..n_ranges).map(|_| NeighborList::default()).collect();
-    let lists: Vec<&mut NeighborList> =
-        std::iter::once(&mut *out).chain(tails.iter_mut()).collect();
-    lists.into_par_iter().enumerate().for_each(|(r, list)| {
-        let range = r * per_range..((r + 1) * per_range).min(n_centers);
-        if r > 0 {
-            reserve_total(list, capacity(range.len()));
-        }
-        search.centers_into(range, list, &found, limit);
-    });
+    let too_many = |found: usize| NeighborError::TooManyPairs {
+        cutoff: opts.cutoff,
+        estimated_pairs: found as f64,
+        estimated_bytes: found as f64 * plan.bytes_per_pair,
+        limit_pairs: MAX_ESTIMATED_PAIRS,
+        budget_bytes: memory_budget_bytes(),
+    };
+
+    if n_ranges == 1 {
+        out.clear();
+        reserve_total(out, capacity(n_centers));
+        // An empty region: every pair is appended straight to `out`.
+        search.centers_into(0..n_centers, &mut Region::default(), out, &found, limit);
+        let found = found.into_inner();
+        return if found > limit {
+            Err(too_many(found))
+        } else {
+            Ok(())
+        };
+    }
+
+    // One region of `out` per range, sized by the estimate; a range that
+    // finds more continues in its own spill list. Regions reuse the list's
+    // memory (old pairs are overwritten, not cleared).
+    let lengths: Vec<usize> = ranges.iter().map(|r| capacity(r.len())).collect();
+    let total: usize = lengths.iter().sum();
+    resize_for_overwrite(&mut out.centers, total, 0);
+    resize_for_overwrite(&mut out.neighbors, total, 0);
+    resize_for_overwrite(&mut out.shifts, total, [0; 3]);
+    resize_for_overwrite(&mut out.vectors, total, [0.0; 3]);
+    resize_for_overwrite(&mut out.distances, total, 0.0);
+    let mut spills: Vec<NeighborList> = ranges.iter().map(|_| NeighborList::default()).collect();
+    let regions: Vec<Region<'_>> = split_by_lengths(&mut out.centers, &lengths)
+        .into_iter()
+        .zip(split_by_lengths(&mut out.neighbors, &lengths))
+        .zip(split_by_lengths(&mut out.shifts, &lengths))
+        .zip(split_by_lengths(&mut out.vectors, &lengths))
+        .zip(split_by_lengths(&mut out.distances, &lengths))
+        .map(
+            |((((centers, neighbors), shifts), vectors), distances)| Region {
+                centers,
+                neighbors,
+                shifts,
+                vectors,
+                distances,
+                used: 0,
+            },
+        )
+        .collect();
+    let used: Vec<usize> = regions
+        .into_par_iter()
+        .zip(ranges.clone())
+        .zip(spills.par_iter_mut())
+        .map(|((mut region, range), spill)| {
+            search.centers_into(range, &mut region, spill, &found, limit);
+            region.used
+        })
+        .collect();
     let found = found.into_inner();
     if found > limit {
-        out.clear();
-        return Err(NeighborError::TooManyPairs {
-            cutoff: opts.cutoff,
-            estimated_pairs: found as f64,
-            estimated_bytes: found as f64 * plan.bytes_per_pair,
-            limit_pairs: MAX_ESTIMATED_PAIRS,
-            budget_bytes: memory_budget_bytes(),
-        });
+        return Err(too_many(found));
     }
-    for tail in &tails {
-        out.centers.extend_from_slice(&tail.centers);
-        out.neighbors.extend_from_slice(&tail.neighbors);
-        out.shifts.extend_from_slice(&tail.shifts);
-        out.vectors.extend_from_slice(&tail.vectors);
-        out.distances.extend_from_slice(&tail.distances);
+
+    if spills.iter().all(NeighborList::is_empty) {
+        // Close the gaps the estimate left between regions.
+        let mut at = 0;
+        let mut start = 0;
+        for (&length, &used) in lengths.iter().zip(&used) {
+            out.centers.copy_within(start..start + used, at);
+            out.neighbors.copy_within(start..start + used, at);
+            out.shifts.copy_within(start..start + used, at);
+            out.vectors.copy_within(start..start + used, at);
+            out.distances.copy_within(start..start + used, at);
+            at += used;
+            start += length;
+        }
+        out.centers.truncate(at);
+        out.neighbors.truncate(at);
+        out.shifts.truncate(at);
+        out.vectors.truncate(at);
+        out.distances.truncate(at);
+        return Ok(());
     }
+    // Some range found far more pairs than estimated (atoms crowded in part
+    // of the cell): rebuild the list region by region, spill by spill.
+    let mut whole = NeighborList::default();
+    reserve_total(&mut whole, found);
+    let mut start = 0;
+    for ((&length, &used), spill) in lengths.iter().zip(&used).zip(&spills) {
+        let part = start..start + used;
+        whole.centers.extend_from_slice(&out.centers[part.clone()]);
+        whole
+            .neighbors
+            .extend_from_slice(&out.neighbors[part.clone()]);
+        whole.shifts.extend_from_slice(&out.shifts[part.clone()]);
+        whole.vectors.extend_from_slice(&out.vectors[part.clone()]);
+        whole.distances.extend_from_slice(&out.distances[part]);
+        whole.centers.extend_from_slice(&spill.centers);
+        whole.neighbors.extend_from_slice(&spill.neighbors);
+        whole.shifts.extend_from_slice(&spill.shifts);
+        whole.vectors.extend_from_slice(&spill.vectors);
+        whole.distances.extend_from_slice(&spill.distances);
+        start += length;
+    }
+    *out = whole;
     Ok(())
+}
+
+/// A range's share of the output arrays: `used` pairs written so far.
+#[derive(Default)]
+struct Region<'a> {
+    centers: &'a mut [u32],
+    neighbors: &'a mut [u32],
+    shifts: &'a mut [[i32; 3]],
+    vectors: &'a mut [[f64; 3]],
+    distances: &'a mut [f64],
+    used: usize,
 }
 
 /// Makes room for `pairs` pairs in every array of `list`.
@@ -93,23 +198,28 @@ fn reserve_total(list: &mut NeighborList, pairs: usize) {
 }
 
 impl Search<'_> {
-    /// Appends the pairs of the centres in `centers`, in `(i, j, S)` order,
-    /// to `out`; adds their number to `found` and stops early once `found`
-    /// exceeds `limit` (the caller then refuses the search).
+    /// Writes the pairs of the centres in `centers`, in `(i, j, S)` order,
+    /// into `region` and, once a centre does not fit there, append them to
+    /// `list`
+    /// (that centre and all later ones, so that the order holds); adds
+    /// their number to `found` and stops early once `found` exceeds `limit`
+    /// (the caller then refuses the search).
     fn centers_into(
         &self,
         centers: std::ops::Range<usize>,
-        out: &mut NeighborList,
+        region: &mut Region<'_>,
+        list: &mut NeighborList,
         found: &AtomicUsize,
         limit: usize,
     ) {
         let mut scratch = Scratch::default();
-        let mut counted = out.len();
+        let mut counted = 0;
+        let mut spilling = region.centers.is_empty();
         for i in centers {
             if i % CENTERS_PER_LIMIT_CHECK == 0 {
-                let delta = out.len() - counted;
-                let total = found.fetch_add(delta, Ordering::Relaxed) + delta;
-                counted = out.len();
+                let now = region.used + list.len();
+                let total = found.fetch_add(now - counted, Ordering::Relaxed) + now - counted;
+                counted = now;
                 if total > limit {
                     return;
                 }
@@ -120,17 +230,37 @@ impl Search<'_> {
                 order,
                 ..
             } = &scratch;
-            // One pass per array: each `extend` runs without per-pair
-            // capacity checks.
             let pair = |k: &u32| &pairs[*k as usize];
-            out.centers
-                .resize(out.centers.len() + order.len(), i as u32);
-            out.neighbors.extend(order.iter().map(|k| pair(k).j));
-            out.shifts.extend(order.iter().map(|k| pair(k).shift));
-            out.vectors.extend(order.iter().map(|k| pair(k).vector));
-            out.distances
-                .extend(order.iter().map(|k| pair(k).d2.sqrt()));
+            let count = order.len();
+            spilling = spilling || region.used + count > region.centers.len();
+            if spilling {
+                // One pass per array: each `extend` runs without per-pair
+                // capacity checks.
+                list.centers.resize(list.centers.len() + count, i as u32);
+                list.neighbors.extend(order.iter().map(|k| pair(k).j));
+                list.shifts.extend(order.iter().map(|k| pair(k).shift));
+                list.vectors.extend(order.iter().map(|k| pair(k).vector));
+                list.distances
+                    .extend(order.iter().map(|k| pair(k).d2.sqrt()));
+                continue;
+            }
+            let at = region.used..region.used + count;
+            region.centers[at.clone()].fill(i as u32);
+            for (slot, k) in region.neighbors[at.clone()].iter_mut().zip(order) {
+                *slot = pair(k).j;
+            }
+            for (slot, k) in region.shifts[at.clone()].iter_mut().zip(order) {
+                *slot = pair(k).shift;
+            }
+            for (slot, k) in region.vectors[at.clone()].iter_mut().zip(order) {
+                *slot = pair(k).vector;
+            }
+            for (slot, k) in region.distances[at].iter_mut().zip(order) {
+                *slot = pair(k).d2.sqrt();
+            }
+            region.used += count;
         }
-        found.fetch_add(out.len() - counted, Ordering::Relaxed);
+        let now = region.used + list.len();
+        found.fetch_add(now - counted, Ordering::Relaxed);
     }
 }
