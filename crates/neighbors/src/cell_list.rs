@@ -784,6 +784,49 @@ impl<'a> Search<'a> {
                 let code = (((sx + reach[0]) as u32 * width[0]) + (sy + reach[1]) as u32)
                     * width[1]
                     + (sz + reach[2]) as u32;
+                let start = n;
+                // Tests the slots `from..to` (only atoms ≥ i in half lists).
+                let mut scan = |from: usize, to: usize| {
+                    if slots.len() < n + (to - from) {
+                        slots.resize(n + (to - from), 0);
+                    }
+                    let room = &mut slots[n..n + (to - from)];
+                    let (xs, ys, zs) = (
+                        &bins.wrapped_x[from..to],
+                        &bins.wrapped_y[from..to],
+                        &bins.wrapped_z[from..to],
+                    );
+                    n += if half {
+                        let atoms = &bins.atom[from..to];
+                        compress_within(xs, ys, zs, origin, search2, from as u32, room, |k| {
+                            atoms[k] >= index_i
+                        })
+                    } else {
+                        compress_within(xs, ys, zs, origin, search2, from as u32, room, |_| true)
+                    };
+                };
+                if half {
+                    // A bin's atoms are in index order: bins whose last atom
+                    // is below i hold none of the half list.
+                    let mut from = lo;
+                    for b in row + first..=row + last {
+                        let to = bins.start[b + 1] as usize;
+                        if to > from && bins.atom[to - 1] < index_i {
+                            if bins.start[b] as usize > from {
+                                scan(from, bins.start[b] as usize);
+                            }
+                            from = to;
+                        }
+                    }
+                    if hi > from {
+                        scan(from, hi);
+                    }
+                } else {
+                    scan(lo, hi);
+                }
+                if n == start {
+                    continue;
+                }
                 let image_index = images.len() as u32;
                 images.push(Image {
                     shift: [sx, sy, sz],
@@ -791,24 +834,6 @@ impl<'a> Search<'a> {
                     origin,
                     shift_cartesian: self.frame.shift_cartesian([sx, sy, sz]),
                 });
-                if slots.len() < n + (hi - lo) {
-                    slots.resize(n + (hi - lo), 0);
-                }
-                let start = n;
-                let room = &mut slots[n..n + (hi - lo)];
-                let atoms = &bins.atom[lo..hi];
-                let (xs, ys, zs) = (
-                    &bins.wrapped_x[lo..hi],
-                    &bins.wrapped_y[lo..hi],
-                    &bins.wrapped_z[lo..hi],
-                );
-                n += if half {
-                    compress_within(xs, ys, zs, origin, search2, lo as u32, room, |k| {
-                        atoms[k] >= index_i
-                    })
-                } else {
-                    compress_within(xs, ys, zs, origin, search2, lo as u32, room, |_| true)
-                };
                 if slot_image.len() < n {
                     slot_image.resize(n, 0);
                 }
