@@ -137,10 +137,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         inputs.retain(|input| input.name.contains(only.as_str()));
     }
 
-    let mut tsv = String::from("system\tatoms\tpairs\tkind\tmode\tthreads\tmedian_s\tmedian_cpu_s\n");
+    let mut tsv =
+        String::from("system\tatoms\tpairs\tkind\tmode\tthreads\tmedian_s\tmedian_cpu_s\n");
     println!(
         "{:<18} {:>8} {:>5} {:>10} {:>12} {:>12} {:>12} {:>12}",
-        "system", "atoms", "kind", "pairs", "fresh 1t ms", "fresh 2t ms", "reuse 1t ms", "reuse 2t ms"
+        "system",
+        "atoms",
+        "kind",
+        "pairs",
+        "fresh 1t ms",
+        "fresh 2t ms",
+        "reuse 1t ms",
+        "reuse 2t ms"
     );
     for input in &mut inputs {
         write_xyz(input, &out_dir.join(format!("{}.xyz", input.name)))?;
