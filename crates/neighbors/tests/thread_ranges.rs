@@ -1,7 +1,7 @@
 //! Searches large enough to be split into one range of centres per thread
 //! give the list of the one-thread search (itself checked against brute
-//! force in `brute_force_agreement`), including when a range finds far more
-//! pairs than the density estimate reserved for it.
+//! force in `brute_force_agreement`), including when ranges find far more
+//! pairs than their sampled estimate reserved.
 
 mod common;
 
@@ -71,28 +71,35 @@ fn several_ranges_equal_one_range() {
 }
 
 #[test]
-fn a_range_denser_than_estimated_continues_past_its_region() {
-    // The last 2500 atoms crowd into a 12 Å corner: their range finds about
-    // 15 times the pairs the uniform estimate reserved.
+fn ranges_denser_than_sampled_continue_past_their_regions() {
+    // The search sizes each range's region from every 64th centre. Here
+    // exactly those atoms are spread over the box and all others crowd
+    // into a 12 Å corner, so every range finds many times the pairs its
+    // samples promised.
     let side = 43.0;
-    let mut positions = uniform(2500, side, 5);
-    positions.extend(uniform(2500, 12.0, 6));
+    let spread = uniform(5000, side, 5);
+    let crowded = uniform(5000, 12.0, 6);
+    let positions: Vec<[f64; 3]> = (0..5000)
+        .map(|i| if i % 64 == 0 { spread[i] } else { crowded[i] })
+        .collect();
     let cell = Cell::new([[side, 0.0, 0.0], [0.0, side, 0.0], [0.0, 0.0, side]]);
     for half in [false, true] {
         let opts = NeighborOptions { cutoff: 3.0, half };
         let search = || neighbor_list(&positions, Some(&cell), [true; 3], &opts).unwrap();
         let one = on_threads(1, search);
-        // Pairs per atom at the mean density, what the estimate assumes.
+        // Far more pairs per atom than at the mean density.
         let sphere = 4.0 / 3.0 * std::f64::consts::PI * opts.cutoff.powi(3);
         let uniform_per_atom = positions.len() as f64 / side.powi(3) * sphere;
-        let crowded = one.centers.iter().filter(|&&i| i >= 2500).count();
         let scale = if half { 0.5 } else { 1.0 };
         assert!(
-            crowded as f64 > 10.0 * 2500.0 * uniform_per_atom * scale,
-            "{crowded} pairs, {uniform_per_atom} per atom"
+            one.len() as f64 > 10.0 * positions.len() as f64 * uniform_per_atom * scale,
+            "{} pairs, {uniform_per_atom} per atom",
+            one.len()
         );
         assert_strictly_sorted(&one);
-        assert_eq!(on_threads(2, search), one, "half {half}");
+        for threads in [2, 3] {
+            assert_eq!(on_threads(threads, search), one, "half {half}");
+        }
     }
 }
 

@@ -5,11 +5,12 @@
 //! in per-chunk buffers and copies them into centre order afterwards: two
 //! writes of every pair, and page faults on buffers as large as the list.
 //! Here a single range (one thread) appends straight to the caller's list,
-//! reusing its allocation across calls. With several threads each range of
-//! centres writes into its own region of the caller's arrays, sized by the
-//! density estimate; the gaps the estimate leaves are closed afterwards by
-//! one move of each region, and a range that outgrows its region continues
-//! in a list of its own. The pairs and their order are those of the
+//! reusing its allocation across calls. With several threads the centres
+//! are cut into ranges of about equal pair counts, estimated by searching
+//! every 64th centre first; each range writes into its own region of the
+//! caller's arrays, sized by that estimate; the gaps left are closed
+//! afterwards by one move of each region, and a range that outgrows its
+//! region continues in a list of its own. The pairs and their order are those of the
 //! bin-order search; only the order in which centres are visited differs.
 
 use super::gather::{resize_for_overwrite, split_by_lengths};
@@ -57,10 +58,6 @@ fn search_ranges(
     let search = plan.search(positions, opts, ALL_FIELDS);
     let threads = rayon::current_num_threads().max(1);
     let n_ranges = threads.min(n_centers / MIN_CENTERS_PER_RANGE).max(1);
-    let per_range = n_centers.div_ceil(n_ranges);
-    let ranges: Vec<std::ops::Range<usize>> = (0..n_ranges)
-        .map(|r| r * per_range..((r + 1) * per_range).min(n_centers))
-        .collect();
     let pairs_per_center = plan.expected_pairs / n_centers as f64;
     // The estimate sizes the first allocation only, never beyond a bound:
     // lists grow like any vector when they find more.
@@ -92,7 +89,15 @@ fn search_ranges(
     // One region of `out` per range, sized by the estimate; a range that
     // finds more continues in its own spill list. Regions reuse the list's
     // memory (old pairs are overwritten, not cleared).
-    let lengths: Vec<usize> = ranges.iter().map(|r| capacity(r.len())).collect();
+    // Ranges of about equal pair counts, as sampled: with atoms numbered
+    // at random, centre i of a half list has about (n − i)/n of its
+    // neighbours, so equal numbers of centres would give the first thread
+    // three quarters of the pairs (and overflow its region).
+    let (ranges, sampled) = balanced_ranges(&search, n_centers, n_ranges);
+    let lengths: Vec<usize> = sampled
+        .iter()
+        .map(|&pairs| (pairs * REGION_MARGIN + 256.0).min(1e9) as usize)
+        .collect();
     let total: usize = lengths.iter().sum();
     resize_for_overwrite(&mut out.centers, total, 0);
     resize_for_overwrite(&mut out.neighbors, total, 0);
@@ -185,6 +190,55 @@ struct Region<'a> {
     vectors: &'a mut [[f64; 3]],
     distances: &'a mut [f64],
     used: usize,
+}
+
+/// Every this many centres, one is searched ahead to estimate how the pairs
+/// spread over the centres.
+const SAMPLE_EVERY: usize = 64;
+
+/// A range's region holds this many times the pairs sampled for it (plus
+/// a few), which absorbs the sampling error.
+const REGION_MARGIN: f64 = 1.1;
+
+/// Splits the centres `0..n_centers` into `n_ranges` consecutive ranges of
+/// about equal pair counts, estimated from the pairs of every
+/// [`SAMPLE_EVERY`]-th centre (each standing for the centres up to the
+/// next sample); returns the ranges and their estimated pairs.
+fn balanced_ranges(
+    search: &Search<'_>,
+    n_centers: usize,
+    n_ranges: usize,
+) -> (Vec<std::ops::Range<usize>>, Vec<f64>) {
+    let samples: Vec<f64> = (0..n_centers.div_ceil(SAMPLE_EVERY))
+        .into_par_iter()
+        .map_init(Probe::default, |probe, k| {
+            let mut pairs = 0usize;
+            search.center(k * SAMPLE_EVERY, probe, |_, _, _, _, _| pairs += 1);
+            // One pair more, so that pair-free stretches still count.
+            (pairs + 1) as f64
+        })
+        .collect();
+    let weight =
+        |k: usize| samples[k] * (n_centers.min((k + 1) * SAMPLE_EVERY) - k * SAMPLE_EVERY) as f64;
+    let total: f64 = (0..samples.len()).map(weight).sum();
+    let mut ranges = Vec::with_capacity(n_ranges);
+    let mut estimates = Vec::with_capacity(n_ranges);
+    let (mut start, mut sum, mut k) = (0, 0.0, 0);
+    for r in 1..=n_ranges {
+        let goal = total * r as f64 / n_ranges as f64;
+        let mut end = start;
+        let mut pairs = 0.0;
+        while k < samples.len() && (r == n_ranges || sum + weight(k) / 2.0 < goal) {
+            sum += weight(k);
+            pairs += weight(k);
+            k += 1;
+            end = n_centers.min(k * SAMPLE_EVERY);
+        }
+        ranges.push(start..end);
+        estimates.push(pairs);
+        start = end;
+    }
+    (ranges, estimates)
 }
 
 /// Makes room for `pairs` pairs in every array of `list`.
