@@ -201,9 +201,9 @@ const SAMPLE_EVERY: usize = 64;
 const REGION_MARGIN: f64 = 1.1;
 
 /// Splits the centres `0..n_centers` into `n_ranges` consecutive ranges of
-/// about equal pair counts, estimated from the pairs of every
-/// [`SAMPLE_EVERY`]-th centre (each standing for the centres up to the
-/// next sample); returns the ranges and their estimated pairs.
+/// about equal pair counts, estimated from the pairs of one centre in each
+/// block of [`SAMPLE_EVERY`] (standing for its block); returns the ranges
+/// and their estimated pairs.
 fn balanced_ranges(
     search: &Search<'_>,
     n_centers: usize,
@@ -212,8 +212,13 @@ fn balanced_ranges(
     let samples: Vec<f64> = (0..n_centers.div_ceil(SAMPLE_EVERY))
         .into_par_iter()
         .map_init(Probe::default, |probe, k| {
+            // A scrambled centre of the block, not its first: a fixed
+            // stride aliases with the numbering of a crystal (every 64th
+            // atom of an FCC lattice numbered cell by cell sits at the
+            // same place in its cell and, periodically, at a face).
+            let centre = (k * SAMPLE_EVERY + scramble(k) % SAMPLE_EVERY).min(n_centers - 1);
             let mut pairs = 0usize;
-            search.center(k * SAMPLE_EVERY, probe, |_, _, _, _, _| pairs += 1);
+            search.center(centre, probe, |_, _, _, _, _| pairs += 1);
             // One pair more, so that pair-free stretches still count.
             (pairs + 1) as f64
         })
@@ -239,6 +244,15 @@ fn balanced_ranges(
         start = end;
     }
     (ranges, estimates)
+}
+
+/// A fixed bijective mix of `k` (the SplitMix64 finaliser): deterministic,
+/// with no period a numbering could share.
+fn scramble(k: usize) -> usize {
+    let mut z = (k as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) as usize
 }
 
 /// Makes room for `pairs` pairs in every array of `list`.
