@@ -72,30 +72,32 @@ fn several_ranges_equal_one_range() {
 
 #[test]
 fn ranges_denser_than_sampled_continue_past_their_regions() {
-    // The search sizes each range's region from every 64th centre. Here
-    // exactly those atoms are spread over the box and all others crowd
-    // into a 12 Å corner, so every range finds many times the pairs its
-    // samples promised.
+    // Centres 0..5000 spread over the box; 20000 more atoms (neighbours
+    // only) crowd into 1 Å³ next to centre 4321, so the few centres around
+    // it have thousands of pairs each. The search sizes each range's region
+    // from one centre per block of 64, which here misses them: their range
+    // finds far more pairs than were reserved for it.
     let side = 43.0;
-    let spread = uniform(5000, side, 5);
-    let crowded = uniform(5000, 12.0, 6);
-    let positions: Vec<[f64; 3]> = (0..5000)
-        .map(|i| if i % 64 == 0 { spread[i] } else { crowded[i] })
-        .collect();
+    let n_centers = 5000;
+    let mut positions = uniform(n_centers, side, 5);
+    let hub = positions[4321];
+    let mut rng = Rng::new(9);
+    positions.extend((0..20_000).map(|_| {
+        [
+            hub[0] + rng.uniform(0.5, 1.5),
+            hub[1] + rng.uniform(0.5, 1.5),
+            hub[2] + rng.uniform(0.5, 1.5),
+        ]
+    }));
     let cell = Cell::new([[side, 0.0, 0.0], [0.0, side, 0.0], [0.0, 0.0, side]]);
     for half in [false, true] {
         let opts = NeighborOptions { cutoff: 3.0, half };
-        let search = || neighbor_list(&positions, Some(&cell), [true; 3], &opts).unwrap();
+        let search = || {
+            neighbor_list_for_centers(&positions, Some(&cell), [true; 3], &opts, n_centers).unwrap()
+        };
         let one = on_threads(1, search);
-        // Far more pairs per atom than at the mean density.
-        let sphere = 4.0 / 3.0 * std::f64::consts::PI * opts.cutoff.powi(3);
-        let uniform_per_atom = positions.len() as f64 / side.powi(3) * sphere;
-        let scale = if half { 0.5 } else { 1.0 };
-        assert!(
-            one.len() as f64 > 10.0 * positions.len() as f64 * uniform_per_atom * scale,
-            "{} pairs, {uniform_per_atom} per atom",
-            one.len()
-        );
+        let hub_pairs = one.centers.iter().filter(|&&i| i == 4321).count();
+        assert!(hub_pairs >= 20_000, "{hub_pairs} pairs of the hub");
         assert_strictly_sorted(&one);
         for threads in [2, 3] {
             assert_eq!(on_threads(threads, search), one, "half {half}");
