@@ -125,7 +125,8 @@ pub fn neighbor_list_for_centers(
 
 /// The pairs of [`neighbor_list_for_centers`] without their vectors and
 /// distances (only the shortest distance is kept, for sanity checks), and
-/// without shifts when no axis is periodic. Same pairs, same order.
+/// without shifts when no axis is periodic. Same pairs, grouped by centre
+/// in increasing order (within a centre in search order).
 pub fn pair_list_for_centers(
     positions: &[[f64; 3]],
     cell: Option<&Cell>,
@@ -586,9 +587,9 @@ impl<'a> Search<'a> {
         }
     }
 
-    /// Pairs of each centre in `centers`, one segment per centre, written
-    /// over `out` (whose allocations are reused). With geometry a segment is
-    /// sorted by `(j, S)`; without, it is in search order.
+    /// Pairs (without geometry) of each centre in `centers`, one segment
+    /// per centre in search order, written over `out` (whose allocations
+    /// are reused).
     fn run_into(&self, centers: &[u32], capacity: usize, out: &mut ChunkPairs) {
         let shifts = self.fields.shifts;
         out.counts.clear();
