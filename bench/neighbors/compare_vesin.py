@@ -16,21 +16,25 @@ import vesin
 CUTOFF = 5.0
 
 
-def time_vesin(atoms, n_threads, runs):
-    nl = vesin.NeighborList(cutoff=CUTOFF, full_list=True, n_threads=n_threads)
+def time_vesin(atoms, full, n_threads, runs):
+    """Median wall and process-CPU seconds of `runs` calls after one warm-up."""
+    nl = vesin.NeighborList(cutoff=CUTOFF, full_list=full, n_threads=n_threads)
     points = np.ascontiguousarray(atoms.positions)
     box = np.ascontiguousarray(atoms.cell.array)
     periodic = [bool(p) for p in atoms.pbc]
     times = []
+    cpu_times = []
     pairs = 0
     for _ in range(runs + 1):
         start = time.perf_counter()
+        cpu_start = time.process_time()
         # Same quantities ddmlip returns: i, j, S, vectors, distances.
         i, j, S, D, d = nl.compute(points, box, periodic, quantities="ijSDd", copy=False)
         times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - cpu_start)
         pairs = len(i)
         del i, j, S, D, d
-    return pairs, statistics.median(times[1:])
+    return pairs, statistics.median(times[1:]), statistics.median(cpu_times[1:])
 
 
 def main():
@@ -40,31 +44,34 @@ def main():
     with open(os.path.join(out_dir, "ddmlip_times.tsv")) as f:
         next(f)
         for line in f:
-            name, atoms, pairs, mode, threads, t = line.split("\t")
-            ours[(name, mode, int(threads))] = (int(atoms), int(pairs), float(t))
-    names = sorted({key[0] for key in ours}, key=lambda n: ours[(n, "fresh", 1)][0])
-    print(f"vesin {vesin.__version__}, cutoff {CUTOFF} A, full list, times in ms (median of {runs})")
+            name, atoms, pairs, kind, mode, threads, t, cpu = line.split("\t")
+            ours[(name, kind, mode, int(threads))] = (int(atoms), int(pairs), float(t), float(cpu))
+    names = sorted({key[0] for key in ours}, key=lambda n: ours[(n, "full", "fresh", 1)][0])
+    print(f"vesin {vesin.__version__}, cutoff {CUTOFF} A, times in ms (median of {runs})")
     print("ddmlip fresh: new list per call; reuse: neighbor_list_into with a kept list")
-    print("ratio = vesin time / ddmlip reuse time (> 1: ddmlip faster)")
+    print("ratio = vesin time / ddmlip reuse time (> 1: ddmlip faster); wall clock and process CPU time")
     print(
-        f"{'system':<18} {'atoms':>7} {'pairs':>9} {'fresh 1t':>9} {'fresh 2t':>9} {'reuse 1t':>9} "
-        f"{'reuse 2t':>9} {'vesin 1t':>9} {'vesin 2t':>9} {'ratio 1t':>9} {'ratio 2t':>9}"
+        f"{'system':<18} {'kind':>4} {'atoms':>7} {'pairs':>9} {'fresh 1t':>9} {'fresh 2t':>9} "
+        f"{'reuse 1t':>9} {'reuse 2t':>9} {'vesin 1t':>9} {'vesin 2t':>9} {'ratio 1t':>9} "
+        f"{'ratio 2t':>9} {'cpu r 1t':>9} {'cpu r 2t':>9}"
     )
     for name in names:
         atoms = ase.io.read(os.path.join(out_dir, name + ".xyz"))
-        v_pairs1, v1 = time_vesin(atoms, 1, runs)
-        v_pairs2, v2 = time_vesin(atoms, 2, runs)
-        n, pairs, f1 = ours[(name, "fresh", 1)]
-        f2 = ours[(name, "fresh", 2)][2]
-        r1 = ours[(name, "reuse", 1)][2]
-        r2 = ours[(name, "reuse", 2)][2]
-        assert n == len(atoms), name
-        if v_pairs1 != pairs or v_pairs2 != pairs:
-            print(f"WARNING {name}: vesin found {v_pairs1}/{v_pairs2} pairs, ddmlip {pairs}")
-        print(
-            f"{name:<18} {n:>7} {pairs:>9} {f1*1e3:>9.1f} {f2*1e3:>9.1f} {r1*1e3:>9.1f} {r2*1e3:>9.1f} "
-            f"{v1*1e3:>9.1f} {v2*1e3:>9.1f} {v1/r1:>9.2f} {v2/r2:>9.2f}"
-        )
+        for kind in ("full", "half"):
+            v_pairs1, v1, c1 = time_vesin(atoms, kind == "full", 1, runs)
+            v_pairs2, v2, c2 = time_vesin(atoms, kind == "full", 2, runs)
+            n, pairs, f1, _ = ours[(name, kind, "fresh", 1)]
+            f2 = ours[(name, kind, "fresh", 2)][2]
+            _, _, r1, rc1 = ours[(name, kind, "reuse", 1)]
+            _, _, r2, rc2 = ours[(name, kind, "reuse", 2)]
+            assert n == len(atoms), name
+            if v_pairs1 != pairs or v_pairs2 != pairs:
+                print(f"WARNING {name} {kind}: vesin found {v_pairs1}/{v_pairs2} pairs, ddmlip {pairs}")
+            print(
+                f"{name:<18} {kind:>4} {n:>7} {pairs:>9} {f1*1e3:>9.1f} {f2*1e3:>9.1f} "
+                f"{r1*1e3:>9.1f} {r2*1e3:>9.1f} {v1*1e3:>9.1f} {v2*1e3:>9.1f} {v1/r1:>9.2f} "
+                f"{v2/r2:>9.2f} {c1/rc1:>9.2f} {c2/rc2:>9.2f}"
+            )
 
 
 if __name__ == "__main__":

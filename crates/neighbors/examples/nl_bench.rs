@@ -1,7 +1,10 @@
 //! Neighbour-list benchmark: writes each input system as extended XYZ (so
 //! `bench/neighbors/compare_vesin.py` times vesin on the very same numbers),
-//! then times `neighbor_list` (full list, cutoff 5 Å) on 1 and 2 threads,
-//! with a fresh list per call and with a reused list (`neighbor_list_into`).
+//! then times `neighbor_list` (full and half lists, cutoff 5 Å) on 1 and 2
+//! threads, with a fresh list per call and with a reused list
+//! (`neighbor_list_into`). Each call is timed by the wall clock and by the
+//! CPU time of the whole process (all threads), which a machine shared with
+//! other jobs inflates far less than the wall clock.
 //!
 //! Usage: `cargo run --release -p ddmlip-neighbors --example nl_bench -- OUT_DIR [RUNS] [NAME_FILTER]`
 //! Writes `OUT_DIR/<system>.xyz` and `OUT_DIR/ddmlip_times.tsv`.
@@ -103,6 +106,21 @@ fn write_xyz(input: &mut Input, path: &std::path::Path) -> std::io::Result<()> {
     std::fs::write(path, text)
 }
 
+/// CPU time consumed so far by all threads of this process (s).
+fn process_cpu_seconds() -> f64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec for the call to fill.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
+    if rc == 0 {
+        t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+    } else {
+        f64::NAN
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -119,76 +137,95 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         inputs.retain(|input| input.name.contains(only.as_str()));
     }
 
-    let mut tsv = String::from("system\tatoms\tpairs\tmode\tthreads\tmedian_s\n");
+    let mut tsv =
+        String::from("system\tatoms\tpairs\tkind\tmode\tthreads\tmedian_s\tmedian_cpu_s\n");
     println!(
-        "{:<18} {:>8} {:>10} {:>10} {:>10}",
-        "system", "atoms", "pairs", "1t (ms)", "2t (ms)"
+        "{:<18} {:>8} {:>5} {:>10} {:>12} {:>12} {:>12} {:>12}",
+        "system",
+        "atoms",
+        "kind",
+        "pairs",
+        "fresh 1t ms",
+        "fresh 2t ms",
+        "reuse 1t ms",
+        "reuse 2t ms"
     );
     for input in &mut inputs {
         write_xyz(input, &out_dir.join(format!("{}.xyz", input.name)))?;
         let cell = Cell::new(input.cell);
-        let opts = NeighborOptions {
-            cutoff: CUTOFF,
-            half: false,
-        };
-        let mut row = Vec::new();
-        let mut pairs = 0;
-        // "fresh": a new list per call; "reuse": `neighbor_list_into` with one
-        // list kept across calls, as an MD loop (and vesin's own buffers) would.
-        for mode in ["fresh", "reuse"] {
-            for threads in [1, 2] {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()?;
-                let mut kept = NeighborList::default();
-                let mut times = Vec::with_capacity(runs);
-                for _ in 0..runs + 1 {
-                    let start = Instant::now();
-                    if mode == "fresh" {
-                        let list = pool.install(|| {
-                            neighbor_list(&input.positions, Some(&cell), [true; 3], &opts)
-                        })?;
-                        times.push(start.elapsed().as_secs_f64());
-                        pairs = list.len();
-                    } else {
-                        pool.install(|| {
-                            neighbor_list_into(
-                                &input.positions,
-                                Some(&cell),
-                                [true; 3],
-                                &opts,
-                                &mut kept,
-                            )
-                        })?;
-                        times.push(start.elapsed().as_secs_f64());
-                        pairs = kept.len();
+        for kind in ["full", "half"] {
+            let opts = NeighborOptions {
+                cutoff: CUTOFF,
+                half: kind == "half",
+            };
+            let mut row = Vec::new();
+            let mut pairs = 0;
+            // "fresh": a new list per call; "reuse": `neighbor_list_into` with one
+            // list kept across calls, as an MD loop (and vesin's own buffers) would.
+            for mode in ["fresh", "reuse"] {
+                for threads in [1, 2] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()?;
+                    let mut kept = NeighborList::default();
+                    let mut times = Vec::with_capacity(runs + 1);
+                    let mut cpu_times = Vec::with_capacity(runs + 1);
+                    for _ in 0..runs + 1 {
+                        let start = Instant::now();
+                        let cpu_start = process_cpu_seconds();
+                        if mode == "fresh" {
+                            let list = pool.install(|| {
+                                neighbor_list(&input.positions, Some(&cell), [true; 3], &opts)
+                            })?;
+                            times.push(start.elapsed().as_secs_f64());
+                            cpu_times.push(process_cpu_seconds() - cpu_start);
+                            pairs = list.len();
+                        } else {
+                            pool.install(|| {
+                                neighbor_list_into(
+                                    &input.positions,
+                                    Some(&cell),
+                                    [true; 3],
+                                    &opts,
+                                    &mut kept,
+                                )
+                            })?;
+                            times.push(start.elapsed().as_secs_f64());
+                            cpu_times.push(process_cpu_seconds() - cpu_start);
+                            pairs = kept.len();
+                        }
                     }
+                    // The first call is a warm-up.
+                    times.remove(0);
+                    cpu_times.remove(0);
+                    let t = median(times);
+                    let _ = writeln!(
+                        tsv,
+                        "{}\t{}\t{}\t{}\t{}\t{}\t{:.6}\t{:.6}",
+                        input.name,
+                        input.positions.len(),
+                        pairs,
+                        kind,
+                        mode,
+                        threads,
+                        t,
+                        median(cpu_times)
+                    );
+                    row.push(t);
                 }
-                times.remove(0); // warm-up
-                let t = median(times);
-                let _ = writeln!(
-                    tsv,
-                    "{}\t{}\t{}\t{}\t{}\t{:.6}",
-                    input.name,
-                    input.positions.len(),
-                    pairs,
-                    mode,
-                    threads,
-                    t
-                );
-                row.push(t);
             }
+            println!(
+                "{:<18} {:>8} {:>5} {:>10} {:>12.1} {:>12.1} {:>12.1} {:>12.1}",
+                input.name,
+                input.positions.len(),
+                kind,
+                pairs,
+                row[0] * 1e3,
+                row[1] * 1e3,
+                row[2] * 1e3,
+                row[3] * 1e3
+            );
         }
-        println!(
-            "{:<18} {:>8} {:>10} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
-            input.name,
-            input.positions.len(),
-            pairs,
-            row[0] * 1e3,
-            row[1] * 1e3,
-            row[2] * 1e3,
-            row[3] * 1e3
-        );
     }
     std::fs::write(out_dir.join("ddmlip_times.tsv"), tsv)?;
     Ok(())

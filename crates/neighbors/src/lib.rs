@@ -119,8 +119,9 @@ impl NeighborList {
 /// runtime graph needs (it recomputes the pair vectors differentiably), at
 /// about a third of [`NeighborList`]'s memory.
 ///
-/// Same pairs in the same order as [`NeighborList`]; `shifts` is empty when
-/// no axis is periodic (every shift would be zero).
+/// The pairs of [`NeighborList`], grouped by centre in increasing order
+/// (within a centre in search order, not sorted by `(j, S)`); `shifts` is
+/// empty when no axis is periodic (every shift would be zero).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PairList {
     /// Centre atom `i` of each pair.

@@ -134,7 +134,7 @@ pub(super) fn gather_in_center_order(
 /// Sets `v` to length `len`, reusing its allocation when large enough and
 /// otherwise taking a fresh zeroed one (no copy of old content). Reused
 /// slots keep stale values: the caller overwrites every slot.
-fn resize_for_overwrite<T: Clone>(v: &mut Vec<T>, len: usize, zero: T) {
+pub(super) fn resize_for_overwrite<T: Clone>(v: &mut Vec<T>, len: usize, zero: T) {
     if v.capacity() >= len {
         v.resize(len, zero);
     } else {
@@ -142,7 +142,10 @@ fn resize_for_overwrite<T: Clone>(v: &mut Vec<T>, len: usize, zero: T) {
     }
 }
 
-fn split_by_lengths<'a, T>(mut rest: &'a mut [T], lengths: &[usize]) -> Vec<&'a mut [T]> {
+pub(super) fn split_by_lengths<'a, T>(
+    mut rest: &'a mut [T],
+    lengths: &[usize],
+) -> Vec<&'a mut [T]> {
     let mut parts = Vec::with_capacity(lengths.len());
     for &len in lengths {
         let (head, tail) = std::mem::take(&mut rest).split_at_mut(len);

@@ -18,6 +18,9 @@ pub(super) struct Grid {
     pub(super) pbc: [bool; 3],
     /// Perpendicular bin width per axis (Å).
     pub(super) width: [f64; 3],
+    /// `1 / width` per axis (1/Å), so that the per-row stencil trim
+    /// multiplies instead of dividing.
+    pub(super) inverse_width: [f64; 3],
     /// The frame's axes are the Cartesian axes (orthorhombic cells, open
     /// systems): per-axis gaps between a centre and a bin are Cartesian
     /// distances, so the stencil can be cut to the bins the cutoff sphere
@@ -85,6 +88,7 @@ impl Grid {
         for k in 0..3 {
             width[k] = frame.heights[k] * extent[k] / nbins[k] as f64;
         }
+        let inverse_width = width.map(|w| 1.0 / w);
         let axis_aligned = (0..3)
             .all(|k| frame.basis[k][k] > 0.0 && (0..3).all(|m| m == k || frame.basis[k][m] == 0.0));
         Self {
@@ -95,6 +99,7 @@ impl Grid {
             bins_per_frac,
             pbc: frame.pbc,
             width,
+            inverse_width,
             trimmed: axis_aligned && width.iter().all(|w| w.is_finite() && *w > 0.0),
         }
     }
@@ -106,9 +111,9 @@ impl Grid {
     pub(super) fn targets(&self, axis: usize, b: usize, u: f64, reach: f64) -> (i64, i64) {
         let (mut lo, mut hi) = (b as i64 - self.stencil[axis], b as i64 + self.stencil[axis]);
         if self.trimmed {
-            let h = reach / self.width[axis];
-            lo = lo.max((u - h).floor() as i64);
-            hi = hi.min((u + h).floor() as i64);
+            let h = reach * self.inverse_width[axis];
+            lo = lo.max(floor_to_i64(u - h));
+            hi = hi.min(floor_to_i64(u + h));
         }
         if !self.pbc[axis] {
             lo = lo.max(0);
@@ -134,6 +139,16 @@ impl Grid {
     }
 }
 
+/// `x.floor() as i64` without the libm call that `floor` compiles to on
+/// baseline x86-64 (no SSE4.1 rounding instruction): the conversion
+/// truncates towards zero, one less below zero when not already integral.
+/// Saturates like `as` for values beyond the `i64` range; NaN gives 0.
+#[inline(always)]
+fn floor_to_i64(x: f64) -> i64 {
+    let t = x as i64;
+    t - ((t as f64) > x) as i64
+}
+
 /// Atoms counting-sorted by bin, with everything the inner loop reads stored
 /// contiguously in bin order.
 pub(super) struct Bins {
@@ -141,8 +156,13 @@ pub(super) struct Bins {
     pub(super) start: Vec<u32>,
     /// Original atom index per slot (increasing within a bin).
     pub(super) atom: Vec<u32>,
-    /// Wrapped Cartesian position per slot.
-    pub(super) wrapped: Vec<[f64; 3]>,
+    /// Wrapped Cartesian position per slot, one array per axis so that the
+    /// distance test over a bin's contiguous slots reads three streams.
+    pub(super) wrapped_x: Vec<f64>,
+    /// See [`Bins::wrapped_x`].
+    pub(super) wrapped_y: Vec<f64>,
+    /// See [`Bins::wrapped_x`].
+    pub(super) wrapped_z: Vec<f64>,
     /// Integer wrap `n` (wrapped = r − n·cell) per slot.
     pub(super) wrap: Vec<[i32; 3]>,
     /// Position as given per slot.
@@ -207,7 +227,9 @@ impl Bins {
         }
         let mut fill: Vec<u32> = start[..n_bins].to_vec();
         let mut atom = vec![0u32; n_atoms];
-        let mut wrapped = vec![[0.0; 3]; n_atoms];
+        let mut wrapped_x = vec![0.0; n_atoms];
+        let mut wrapped_y = vec![0.0; n_atoms];
+        let mut wrapped_z = vec![0.0; n_atoms];
         let mut wrap = vec![[0i32; 3]; n_atoms];
         let mut original = vec![[0.0; 3]; n_atoms];
         for i in 0..n_atoms {
@@ -215,14 +237,16 @@ impl Bins {
             let slot = fill[b] as usize;
             fill[b] += 1;
             atom[slot] = i as u32;
-            wrapped[slot] = atom_wrapped[i];
+            [wrapped_x[slot], wrapped_y[slot], wrapped_z[slot]] = atom_wrapped[i];
             wrap[slot] = atom_wrap[i];
             original[slot] = positions[i];
         }
         Self {
             start,
             atom,
-            wrapped,
+            wrapped_x,
+            wrapped_y,
+            wrapped_z,
             wrap,
             original,
             atom_bin,
