@@ -18,7 +18,11 @@ use crate::gate::Gate;
 use crate::irreps::{Irrep, Irreps, IrrepsLinear, MulIr};
 use crate::radial::{EdgeEmbedding, RadialMlp};
 use crate::real::Real;
-pub use crate::sevennet_config::{ModalInputs, SelfConnectionKind, SevenNetConfig};
+pub use crate::sevennet_config::{
+    GateActivations, ModalInputs, ReadoutKind, SelfConnectionKind, SevenNetConfig,
+};
+use crate::activation::Activation;
+use crate::fcn::FullyConnectedNet;
 use crate::sh::{sh_backward, sh_dim, sh_forward};
 use crate::species_linear::SpeciesLinear;
 use crate::wigner::wigner_3j;
@@ -177,16 +181,71 @@ pub struct SevenNet<T> {
     onehot: Vec<T>,
     /// The interaction blocks.
     pub blocks: Vec<InteractionBlock<T>>,
-    /// Readout Linear, last node irreps → dim/2 scalars [+ modality row].
-    pub readout_hidden: AffineLinear<T>,
-    /// Readout Linear dim/2 → 1.
-    pub readout_energy: IrrepsLinear<T>,
+    /// The last block's output → the scaled atomic energy (before shift
+    /// and scale).
+    pub readout: Readout<T>,
     shift: Vec<f64>,
     scale: Vec<f64>,
     shift_t: Vec<T>,
     scale_t: Vec<T>,
     /// The modality this network evaluates, if the checkpoint has several.
     modal: Option<String>,
+}
+
+/// How a SevenNet turns the last block's output (N × dim) into one
+/// scaled atomic energy per row (sevenn's `readout_as_fcn`).
+#[derive(Clone, Debug)]
+pub enum Readout<T> {
+    /// sevenn's default: two e3nn Linears, dim → dim/2 scalars [+ modality
+    /// row] → 1, with biases under `use_bias_in_linear`.
+    Linears {
+        /// Last node irreps → `dim/2 x 0e`.
+        hidden: AffineLinear<T>,
+        /// `dim/2 x 0e` → `1x0e`.
+        energy: AffineLinear<T>,
+    },
+    /// `readout_as_fcn`: an e3nn FullyConnectedNet dim → hidden… → 1.
+    Mlp(FullyConnectedNet<T>),
+}
+
+impl<T: Real> Readout<T> {
+    /// Input width.
+    pub fn dim_in(&self) -> usize {
+        match self {
+            Self::Linears { hidden, .. } => hidden.irreps_in().dim(),
+            Self::Mlp(m) => m.dim_in(),
+        }
+    }
+
+    /// `out` (N, overwritten) from `x` (N × dim_in).
+    pub fn forward(&self, x: &[T], n_rows: usize, out: &mut [T]) -> Result<(), E3nnError> {
+        match self {
+            Self::Linears { hidden, energy } => {
+                let mut q = vec![T::ZERO; n_rows * hidden.irreps_out().dim()];
+                hidden.forward(x, n_rows, &mut q)?;
+                energy.forward(&q, n_rows, out)
+            }
+            Self::Mlp(m) => m.forward(x, n_rows, out),
+        }
+    }
+
+    /// `grad_x` (N × dim_in, overwritten) from `x` and `grad_out` (N).
+    pub fn backward(
+        &self,
+        x: &[T],
+        grad_out: &[T],
+        n_rows: usize,
+        grad_x: &mut [T],
+    ) -> Result<(), E3nnError> {
+        match self {
+            Self::Linears { hidden, energy } => {
+                let mut gq = vec![T::ZERO; n_rows * hidden.irreps_out().dim()];
+                energy.backward(grad_out, n_rows, &mut gq)?;
+                hidden.backward(&gq, n_rows, grad_x)
+            }
+            Self::Mlp(m) => m.backward(x, grad_out, n_rows, grad_x),
+        }
+    }
 }
 
 /// Edge inputs of the network: lengths, radial embedding and SH.
@@ -220,6 +279,7 @@ impl<T: Real> SevenNet<T> {
             &onehot_in,
             &c.node_irreps[0],
             &w.onehot,
+            &w.onehot_bias,
             c.modal_inputs.node_embedding,
             n_modals,
             m,
@@ -231,7 +291,31 @@ impl<T: Real> SevenNet<T> {
         let mut embedding_table = vec![0.0; n_types * c.node_irreps[0].dim()];
         emb_lin.forward(&identity, n_types, &mut embedding_table)?;
         let last = &c.node_irreps[c.n_layers()];
-        let hidden = Irreps::parse(&format!("{}x0e", last.dim() / 2))?;
+        let readout = match &c.readout {
+            ReadoutKind::Linears => {
+                let hidden = Irreps::parse(&format!("{}x0e", last.dim() / 2))?;
+                Readout::Linears {
+                    hidden: network_linear(
+                        last,
+                        &hidden,
+                        &w.readout_hidden,
+                        &w.readout_hidden_bias,
+                        c.modal_inputs.output_block,
+                        n_modals,
+                        m,
+                    )?,
+                    energy: AffineLinear::plain(&hidden, &Irreps::parse("1x0e")?, &w.readout_energy)?
+                        .add_scalar_bias(&w.readout_energy_bias)?,
+                }
+            }
+            ReadoutKind::Mlp { hidden, activation } => {
+                let widths: Vec<usize> = std::iter::once(last.dim())
+                    .chain(hidden.iter().copied())
+                    .chain(std::iter::once(1))
+                    .collect();
+                Readout::Mlp(FullyConnectedNet::new(&widths, &w.readout_mlp, *activation)?)
+            }
+        };
         let row = |rows: &[Vec<f64>]| -> Vec<f64> {
             match m {
                 Some(i) if rows.len() > 1 => rows[i].clone(),
@@ -255,15 +339,7 @@ impl<T: Real> SevenNet<T> {
                 .iter()
                 .map(|l| InteractionBlock::new(l, c, m))
                 .collect::<Result<_, _>>()?,
-            readout_hidden: network_linear(
-                last,
-                &hidden,
-                &w.readout_hidden,
-                c.modal_inputs.output_block,
-                n_modals,
-                m,
-            )?,
-            readout_energy: IrrepsLinear::new(&hidden, &Irreps::parse("1x0e")?, &w.readout_energy)?,
+            readout,
             shift_t: shift.iter().map(|&v| T::from_f64(v)).collect(),
             scale_t: scale.iter().map(|&v| T::from_f64(v)).collect(),
             shift,
@@ -310,7 +386,7 @@ impl<T: Real> SevenNet<T> {
     pub fn dim_node_in(&self) -> usize {
         self.blocks
             .first()
-            .map_or(self.readout_hidden.irreps_in().dim(), |b| b.dim_in())
+            .map_or(self.readout.dim_in(), |b| b.dim_in())
     }
 
     /// Energy shift (eV) per type index, for this network's modality.
@@ -443,10 +519,8 @@ impl<T: Real> SevenNet<T> {
     /// output x (N × dim).
     pub fn readout(&self, x: &[T], types: &[usize]) -> Result<Vec<T>, E3nnError> {
         let n = types.len();
-        let mut q = vec![T::ZERO; n * self.readout_hidden.irreps_out().dim()];
-        self.readout_hidden.forward(x, n, &mut q)?;
         let mut e = vec![T::ZERO; n];
-        self.readout_energy.forward(&q, n, &mut e)?;
+        self.readout.forward(x, n, &mut e)?;
         let last = self.species.len() - 1;
         for (v, &t) in e.iter_mut().zip(types) {
             let t = t.min(last);
@@ -455,8 +529,14 @@ impl<T: Real> SevenNet<T> {
         Ok(e)
     }
 
-    /// Gradient of Σ_i grad_e\[i\]·E_i w.r.t. the last block's output (N × 128).
-    pub fn readout_backward(&self, grad_e: &[T], types: &[usize]) -> Result<Vec<T>, E3nnError> {
+    /// Gradient of Σ_i grad_e\[i\]·E_i w.r.t. the last block's output `x`
+    /// (N × dim).
+    pub fn readout_backward(
+        &self,
+        x: &[T],
+        grad_e: &[T],
+        types: &[usize],
+    ) -> Result<Vec<T>, E3nnError> {
         let n = types.len();
         check_len("readout grad_e", n, grad_e.len())?;
         let last = self.species.len() - 1;
@@ -465,10 +545,8 @@ impl<T: Real> SevenNet<T> {
             .zip(types)
             .map(|(&g, &t)| g * self.scale_t[t.min(last)])
             .collect();
-        let mut gq = vec![T::ZERO; n * self.readout_hidden.irreps_out().dim()];
-        self.readout_energy.backward(&ge, n, &mut gq)?;
-        let mut gx = vec![T::ZERO; n * self.readout_hidden.irreps_in().dim()];
-        self.readout_hidden.backward(&gq, n, &mut gx)?;
+        let mut gx = vec![T::ZERO; n * self.readout.dim_in()];
+        self.readout.backward(x, &ge, n, &mut gx)?;
         Ok(gx)
     }
 }
@@ -522,7 +600,7 @@ pub fn evaluate<T: Real>(
     let energies = timed(&mut tm.linear, || model.readout(&x, types))?;
     // Backward of Σ_i E_i.
     let ones = vec![T::ONE; n];
-    let mut gx = timed(&mut tm.linear, || model.readout_backward(&ones, types))?;
+    let mut gx = timed(&mut tm.linear, || model.readout_backward(&x, &ones, types))?;
     let ne = centers.len();
     let mut grad_emb = vec![T::ZERO; ne * model.n_basis()];
     let mut grad_sh = vec![T::ZERO; ne * model.sh_dim()];
@@ -637,11 +715,12 @@ mod tests {
 
     #[test]
     fn gate_layout_matches_guide() {
-        let (g, gate) = gate_layout(&Irreps::parse(NODE_IRREPS[1]).unwrap());
+        let acts = GateActivations::default();
+        let (g, gate) = gate_layout(&Irreps::parse(NODE_IRREPS[1]).unwrap(), &acts);
         assert_eq!(g.to_string(), "224x0e+64x1e+32x2e");
         assert_eq!(gate.dim_in(), 576);
         assert_eq!(gate.dim_out(), 480);
-        let (g, _) = gate_layout(&Irreps::parse("128x0e").unwrap());
+        let (g, _) = gate_layout(&Irreps::parse("128x0e").unwrap(), &acts);
         assert_eq!(g.to_string(), "128x0e");
     }
 }

@@ -145,35 +145,53 @@ fn unsupported_architecture_names_the_file_and_config_key() {
     );
 }
 
-/// The `sevenn train` checkpoint of the tests' data with four layers
-/// instead of two: O(3) features then reach odd scalars (0o) at the third
-/// layer's gate, whose normalised tanh is not implemented; refused naming
-/// `act_scalar` before any weight is read.
+/// The `sevenn train` checkpoints of the tests' data with an activation
+/// name changed: a radial-MLP activation other than SiLU (which sevenn
+/// allows, but this loader does not implement) and a gate activation that
+/// sevenn itself does not have are refused naming the config key, before
+/// any weight is read.
 #[test]
-fn user_trained_config_with_odd_scalars_names_act_scalar() {
+fn user_trained_config_with_unimplemented_activations_names_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let src = PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/sevenn-train/sevenn_train_parity.pth"
+        "/tests/data/sevenn-train/sevenn_train_full.pth"
     ));
-    let path = patched_checkpoint(
-        &src,
-        b"num_convolution_layerr\xe8\x03\x00\x00K\x02",
-        b"num_convolution_layerr\xe8\x03\x00\x00K\x04",
-        dir.path(),
-    );
-    let err = load_err(&path, None);
-    match &err {
-        ModelError::SevenNet {
-            source: E3nnError::UnsupportedConfig { key, value, .. },
-            ..
-        } => {
-            assert_eq!(key, "act_scalar");
-            assert!(value.contains("0o"), "{value}");
+    // Every `silu` of the config (the pickle memoises the string): the
+    // radial MLP's is the first one checked.
+    let cases: [(&[u8], &[u8], &str, &str); 2] = [
+        (
+            b"X\x04\x00\x00\x00silu",
+            b"X\x04\x00\x00\x00relu",
+            "act_radial",
+            "relu",
+        ),
+        (
+            b"X\x04\x00\x00\x00tanh",
+            b"X\x04\x00\x00\x00gelu",
+            "act_scalar.o",
+            "gelu",
+        ),
+    ];
+    for (from, to, want_key, want_value) in cases {
+        let path = patched_checkpoint(&src, from, to, dir.path());
+        let err = load_err(&path, None);
+        match &err {
+            ModelError::SevenNet {
+                source: E3nnError::UnsupportedConfig { key, value, .. },
+                ..
+            } => {
+                assert_eq!(key, want_key);
+                assert!(value.contains(want_value), "{value}");
+            }
+            other => panic!("expected an unsupported config key, got {other:?}"),
         }
-        other => panic!("expected an unsupported config key, got {other:?}"),
+        let msg = err.to_string();
+        assert!(
+            msg.contains("patched.pth") && msg.contains(want_key),
+            "{msg}"
+        );
     }
-    assert!(err.to_string().contains("patched.pth"), "{err}");
 }
 
 #[test]
