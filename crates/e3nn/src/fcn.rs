@@ -221,7 +221,7 @@ mod tests {
                 assert!((fd - gx[k]).abs() < 1e-6, "{act:?} {k}: {fd} vs {}", gx[k]);
             }
         }
-        assert!(FullyConnectedNet::<f64>::new(&[5, 4], &w[..1], Activation::Relu).is_err());
+        assert!(FullyConnectedNet::<f64>::new(&[5, 3], &w[..1], Activation::Relu).is_err());
         assert!(FullyConnectedNet::<f64>::new(&[5], &[], Activation::Relu).is_err());
     }
 }
