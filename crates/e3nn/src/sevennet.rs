@@ -248,6 +248,21 @@ impl<T: Real> Readout<T> {
     }
 }
 
+/// Edges per chunk of the f32 edge features' f64 evaluation.
+const EDGE_CHUNK: usize = 2048;
+
+/// Whether `T` is f64 (the [`Real`] types are f32 and f64).
+fn is_f64<T: Real>() -> bool {
+    std::mem::size_of::<T>() == std::mem::size_of::<f64>()
+}
+
+/// `dst[k] = round(src[k])`.
+fn round_into<T: Real>(src: &[f64], dst: &mut [T]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = T::from_f64(s);
+    }
+}
+
 /// Edge inputs of the network: lengths, radial embedding and SH.
 #[derive(Clone, Debug)]
 pub struct EdgeFeatures<T> {
@@ -410,16 +425,93 @@ impl<T: Real> SevenNet<T> {
     }
 
     /// Lengths, radial embedding and SH of the edge vectors (Å).
+    ///
+    /// In f32 the features are computed in f64 from the (exactly promoted)
+    /// vectors and rounded once: measured against upstream's float64, this
+    /// phase in f32 arithmetic (sines of the Bessel basis, SH polynomials,
+    /// their gradients) was most of the f32 force error, and it costs
+    /// a few flops per edge against the convolution's hundreds.
     pub fn edge_features(&self, vectors: &[[T; 3]]) -> Result<EdgeFeatures<T>, E3nnError> {
+        if is_f64::<T>() {
+            return self.edge_features_in(vectors);
+        }
+        let (nb, d) = (self.n_basis(), self.sh_dim());
         let ne = vectors.len();
-        let lengths: Vec<T> = vectors
+        let mut out = EdgeFeatures {
+            lengths: vec![T::ZERO; ne],
+            emb: vec![T::ZERO; ne * nb],
+            sh: vec![T::ZERO; ne * d],
+        };
+        // Chunks of edges keep the f64 temporaries small.
+        out.lengths
+            .par_chunks_mut(EDGE_CHUNK)
+            .zip(out.emb.par_chunks_mut(EDGE_CHUNK * nb.max(1)))
+            .zip(out.sh.par_chunks_mut(EDGE_CHUNK * d.max(1)))
+            .zip(vectors.par_chunks(EDGE_CHUNK))
+            .try_for_each(|(((l, e), sh), v)| {
+                let v64: Vec<[f64; 3]> = v.iter().map(|x| x.map(T::to_f64_lossless)).collect();
+                let f = self.edge_features_in::<f64>(&v64)?;
+                round_into(&f.lengths, l);
+                round_into(&f.emb, e);
+                round_into(&f.sh, sh);
+                Ok::<(), E3nnError>(())
+            })?;
+        Ok(out)
+    }
+
+    /// Gradient w.r.t. the edge vectors (E, overwritten into a new vector)
+    /// from gradients w.r.t. the embedding (E × n_basis) and SH (E × sh_dim).
+    /// In f32 computed in f64 and rounded once, like [`Self::edge_features`].
+    pub fn edge_features_backward(
+        &self,
+        vectors: &[[T; 3]],
+        feats: &EdgeFeatures<T>,
+        grad_emb: &[T],
+        grad_sh: &[T],
+    ) -> Result<Vec<[T; 3]>, E3nnError> {
+        if is_f64::<T>() {
+            return self.edge_features_backward_in(vectors, &feats.lengths, grad_emb, grad_sh);
+        }
+        let (nb, d) = (self.n_basis(), self.sh_dim());
+        let ne = vectors.len();
+        check_len("grad_emb", ne * nb, grad_emb.len())?;
+        check_len("grad_sh", ne * d, grad_sh.len())?;
+        let mut grad = vec![[T::ZERO; 3]; ne];
+        grad.par_chunks_mut(EDGE_CHUNK)
+            .zip(vectors.par_chunks(EDGE_CHUNK))
+            .zip(grad_emb.par_chunks(EDGE_CHUNK * nb.max(1)))
+            .zip(grad_sh.par_chunks(EDGE_CHUNK * d.max(1)))
+            .try_for_each(|(((g, v), ge), gs)| {
+                let v64: Vec<[f64; 3]> = v.iter().map(|x| x.map(T::to_f64_lossless)).collect();
+                let l64: Vec<f64> = v64
+                    .iter()
+                    .map(|x| (x[0] * x[0] + x[1] * x[1] + x[2] * x[2]).sqrt())
+                    .collect();
+                let ge: Vec<f64> = ge.iter().map(|x| x.to_f64_lossless()).collect();
+                let gs: Vec<f64> = gs.iter().map(|x| x.to_f64_lossless()).collect();
+                let g64 = self.edge_features_backward_in::<f64>(&v64, &l64, &ge, &gs)?;
+                for (o, x) in g.iter_mut().zip(&g64) {
+                    *o = x.map(T::from_f64);
+                }
+                Ok::<(), E3nnError>(())
+            })?;
+        Ok(grad)
+    }
+
+    /// [`Self::edge_features`] computed in precision `U`.
+    fn edge_features_in<U: Real>(
+        &self,
+        vectors: &[[U; 3]],
+    ) -> Result<EdgeFeatures<U>, E3nnError> {
+        let ne = vectors.len();
+        let lengths: Vec<U> = vectors
             .par_iter()
             .map(|v| (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt())
             .collect();
-        let mut emb = vec![T::ZERO; ne * self.n_basis()];
+        let mut emb = vec![U::ZERO; ne * self.n_basis()];
         self.embedding.forward(&lengths, &mut emb)?;
         let d = self.sh_dim();
-        let mut sh = vec![T::ZERO; ne * d];
+        let mut sh = vec![U::ZERO; ne * d];
         sh_forward(vectors, self.lmax_sh, &mut sh)?;
         if !self.normalize_sh {
             // e3nn without normalisation: the degree-l polynomial of the raw
@@ -428,7 +520,7 @@ impl<T: Real> SevenNet<T> {
             sh.par_chunks_mut(d.max(1))
                 .zip(lengths.par_iter())
                 .for_each(|(row, &r)| {
-                    let mut rl = T::ONE;
+                    let mut rl = U::ONE;
                     for l in 1..=lmax {
                         rl *= r;
                         for v in &mut row[l * l..(l + 1) * (l + 1)] {
@@ -440,19 +532,18 @@ impl<T: Real> SevenNet<T> {
         Ok(EdgeFeatures { lengths, emb, sh })
     }
 
-    /// Gradient w.r.t. the edge vectors (E, overwritten into a new vector)
-    /// from gradients w.r.t. the embedding (E × n_basis) and SH (E × sh_dim).
-    pub fn edge_features_backward(
+    /// [`Self::edge_features_backward`] computed in precision `U`.
+    fn edge_features_backward_in<U: Real>(
         &self,
-        vectors: &[[T; 3]],
-        feats: &EdgeFeatures<T>,
-        grad_emb: &[T],
-        grad_sh: &[T],
-    ) -> Result<Vec<[T; 3]>, E3nnError> {
+        vectors: &[[U; 3]],
+        lengths: &[U],
+        grad_emb: &[U],
+        grad_sh: &[U],
+    ) -> Result<Vec<[U; 3]>, E3nnError> {
         let ne = vectors.len();
-        let mut g_len = vec![T::ZERO; ne];
+        let mut g_len = vec![U::ZERO; ne];
         self.embedding
-            .backward(&feats.lengths, grad_emb, &mut g_len)?;
+            .backward(lengths, grad_emb, &mut g_len)?;
         let d = self.sh_dim();
         let scaled;
         let grad_sh = if self.normalize_sh {
@@ -462,22 +553,22 @@ impl<T: Real> SevenNet<T> {
             // The first term is the unit-vector SH's backward of g·r^l, the
             // second a radial term added to the length gradient.
             check_len("grad_sh", ne * d, grad_sh.len())?;
-            let mut unit = vec![T::ZERO; ne * d];
+            let mut unit = vec![U::ZERO; ne * d];
             sh_forward(vectors, self.lmax_sh, &mut unit)?;
             let mut g = grad_sh.to_vec();
             let lmax = self.lmax_sh;
             g.par_chunks_mut(d.max(1))
                 .zip(unit.par_chunks(d.max(1)))
-                .zip(feats.lengths.par_iter())
+                .zip(lengths.par_iter())
                 .zip(g_len.par_iter_mut())
                 .for_each(|(((gr, yr), &r), gl)| {
-                    let mut rl = T::ONE; // r^(l−1)
+                    let mut rl = U::ONE; // r^(l−1)
                     for l in 1..=lmax {
-                        let mut dot = T::ZERO;
+                        let mut dot = U::ZERO;
                         for k in l * l..(l + 1) * (l + 1) {
                             dot += gr[k] * yr[k];
                         }
-                        *gl += T::from_f64(l as f64) * rl * dot;
+                        *gl += U::from_f64(l as f64) * rl * dot;
                         rl *= r;
                         for v in &mut gr[l * l..(l + 1) * (l + 1)] {
                             *v *= rl;
@@ -487,9 +578,9 @@ impl<T: Real> SevenNet<T> {
             scaled = g;
             &scaled[..]
         };
-        let mut grad: Vec<[T; 3]> = vectors
+        let mut grad: Vec<[U; 3]> = vectors
             .par_iter()
-            .zip(feats.lengths.par_iter())
+            .zip(lengths.par_iter())
             .zip(g_len.par_iter())
             .map(|((v, &r), &g)| [g * v[0] / r, g * v[1] / r, g * v[2] / r])
             .collect();
