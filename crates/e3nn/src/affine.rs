@@ -100,7 +100,12 @@ impl<T: Real> AffineLinear<T> {
         }
         let out = self.linear.irreps_out().clone();
         let scalar = Irrep { l: 0, p: 1 };
-        let n_bias: usize = out.blocks.iter().filter(|b| b.ir == scalar).map(|b| b.mul).sum();
+        let n_bias: usize = out
+            .blocks
+            .iter()
+            .filter(|b| b.ir == scalar)
+            .map(|b| b.mul)
+            .sum();
         check_len(&format!("Linear -> {out} bias"), n_bias, flat.len())?;
         let mut bias: Vec<f64> = match &self.bias {
             Some(b) => b.iter().map(|v| v.to_f64_lossless()).collect(),

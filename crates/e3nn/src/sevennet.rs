@@ -9,11 +9,13 @@
 //! `neighbors[e]` = j with vector `r_e = r_j + S·cell − r_i` (Å); energies in
 //! eV; `∂E/∂r_e` per edge is what [`evaluate`] returns.
 
+use crate::activation::Activation;
 use crate::affine::AffineLinear;
 use crate::conv::{
     radial_conv_backward, radial_conv_forward, uvu_sorted_paths, ConvGraph, ConvPaths, TpPath,
 };
 use crate::error::{check_len, E3nnError};
+use crate::fcn::FullyConnectedNet;
 use crate::gate::Gate;
 use crate::irreps::{Irrep, Irreps, IrrepsLinear, MulIr};
 use crate::radial::{EdgeEmbedding, RadialMlp};
@@ -21,8 +23,6 @@ use crate::real::Real;
 pub use crate::sevennet_config::{
     GateActivations, ModalInputs, ReadoutKind, SelfConnectionKind, SevenNetConfig,
 };
-use crate::activation::Activation;
-use crate::fcn::FullyConnectedNet;
 use crate::sh::{sh_backward, sh_dim, sh_forward};
 use crate::species_linear::SpeciesLinear;
 use crate::wigner::wigner_3j;
@@ -319,8 +319,12 @@ impl<T: Real> SevenNet<T> {
                         n_modals,
                         m,
                     )?,
-                    energy: AffineLinear::plain(&hidden, &Irreps::parse("1x0e")?, &w.readout_energy)?
-                        .add_scalar_bias(&w.readout_energy_bias)?,
+                    energy: AffineLinear::plain(
+                        &hidden,
+                        &Irreps::parse("1x0e")?,
+                        &w.readout_energy,
+                    )?
+                    .add_scalar_bias(&w.readout_energy_bias)?,
                 }
             }
             ReadoutKind::Mlp { hidden, activation } => {
@@ -328,7 +332,11 @@ impl<T: Real> SevenNet<T> {
                     .chain(hidden.iter().copied())
                     .chain(std::iter::once(1))
                     .collect();
-                Readout::Mlp(FullyConnectedNet::new(&widths, &w.readout_mlp, *activation)?)
+                Readout::Mlp(FullyConnectedNet::new(
+                    &widths,
+                    &w.readout_mlp,
+                    *activation,
+                )?)
             }
         };
         let row = |rows: &[Vec<f64>]| -> Vec<f64> {
@@ -499,10 +507,7 @@ impl<T: Real> SevenNet<T> {
     }
 
     /// [`Self::edge_features`] computed in precision `U`.
-    fn edge_features_in<U: Real>(
-        &self,
-        vectors: &[[U; 3]],
-    ) -> Result<EdgeFeatures<U>, E3nnError> {
+    fn edge_features_in<U: Real>(&self, vectors: &[[U; 3]]) -> Result<EdgeFeatures<U>, E3nnError> {
         let ne = vectors.len();
         let lengths: Vec<U> = vectors
             .par_iter()
@@ -542,8 +547,7 @@ impl<T: Real> SevenNet<T> {
     ) -> Result<Vec<[U; 3]>, E3nnError> {
         let ne = vectors.len();
         let mut g_len = vec![U::ZERO; ne];
-        self.embedding
-            .backward(lengths, grad_emb, &mut g_len)?;
+        self.embedding.backward(lengths, grad_emb, &mut g_len)?;
         let d = self.sh_dim();
         let scaled;
         let grad_sh = if self.normalize_sh {

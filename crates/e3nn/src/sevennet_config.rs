@@ -462,12 +462,12 @@ impl SevenNetConfig {
         let radial_hidden: Vec<usize> = match c.get("weight_nn_hidden_neurons") {
             None => vec![64, 64],
             Some(v) => positive_ints(v).ok_or_else(|| {
-                    unsupported(
-                        "weight_nn_hidden_neurons",
-                        show(v),
-                        "expected a list of positive integers",
-                    )
-                })?,
+                unsupported(
+                    "weight_nn_hidden_neurons",
+                    show(v),
+                    "expected a list of positive integers",
+                )
+            })?,
         };
         // Degrees.
         let lmax = c.int("lmax")?;
@@ -669,7 +669,11 @@ fn gate_activations(c: &Cfg<'_>) -> Result<GateActivations, E3nnError> {
             return Ok(default);
         };
         if dict.as_dict().is_none() {
-            return Err(unsupported(key, show(dict), "expected a dict {e: NAME, o: NAME}"));
+            return Err(unsupported(
+                key,
+                show(dict),
+                "expected a dict {e: NAME, o: NAME}",
+            ));
         }
         let Some(v) = dict.get(parity) else {
             return Ok(default);

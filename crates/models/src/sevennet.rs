@@ -4,9 +4,7 @@
 //! scatter (messages onto centres) and can run it decomposed.
 
 use crate::registry::ModelError;
-use ddmlip_e3nn::sevennet::{
-    InteractionBlock, Readout, SelfConnection, SevenNet, SevenNetWeights,
-};
+use ddmlip_e3nn::sevennet::{InteractionBlock, Readout, SelfConnection, SevenNet, SevenNetWeights};
 use ddmlip_e3nn::species_linear::SpeciesLinear;
 use ddmlip_e3nn::{
     radial_conv_backward, radial_conv_forward, AffineLinear, ConvGraph, E3nnError,

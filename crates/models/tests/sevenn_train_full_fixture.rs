@@ -122,14 +122,15 @@ fn full_config_checkpoint_f32_within_upstreams_f32_gap() {
         "f32 forces off upstream's f32 by {} eV/Å",
         ours_vs_f32.forces
     );
+    // Within upstream's own f32 gap (measured: forces 0.29×, energies 0.48×).
     assert!(
-        ours.energy <= 1.2 * up_energy,
+        ours.energy <= up_energy,
         "f32 energy vs upstream f64 {} eV/atom, upstream's own f32 gap {}",
         ours.energy,
         up_energy
     );
     assert!(
-        ours.forces <= 1.25 * up_forces,
+        ours.forces <= up_forces,
         "f32 forces vs upstream f64 {} eV/Å, upstream's own f32 gap {}",
         ours.forces,
         up_forces

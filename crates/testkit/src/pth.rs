@@ -89,4 +89,3 @@ pub fn patch_pickle(src: &Path, from: &[u8], to: &[u8], out: &Path) {
     }
     std::fs::write(out, zip).unwrap();
 }
-

@@ -346,11 +346,13 @@ impl SevenNetWeights {
                     "reduce_input_to_hidden.linear.weight",
                     &[linear_numel(&readout_in, &hidden)],
                 )?;
-                readout_hidden_bias = dict.bias("reduce_input_to_hidden", &hidden, c.linear_bias)?;
+                readout_hidden_bias =
+                    dict.bias("reduce_input_to_hidden", &hidden, c.linear_bias)?;
                 let energy = Irreps::parse("1x0e")?;
                 readout_energy =
                     dict.get("reduce_hidden_to_energy.linear.weight", &[hidden.dim()])?;
-                readout_energy_bias = dict.bias("reduce_hidden_to_energy", &energy, c.linear_bias)?;
+                readout_energy_bias =
+                    dict.bias("reduce_hidden_to_energy", &energy, c.linear_bias)?;
             }
             ReadoutKind::Mlp { hidden, .. } => {
                 let widths: Vec<usize> = std::iter::once(last.dim())
@@ -358,10 +360,9 @@ impl SevenNetWeights {
                     .chain(std::iter::once(1))
                     .collect();
                 for (k, w) in widths.windows(2).enumerate() {
-                    readout_mlp.push(dict.get(
-                        &format!("readout_FCN.fcn.layer{k}.weight"),
-                        &[w[0], w[1]],
-                    )?);
+                    readout_mlp.push(
+                        dict.get(&format!("readout_FCN.fcn.layer{k}.weight"), &[w[0], w[1]])?,
+                    );
                 }
             }
         }
