@@ -91,6 +91,39 @@ impl<T: Real> AffineLinear<T> {
         })
     }
 
+    /// Adds e3nn's Linear bias (`biases=True`): `flat` holds one value per
+    /// `0e` output channel, block after block in output order; the other
+    /// outputs get none. An empty `flat` adds nothing.
+    pub fn add_scalar_bias(mut self, flat: &[f64]) -> Result<Self, E3nnError> {
+        if flat.is_empty() {
+            return Ok(self);
+        }
+        let out = self.linear.irreps_out().clone();
+        let scalar = Irrep { l: 0, p: 1 };
+        let n_bias: usize = out
+            .blocks
+            .iter()
+            .filter(|b| b.ir == scalar)
+            .map(|b| b.mul)
+            .sum();
+        check_len(&format!("Linear -> {out} bias"), n_bias, flat.len())?;
+        let mut bias: Vec<f64> = match &self.bias {
+            Some(b) => b.iter().map(|v| v.to_f64_lossless()).collect(),
+            None => vec![0.0; out.dim()],
+        };
+        let mut k = 0;
+        for (block, off) in out.blocks.iter().zip(out.offsets()) {
+            if block.ir == scalar {
+                for v in 0..block.mul {
+                    bias[off + v] += flat[k];
+                    k += 1;
+                }
+            }
+        }
+        self.bias = Some(bias.into_iter().map(T::from_f64).collect());
+        Ok(self)
+    }
+
     /// Input irreps (without the modality block).
     pub fn irreps_in(&self) -> &Irreps {
         self.linear.irreps_in()

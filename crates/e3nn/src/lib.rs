@@ -10,9 +10,11 @@
 // component; explicit index loops mirror the formulas they implement.
 #![allow(clippy::needless_range_loop)]
 
+pub mod activation;
 pub mod affine;
 pub mod conv;
 pub mod error;
+pub mod fcn;
 pub mod gate;
 mod gemm;
 pub mod irreps;
@@ -24,12 +26,14 @@ pub mod sh;
 pub mod species_linear;
 pub mod wigner;
 
+pub use activation::Activation;
 pub use affine::AffineLinear;
 pub use conv::{
     conv_backward, conv_forward, radial_conv_backward, radial_conv_forward, ConvGraph, ConvPaths,
     TpPath,
 };
 pub use error::E3nnError;
+pub use fcn::FullyConnectedNet;
 pub use gate::Gate;
 pub use irreps::{Irrep, Irreps, IrrepsLinear};
 pub use radial::{nsilu, nsilu_grad, CutoffFunction, EdgeEmbedding, RadialMlp, SILU_NORM};

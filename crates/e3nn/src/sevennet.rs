@@ -9,16 +9,20 @@
 //! `neighbors[e]` = j with vector `r_e = r_j + S·cell − r_i` (Å); energies in
 //! eV; `∂E/∂r_e` per edge is what [`evaluate`] returns.
 
+use crate::activation::Activation;
 use crate::affine::AffineLinear;
 use crate::conv::{
     radial_conv_backward, radial_conv_forward, uvu_sorted_paths, ConvGraph, ConvPaths, TpPath,
 };
 use crate::error::{check_len, E3nnError};
+use crate::fcn::FullyConnectedNet;
 use crate::gate::Gate;
 use crate::irreps::{Irrep, Irreps, IrrepsLinear, MulIr};
 use crate::radial::{EdgeEmbedding, RadialMlp};
 use crate::real::Real;
-pub use crate::sevennet_config::{ModalInputs, SelfConnectionKind, SevenNetConfig};
+pub use crate::sevennet_config::{
+    GateActivations, ModalInputs, ReadoutKind, SelfConnectionKind, SevenNetConfig,
+};
 use crate::sh::{sh_backward, sh_dim, sh_forward};
 use crate::species_linear::SpeciesLinear;
 use crate::wigner::wigner_3j;
@@ -177,16 +181,86 @@ pub struct SevenNet<T> {
     onehot: Vec<T>,
     /// The interaction blocks.
     pub blocks: Vec<InteractionBlock<T>>,
-    /// Readout Linear, last node irreps → dim/2 scalars [+ modality row].
-    pub readout_hidden: AffineLinear<T>,
-    /// Readout Linear dim/2 → 1.
-    pub readout_energy: IrrepsLinear<T>,
+    /// The last block's output → the scaled atomic energy (before shift
+    /// and scale).
+    pub readout: Readout<T>,
     shift: Vec<f64>,
     scale: Vec<f64>,
     shift_t: Vec<T>,
     scale_t: Vec<T>,
     /// The modality this network evaluates, if the checkpoint has several.
     modal: Option<String>,
+}
+
+/// How a SevenNet turns the last block's output (N × dim) into one
+/// scaled atomic energy per row (sevenn's `readout_as_fcn`).
+#[derive(Clone, Debug)]
+pub enum Readout<T> {
+    /// sevenn's default: two e3nn Linears, dim → dim/2 scalars [+ modality
+    /// row] → 1, with biases under `use_bias_in_linear`.
+    Linears {
+        /// Last node irreps → `dim/2 x 0e`.
+        hidden: AffineLinear<T>,
+        /// `dim/2 x 0e` → `1x0e`.
+        energy: AffineLinear<T>,
+    },
+    /// `readout_as_fcn`: an e3nn FullyConnectedNet dim → hidden… → 1.
+    Mlp(FullyConnectedNet<T>),
+}
+
+impl<T: Real> Readout<T> {
+    /// Input width.
+    pub fn dim_in(&self) -> usize {
+        match self {
+            Self::Linears { hidden, .. } => hidden.irreps_in().dim(),
+            Self::Mlp(m) => m.dim_in(),
+        }
+    }
+
+    /// `out` (N, overwritten) from `x` (N × dim_in).
+    pub fn forward(&self, x: &[T], n_rows: usize, out: &mut [T]) -> Result<(), E3nnError> {
+        match self {
+            Self::Linears { hidden, energy } => {
+                let mut q = vec![T::ZERO; n_rows * hidden.irreps_out().dim()];
+                hidden.forward(x, n_rows, &mut q)?;
+                energy.forward(&q, n_rows, out)
+            }
+            Self::Mlp(m) => m.forward(x, n_rows, out),
+        }
+    }
+
+    /// `grad_x` (N × dim_in, overwritten) from `x` and `grad_out` (N).
+    pub fn backward(
+        &self,
+        x: &[T],
+        grad_out: &[T],
+        n_rows: usize,
+        grad_x: &mut [T],
+    ) -> Result<(), E3nnError> {
+        match self {
+            Self::Linears { hidden, energy } => {
+                let mut gq = vec![T::ZERO; n_rows * hidden.irreps_out().dim()];
+                energy.backward(grad_out, n_rows, &mut gq)?;
+                hidden.backward(&gq, n_rows, grad_x)
+            }
+            Self::Mlp(m) => m.backward(x, grad_out, n_rows, grad_x),
+        }
+    }
+}
+
+/// Edges per chunk of the f32 edge features' f64 evaluation.
+const EDGE_CHUNK: usize = 2048;
+
+/// Whether `T` is f64 (the [`Real`] types are f32 and f64).
+fn is_f64<T: Real>() -> bool {
+    std::mem::size_of::<T>() == std::mem::size_of::<f64>()
+}
+
+/// `dst[k] = round(src[k])`.
+fn round_into<T: Real>(src: &[f64], dst: &mut [T]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = T::from_f64(s);
+    }
 }
 
 /// Edge inputs of the network: lengths, radial embedding and SH.
@@ -220,6 +294,7 @@ impl<T: Real> SevenNet<T> {
             &onehot_in,
             &c.node_irreps[0],
             &w.onehot,
+            &w.onehot_bias,
             c.modal_inputs.node_embedding,
             n_modals,
             m,
@@ -231,7 +306,39 @@ impl<T: Real> SevenNet<T> {
         let mut embedding_table = vec![0.0; n_types * c.node_irreps[0].dim()];
         emb_lin.forward(&identity, n_types, &mut embedding_table)?;
         let last = &c.node_irreps[c.n_layers()];
-        let hidden = Irreps::parse(&format!("{}x0e", last.dim() / 2))?;
+        let readout = match &c.readout {
+            ReadoutKind::Linears => {
+                let hidden = Irreps::parse(&format!("{}x0e", last.dim() / 2))?;
+                Readout::Linears {
+                    hidden: network_linear(
+                        last,
+                        &hidden,
+                        &w.readout_hidden,
+                        &w.readout_hidden_bias,
+                        c.modal_inputs.output_block,
+                        n_modals,
+                        m,
+                    )?,
+                    energy: AffineLinear::plain(
+                        &hidden,
+                        &Irreps::parse("1x0e")?,
+                        &w.readout_energy,
+                    )?
+                    .add_scalar_bias(&w.readout_energy_bias)?,
+                }
+            }
+            ReadoutKind::Mlp { hidden, activation } => {
+                let widths: Vec<usize> = std::iter::once(last.dim())
+                    .chain(hidden.iter().copied())
+                    .chain(std::iter::once(1))
+                    .collect();
+                Readout::Mlp(FullyConnectedNet::new(
+                    &widths,
+                    &w.readout_mlp,
+                    *activation,
+                )?)
+            }
+        };
         let row = |rows: &[Vec<f64>]| -> Vec<f64> {
             match m {
                 Some(i) if rows.len() > 1 => rows[i].clone(),
@@ -255,15 +362,7 @@ impl<T: Real> SevenNet<T> {
                 .iter()
                 .map(|l| InteractionBlock::new(l, c, m))
                 .collect::<Result<_, _>>()?,
-            readout_hidden: network_linear(
-                last,
-                &hidden,
-                &w.readout_hidden,
-                c.modal_inputs.output_block,
-                n_modals,
-                m,
-            )?,
-            readout_energy: IrrepsLinear::new(&hidden, &Irreps::parse("1x0e")?, &w.readout_energy)?,
+            readout,
             shift_t: shift.iter().map(|&v| T::from_f64(v)).collect(),
             scale_t: scale.iter().map(|&v| T::from_f64(v)).collect(),
             shift,
@@ -310,7 +409,7 @@ impl<T: Real> SevenNet<T> {
     pub fn dim_node_in(&self) -> usize {
         self.blocks
             .first()
-            .map_or(self.readout_hidden.irreps_in().dim(), |b| b.dim_in())
+            .map_or(self.readout.dim_in(), |b| b.dim_in())
     }
 
     /// Energy shift (eV) per type index, for this network's modality.
@@ -334,16 +433,90 @@ impl<T: Real> SevenNet<T> {
     }
 
     /// Lengths, radial embedding and SH of the edge vectors (Å).
+    ///
+    /// In f32 the features are computed in f64 from the (exactly promoted)
+    /// vectors and rounded once: measured against upstream's float64, this
+    /// phase in f32 arithmetic (sines of the Bessel basis, SH polynomials,
+    /// their gradients) was most of the f32 force error, and it costs
+    /// a few flops per edge against the convolution's hundreds.
     pub fn edge_features(&self, vectors: &[[T; 3]]) -> Result<EdgeFeatures<T>, E3nnError> {
+        if is_f64::<T>() {
+            return self.edge_features_in(vectors);
+        }
+        let (nb, d) = (self.n_basis(), self.sh_dim());
         let ne = vectors.len();
-        let lengths: Vec<T> = vectors
+        let mut out = EdgeFeatures {
+            lengths: vec![T::ZERO; ne],
+            emb: vec![T::ZERO; ne * nb],
+            sh: vec![T::ZERO; ne * d],
+        };
+        // Chunks of edges keep the f64 temporaries small.
+        out.lengths
+            .par_chunks_mut(EDGE_CHUNK)
+            .zip(out.emb.par_chunks_mut(EDGE_CHUNK * nb.max(1)))
+            .zip(out.sh.par_chunks_mut(EDGE_CHUNK * d.max(1)))
+            .zip(vectors.par_chunks(EDGE_CHUNK))
+            .try_for_each(|(((l, e), sh), v)| {
+                let v64: Vec<[f64; 3]> = v.iter().map(|x| x.map(T::to_f64_lossless)).collect();
+                let f = self.edge_features_in::<f64>(&v64)?;
+                round_into(&f.lengths, l);
+                round_into(&f.emb, e);
+                round_into(&f.sh, sh);
+                Ok::<(), E3nnError>(())
+            })?;
+        Ok(out)
+    }
+
+    /// Gradient w.r.t. the edge vectors (E, overwritten into a new vector)
+    /// from gradients w.r.t. the embedding (E × n_basis) and SH (E × sh_dim).
+    /// In f32 computed in f64 and rounded once, like [`Self::edge_features`].
+    pub fn edge_features_backward(
+        &self,
+        vectors: &[[T; 3]],
+        feats: &EdgeFeatures<T>,
+        grad_emb: &[T],
+        grad_sh: &[T],
+    ) -> Result<Vec<[T; 3]>, E3nnError> {
+        if is_f64::<T>() {
+            return self.edge_features_backward_in(vectors, &feats.lengths, grad_emb, grad_sh);
+        }
+        let (nb, d) = (self.n_basis(), self.sh_dim());
+        let ne = vectors.len();
+        check_len("grad_emb", ne * nb, grad_emb.len())?;
+        check_len("grad_sh", ne * d, grad_sh.len())?;
+        let mut grad = vec![[T::ZERO; 3]; ne];
+        grad.par_chunks_mut(EDGE_CHUNK)
+            .zip(vectors.par_chunks(EDGE_CHUNK))
+            .zip(grad_emb.par_chunks(EDGE_CHUNK * nb.max(1)))
+            .zip(grad_sh.par_chunks(EDGE_CHUNK * d.max(1)))
+            .try_for_each(|(((g, v), ge), gs)| {
+                let v64: Vec<[f64; 3]> = v.iter().map(|x| x.map(T::to_f64_lossless)).collect();
+                let l64: Vec<f64> = v64
+                    .iter()
+                    .map(|x| (x[0] * x[0] + x[1] * x[1] + x[2] * x[2]).sqrt())
+                    .collect();
+                let ge: Vec<f64> = ge.iter().map(|x| x.to_f64_lossless()).collect();
+                let gs: Vec<f64> = gs.iter().map(|x| x.to_f64_lossless()).collect();
+                let g64 = self.edge_features_backward_in::<f64>(&v64, &l64, &ge, &gs)?;
+                for (o, x) in g.iter_mut().zip(&g64) {
+                    *o = x.map(T::from_f64);
+                }
+                Ok::<(), E3nnError>(())
+            })?;
+        Ok(grad)
+    }
+
+    /// [`Self::edge_features`] computed in precision `U`.
+    fn edge_features_in<U: Real>(&self, vectors: &[[U; 3]]) -> Result<EdgeFeatures<U>, E3nnError> {
+        let ne = vectors.len();
+        let lengths: Vec<U> = vectors
             .par_iter()
             .map(|v| (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt())
             .collect();
-        let mut emb = vec![T::ZERO; ne * self.n_basis()];
+        let mut emb = vec![U::ZERO; ne * self.n_basis()];
         self.embedding.forward(&lengths, &mut emb)?;
         let d = self.sh_dim();
-        let mut sh = vec![T::ZERO; ne * d];
+        let mut sh = vec![U::ZERO; ne * d];
         sh_forward(vectors, self.lmax_sh, &mut sh)?;
         if !self.normalize_sh {
             // e3nn without normalisation: the degree-l polynomial of the raw
@@ -352,7 +525,7 @@ impl<T: Real> SevenNet<T> {
             sh.par_chunks_mut(d.max(1))
                 .zip(lengths.par_iter())
                 .for_each(|(row, &r)| {
-                    let mut rl = T::ONE;
+                    let mut rl = U::ONE;
                     for l in 1..=lmax {
                         rl *= r;
                         for v in &mut row[l * l..(l + 1) * (l + 1)] {
@@ -364,19 +537,17 @@ impl<T: Real> SevenNet<T> {
         Ok(EdgeFeatures { lengths, emb, sh })
     }
 
-    /// Gradient w.r.t. the edge vectors (E, overwritten into a new vector)
-    /// from gradients w.r.t. the embedding (E × n_basis) and SH (E × sh_dim).
-    pub fn edge_features_backward(
+    /// [`Self::edge_features_backward`] computed in precision `U`.
+    fn edge_features_backward_in<U: Real>(
         &self,
-        vectors: &[[T; 3]],
-        feats: &EdgeFeatures<T>,
-        grad_emb: &[T],
-        grad_sh: &[T],
-    ) -> Result<Vec<[T; 3]>, E3nnError> {
+        vectors: &[[U; 3]],
+        lengths: &[U],
+        grad_emb: &[U],
+        grad_sh: &[U],
+    ) -> Result<Vec<[U; 3]>, E3nnError> {
         let ne = vectors.len();
-        let mut g_len = vec![T::ZERO; ne];
-        self.embedding
-            .backward(&feats.lengths, grad_emb, &mut g_len)?;
+        let mut g_len = vec![U::ZERO; ne];
+        self.embedding.backward(lengths, grad_emb, &mut g_len)?;
         let d = self.sh_dim();
         let scaled;
         let grad_sh = if self.normalize_sh {
@@ -386,22 +557,22 @@ impl<T: Real> SevenNet<T> {
             // The first term is the unit-vector SH's backward of g·r^l, the
             // second a radial term added to the length gradient.
             check_len("grad_sh", ne * d, grad_sh.len())?;
-            let mut unit = vec![T::ZERO; ne * d];
+            let mut unit = vec![U::ZERO; ne * d];
             sh_forward(vectors, self.lmax_sh, &mut unit)?;
             let mut g = grad_sh.to_vec();
             let lmax = self.lmax_sh;
             g.par_chunks_mut(d.max(1))
                 .zip(unit.par_chunks(d.max(1)))
-                .zip(feats.lengths.par_iter())
+                .zip(lengths.par_iter())
                 .zip(g_len.par_iter_mut())
                 .for_each(|(((gr, yr), &r), gl)| {
-                    let mut rl = T::ONE; // r^(l−1)
+                    let mut rl = U::ONE; // r^(l−1)
                     for l in 1..=lmax {
-                        let mut dot = T::ZERO;
+                        let mut dot = U::ZERO;
                         for k in l * l..(l + 1) * (l + 1) {
                             dot += gr[k] * yr[k];
                         }
-                        *gl += T::from_f64(l as f64) * rl * dot;
+                        *gl += U::from_f64(l as f64) * rl * dot;
                         rl *= r;
                         for v in &mut gr[l * l..(l + 1) * (l + 1)] {
                             *v *= rl;
@@ -411,9 +582,9 @@ impl<T: Real> SevenNet<T> {
             scaled = g;
             &scaled[..]
         };
-        let mut grad: Vec<[T; 3]> = vectors
+        let mut grad: Vec<[U; 3]> = vectors
             .par_iter()
-            .zip(feats.lengths.par_iter())
+            .zip(lengths.par_iter())
             .zip(g_len.par_iter())
             .map(|((v, &r), &g)| [g * v[0] / r, g * v[1] / r, g * v[2] / r])
             .collect();
@@ -443,10 +614,8 @@ impl<T: Real> SevenNet<T> {
     /// output x (N × dim).
     pub fn readout(&self, x: &[T], types: &[usize]) -> Result<Vec<T>, E3nnError> {
         let n = types.len();
-        let mut q = vec![T::ZERO; n * self.readout_hidden.irreps_out().dim()];
-        self.readout_hidden.forward(x, n, &mut q)?;
         let mut e = vec![T::ZERO; n];
-        self.readout_energy.forward(&q, n, &mut e)?;
+        self.readout.forward(x, n, &mut e)?;
         let last = self.species.len() - 1;
         for (v, &t) in e.iter_mut().zip(types) {
             let t = t.min(last);
@@ -455,8 +624,14 @@ impl<T: Real> SevenNet<T> {
         Ok(e)
     }
 
-    /// Gradient of Σ_i grad_e\[i\]·E_i w.r.t. the last block's output (N × 128).
-    pub fn readout_backward(&self, grad_e: &[T], types: &[usize]) -> Result<Vec<T>, E3nnError> {
+    /// Gradient of Σ_i grad_e\[i\]·E_i w.r.t. the last block's output `x`
+    /// (N × dim).
+    pub fn readout_backward(
+        &self,
+        x: &[T],
+        grad_e: &[T],
+        types: &[usize],
+    ) -> Result<Vec<T>, E3nnError> {
         let n = types.len();
         check_len("readout grad_e", n, grad_e.len())?;
         let last = self.species.len() - 1;
@@ -465,10 +640,8 @@ impl<T: Real> SevenNet<T> {
             .zip(types)
             .map(|(&g, &t)| g * self.scale_t[t.min(last)])
             .collect();
-        let mut gq = vec![T::ZERO; n * self.readout_hidden.irreps_out().dim()];
-        self.readout_energy.backward(&ge, n, &mut gq)?;
-        let mut gx = vec![T::ZERO; n * self.readout_hidden.irreps_in().dim()];
-        self.readout_hidden.backward(&gq, n, &mut gx)?;
+        let mut gx = vec![T::ZERO; n * self.readout.dim_in()];
+        self.readout.backward(x, &ge, n, &mut gx)?;
         Ok(gx)
     }
 }
@@ -522,7 +695,7 @@ pub fn evaluate<T: Real>(
     let energies = timed(&mut tm.linear, || model.readout(&x, types))?;
     // Backward of Σ_i E_i.
     let ones = vec![T::ONE; n];
-    let mut gx = timed(&mut tm.linear, || model.readout_backward(&ones, types))?;
+    let mut gx = timed(&mut tm.linear, || model.readout_backward(&x, &ones, types))?;
     let ne = centers.len();
     let mut grad_emb = vec![T::ZERO; ne * model.n_basis()];
     let mut grad_sh = vec![T::ZERO; ne * model.sh_dim()];
@@ -637,11 +810,12 @@ mod tests {
 
     #[test]
     fn gate_layout_matches_guide() {
-        let (g, gate) = gate_layout(&Irreps::parse(NODE_IRREPS[1]).unwrap());
+        let acts = GateActivations::default();
+        let (g, gate) = gate_layout(&Irreps::parse(NODE_IRREPS[1]).unwrap(), &acts);
         assert_eq!(g.to_string(), "224x0e+64x1e+32x2e");
         assert_eq!(gate.dim_in(), 576);
         assert_eq!(gate.dim_out(), 480);
-        let (g, _) = gate_layout(&Irreps::parse("128x0e").unwrap());
+        let (g, _) = gate_layout(&Irreps::parse("128x0e").unwrap(), &acts);
         assert_eq!(g.to_string(), "128x0e");
     }
 }

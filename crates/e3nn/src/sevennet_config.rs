@@ -4,6 +4,7 @@
 //! [`E3nnError::UnsupportedConfig`] naming the key where this crate does not
 //! implement the choice.
 
+use crate::activation::Activation;
 use crate::error::E3nnError;
 use crate::irreps::{Irrep, Irreps, MulIr};
 use crate::radial::CutoffFunction;
@@ -36,9 +37,51 @@ pub enum SelfConnectionKind {
     Nequip,
 }
 
+/// The gate activations of the interaction blocks (sevenn's `act_scalar`
+/// and `act_gate`, by the parity of the scalar they act on).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GateActivations {
+    /// `act_scalar.e`: even scalars (0e), `silu` or `ssp`.
+    pub scalar_even: Activation,
+    /// `act_scalar.o`: odd scalars (0o), `tanh` or `abs`.
+    pub scalar_odd: Activation,
+    /// `act_gate.e`: the gates when the layer has even scalars, `silu` or `ssp`.
+    pub gate_even: Activation,
+    /// `act_gate.o`: the gates when it has none (odd gates), `tanh` or `abs`.
+    pub gate_odd: Activation,
+}
+
+impl Default for GateActivations {
+    /// sevenn's defaults: `{e: silu, o: tanh}` for both.
+    fn default() -> Self {
+        Self {
+            scalar_even: Activation::Silu,
+            scalar_odd: Activation::Tanh,
+            gate_even: Activation::Silu,
+            gate_odd: Activation::Tanh,
+        }
+    }
+}
+
+/// How the last block's scalars become the scaled atomic energy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReadoutKind {
+    /// Two e3nn Linears, dim → dim/2 → 1 (sevenn's default).
+    Linears,
+    /// `readout_as_fcn`: an e3nn FullyConnectedNet dim → hidden… → 1
+    /// (`readout_fcn_hidden_neurons`) with `readout_fcn_activation`.
+    Mlp {
+        /// Hidden widths.
+        hidden: Vec<usize>,
+        /// Activation after every hidden layer.
+        activation: Activation,
+    },
+}
+
 /// Everything needed to build a SevenNet network of sevenn's `nequip`
 /// interaction type (SO(3) or O(3) irreps, `linear` or `nequip`
-/// self-connections) with the two-Linear readout.
+/// self-connections, any gate activations, biases or not) with either
+/// readout.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SevenNetConfig {
     /// sevenn version that wrote the checkpoint (`version`).
@@ -76,6 +119,14 @@ pub struct SevenNetConfig {
     pub modal_wise_shift: bool,
     /// `use_modal_wise_scale`: the scale has one row per modality.
     pub modal_wise_scale: bool,
+    /// Gate activations (`act_scalar`, `act_gate`).
+    pub gate_activations: GateActivations,
+    /// `use_bias_in_linear`: every network Linear (species embedding,
+    /// `self_interaction_1/2`, the readout Linears) adds a trained bias to
+    /// its `0e` outputs; self-connections never have one.
+    pub linear_bias: bool,
+    /// The readout (`readout_as_fcn`).
+    pub readout: ReadoutKind,
 }
 
 fn unsupported(key: &str, value: impl std::fmt::Display, reason: &str) -> E3nnError {
@@ -175,6 +226,9 @@ impl SevenNetConfig {
             modal_inputs: ModalInputs::default(),
             modal_wise_shift: false,
             modal_wise_scale: false,
+            gate_activations: GateActivations::default(),
+            linear_bias: false,
+            readout: ReadoutKind::Linears,
         }
     }
 
@@ -246,42 +300,39 @@ impl SevenNetConfig {
             ));
         }
         let parity = c.bool_or("is_parity", true)?;
-        if c.bool_or("use_bias_in_linear", false)? {
-            return Err(unsupported(
-                "use_bias_in_linear",
-                "True",
-                "Linears with biases are not implemented",
-            ));
-        }
-        if c.bool_or("readout_as_fcn", false)? {
-            return Err(unsupported(
-                "readout_as_fcn",
-                "True",
-                "only the two-Linear readout is implemented",
-            ));
-        }
+        let linear_bias = c.bool_or("use_bias_in_linear", false)?;
+        let readout = if c.bool_or("readout_as_fcn", false)? {
+            let hidden = match c.get("readout_fcn_hidden_neurons") {
+                None => vec![30, 30],
+                Some(v) => positive_ints(v).ok_or_else(|| {
+                    unsupported(
+                        "readout_fcn_hidden_neurons",
+                        show(v),
+                        "expected a list of positive integers",
+                    )
+                })?,
+            };
+            let name = c.str_or("readout_fcn_activation", "relu")?;
+            let activation = Activation::from_name(name).ok_or_else(|| {
+                unsupported(
+                    "readout_fcn_activation",
+                    name,
+                    "sevenn's activations are relu, silu, tanh, abs, ssp, sigmoid, elu",
+                )
+            })?;
+            ReadoutKind::Mlp { hidden, activation }
+        } else {
+            ReadoutKind::Linears
+        };
         let act_radial = c.str_or("act_radial", "silu")?;
         if act_radial != "silu" {
             return Err(unsupported(
                 "act_radial",
                 act_radial,
-                "only `silu` is implemented",
+                "only `silu` is implemented in the radial MLP",
             ));
         }
-        // The odd-parity activations are checked below, once the irreps
-        // show whether any odd scalar reaches a gate.
-        for key in ["act_scalar", "act_gate"] {
-            if let Some(v) = c.get(key) {
-                let even = v.get("e").and_then(PyValue::as_str);
-                if even != Some("silu") {
-                    return Err(unsupported(
-                        key,
-                        even.map_or_else(|| show(v), |s| format!("e: {s}")),
-                        "only `silu` on even scalars is implemented",
-                    ));
-                }
-            }
-        }
+        let gate_activations = gate_activations(&c)?;
         // Species: `_type_map` (Z → index) is what sevenn's graph uses.
         let type_map = ckpt.config_int_map("_type_map").map_err(|_| {
             unsupported(
@@ -410,24 +461,13 @@ impl SevenNetConfig {
         };
         let radial_hidden: Vec<usize> = match c.get("weight_nn_hidden_neurons") {
             None => vec![64, 64],
-            Some(v) => v
-                .as_seq()
-                .and_then(|s| {
-                    s.iter()
-                        .map(|x| {
-                            x.as_i64()
-                                .and_then(|n| usize::try_from(n).ok())
-                                .filter(|&n| n > 0)
-                        })
-                        .collect::<Option<Vec<_>>>()
-                })
-                .ok_or_else(|| {
-                    unsupported(
-                        "weight_nn_hidden_neurons",
-                        show(v),
-                        "expected a list of positive integers",
-                    )
-                })?,
+            Some(v) => positive_ints(v).ok_or_else(|| {
+                unsupported(
+                    "weight_nn_hidden_neurons",
+                    show(v),
+                    "expected a list of positive integers",
+                )
+            })?,
         };
         // Degrees.
         let lmax = c.int("lmax")?;
@@ -532,29 +572,6 @@ impl SevenNetConfig {
                 "the last layer must output scalars",
             ));
         }
-        // Odd scalars at a gate need the normalised odd activation
-        // (e3nn's Monte-Carlo `normalize2mom` constant of tanh), which is
-        // not implemented: refuse the checkpoints whose irreps use it.
-        for (t, out) in node_irreps.iter().enumerate().skip(1) {
-            let scalar = |p: i8| {
-                out.blocks
-                    .iter()
-                    .any(|b| b.ir.l == 0 && b.ir.p == p && b.mul > 0)
-            };
-            let gated = out.blocks.iter().any(|b| b.ir.l > 0 && b.mul > 0);
-            let (key, what) = if scalar(-1) {
-                ("act_scalar", "odd scalars (0o)")
-            } else if gated && !scalar(1) {
-                ("act_gate", "odd gates (no 0e scalars)")
-            } else {
-                continue;
-            };
-            return Err(unsupported(
-                key,
-                format!("o (layer {} output {out})", t - 1),
-                &format!("{what} reach a gate; only gates on even scalars (silu) are implemented"),
-            ));
-        }
         let self_connections = self_connection_kinds(c.get("self_connection_type"), n_layers)?;
         // Modalities.
         let use_modality = c.bool_or("use_modality", false)?;
@@ -623,8 +640,70 @@ impl SevenNetConfig {
             modal_inputs,
             modal_wise_shift,
             modal_wise_scale,
+            gate_activations,
+            linear_bias,
+            readout,
         })
     }
+}
+
+/// A list of positive integers, or `None`.
+fn positive_ints(v: &PyValue) -> Option<Vec<usize>> {
+    v.as_seq()?
+        .iter()
+        .map(|x| {
+            x.as_i64()
+                .and_then(|n| usize::try_from(n).ok())
+                .filter(|&n| n > 0)
+        })
+        .collect()
+}
+
+/// `act_scalar` and `act_gate`: dicts `{e: NAME, o: NAME}` with sevenn's
+/// choices per parity (even: `silu`, `ssp`; odd: `tanh`, `abs`); a missing
+/// key or entry takes sevenn's default (`silu`, `tanh`).
+fn gate_activations(c: &Cfg<'_>) -> Result<GateActivations, E3nnError> {
+    let d = GateActivations::default();
+    let pick = |key: &str, parity: &str, default: Activation| -> Result<Activation, E3nnError> {
+        let Some(dict) = c.get(key) else {
+            return Ok(default);
+        };
+        if dict.as_dict().is_none() {
+            return Err(unsupported(
+                key,
+                show(dict),
+                "expected a dict {e: NAME, o: NAME}",
+            ));
+        }
+        let Some(v) = dict.get(parity) else {
+            return Ok(default);
+        };
+        let allowed: &[Activation] = if parity == "e" {
+            &[Activation::Silu, Activation::Ssp]
+        } else {
+            &[Activation::Tanh, Activation::Abs]
+        };
+        v.as_str()
+            .and_then(Activation::from_name)
+            .filter(|a| allowed.contains(a))
+            .ok_or_else(|| {
+                unsupported(
+                    &format!("{key}.{parity}"),
+                    show(v),
+                    if parity == "e" {
+                        "sevenn's even activations are `silu`, `ssp`"
+                    } else {
+                        "sevenn's odd activations are `tanh`, `abs`"
+                    },
+                )
+            })
+    };
+    Ok(GateActivations {
+        scalar_even: pick("act_scalar", "e", d.scalar_even)?,
+        scalar_odd: pick("act_scalar", "o", d.scalar_odd)?,
+        gate_even: pick("act_gate", "e", d.gate_even)?,
+        gate_odd: pick("act_gate", "o", d.gate_odd)?,
+    })
 }
 
 /// sevenn's `self_connection_type`: one name for every layer or a list of

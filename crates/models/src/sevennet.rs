@@ -4,10 +4,11 @@
 //! scatter (messages onto centres) and can run it decomposed.
 
 use crate::registry::ModelError;
-use ddmlip_e3nn::sevennet::{InteractionBlock, SelfConnection, SevenNet, SevenNetWeights};
+use ddmlip_e3nn::sevennet::{InteractionBlock, Readout, SelfConnection, SevenNet, SevenNetWeights};
 use ddmlip_e3nn::species_linear::SpeciesLinear;
 use ddmlip_e3nn::{
-    radial_conv_backward, radial_conv_forward, AffineLinear, ConvGraph, E3nnError, Gate, Real,
+    radial_conv_backward, radial_conv_forward, AffineLinear, ConvGraph, E3nnError,
+    FullyConnectedNet, Gate, Real,
 };
 use ddmlip_engine::ops::opaque::Shape;
 use ddmlip_engine::{
@@ -173,23 +174,31 @@ impl SevenNetModel {
             g.pop_scope();
         }
         g.push_scope("readout");
-        let q = g.rowwise(
-            Arc::new(LinearKernel {
-                name: "reduce_input_to_hidden".into(),
-                lin: net.readout_hidden.clone(),
-            }),
-            &[x],
-        )?;
-        let e = g.rowwise(
-            Arc::new(LinearKernel {
-                name: "reduce_hidden_to_energy".into(),
-                lin: AffineLinear {
-                    linear: net.readout_energy.clone(),
-                    bias: None,
-                },
-            }),
-            &[q],
-        )?;
+        let e = match &net.readout {
+            Readout::Linears { hidden, energy } => {
+                let q = g.rowwise(
+                    Arc::new(LinearKernel {
+                        name: "reduce_input_to_hidden".into(),
+                        lin: hidden.clone(),
+                    }),
+                    &[x],
+                )?;
+                g.rowwise(
+                    Arc::new(LinearKernel {
+                        name: "reduce_hidden_to_energy".into(),
+                        lin: energy.clone(),
+                    }),
+                    &[q],
+                )?
+            }
+            Readout::Mlp(mlp) => g.rowwise(
+                Arc::new(FcnKernel {
+                    name: "readout_FCN".into(),
+                    net: mlp.clone(),
+                }),
+                &[x],
+            )?,
+        };
         let scale_t = g.param(net.scale(), n_types, 1)?;
         let shift_t = g.param(net.shift(), n_types, 1)?;
         let s = g.gather(scale_t, type_idx)?;
@@ -412,7 +421,46 @@ impl<T: Scalar + Real> OpaqueKernel<T> for SpeciesLinearKernel<T> {
     }
 }
 
-/// The e3nn gate (normalised SiLU on scalars and gates).
+/// The fully connected readout (`readout_as_fcn`): N × dim → N × 1.
+struct FcnKernel<T> {
+    name: String,
+    net: FullyConnectedNet<T>,
+}
+
+impl<T: Scalar + Real> OpaqueKernel<T> for FcnKernel<T> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, KernelError> {
+        if inputs[0].2 != self.net.dim_in() {
+            return Err(KernelError::Columns {
+                expected: self.net.dim_in(),
+                got: inputs[0].2,
+            });
+        }
+        Ok((inputs[0].0, inputs[0].1, self.net.dim_out()))
+    }
+    fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), KernelError> {
+        self.net
+            .forward(inputs[0], shapes[0].1, out)
+            .map_err(kernel_err)
+    }
+    fn backward(
+        &self,
+        inputs: &[&[T]],
+        shapes: &[Shape],
+        g: &[T],
+        grads: &mut [Vec<T>],
+    ) -> Option<Result<(), KernelError>> {
+        Some(
+            self.net
+                .backward(inputs[0], g, shapes[0].1, &mut grads[0])
+                .map_err(kernel_err),
+        )
+    }
+}
+
+/// The e3nn gate (normalised activations on scalars and gates).
 struct GateKernel {
     name: String,
     gate: Gate,

@@ -85,12 +85,15 @@ fn check_f64(name: &str, checkpoint: &str, modal: Option<&str>) {
 /// f32 test uses for forces (5e-5 eV/Å) and 5e-6 eV/atom for energies; and
 /// against upstream's float64 run, relative to upstream's own
 /// float32-vs-float64 gap: over the six structures, the largest energy per
-/// atom within 1.2× upstream's largest and force component within 1.25×;
-/// structure by structure, forces within 1.5× upstream's gap there.
-/// Measured (edge vectors from f64 positions, rounded once): forces
-/// 0.65–1.39× per structure, 0.90–1.21× over the six; with vectors from
-/// f32 positions 1.5–5.9× per structure. Energies are not bounded per structure: the f32 total energy's
-/// own rounding (one ulp is ~5e-7 eV/atom here) is most of either gap.
+/// atom within 1.2× upstream's largest and force component within 1.0×;
+/// structure by structure, forces within 1.2× upstream's gap there.
+/// Measured (edge vectors from f64 positions rounded once, edge features
+/// and their gradient computed in f64 and rounded once): forces 0.25–1.16×
+/// per structure (the 1.16 on the 15-atom molecule with SevenNet-0
+/// 22May2024), 0.51–0.97× over the six; with f32 edge features 0.65–1.39×
+/// and 0.90–1.21×. Energies are not bounded per structure: the f32 total
+/// energy's own rounding (one ulp is ~5e-7 eV/atom here) is most of
+/// either gap.
 fn check_f32(name: &str, checkpoint: &str, modal: Option<&str>) {
     let m = model(name, modal);
     let cases = cases(checkpoint, modal);
@@ -148,7 +151,7 @@ fn check_f32(name: &str, checkpoint: &str, modal: Option<&str>) {
             c.name
         );
         assert!(
-            f <= 1.5 * up_f,
+            f <= 1.2 * up_f,
             "{}: f32 forces vs upstream f64 {f:e} eV/Å, upstream's own f32 gap {up_f:e}",
             c.name
         );
@@ -163,7 +166,7 @@ fn check_f32(name: &str, checkpoint: &str, modal: Option<&str>) {
         "f32 energy vs upstream f64 {e:e} eV/atom, upstream's own f32 gap {up_e:e}"
     );
     assert!(
-        f <= 1.25 * up_f,
+        f <= up_f,
         "f32 forces vs upstream f64 {f:e} eV/Å, upstream's own f32 gap {up_f:e}"
     );
 }

@@ -12,6 +12,7 @@
 //!   crystal of the MD tests.
 //! - [`peak_memory`]: a counting global allocator and the peak heap memory
 //!   of a piece of code.
+//! - [`pth`]: a checkpoint copy with a patched config, for bad-input tests.
 
 // `peak_memory` implements `GlobalAlloc` (unsafe by definition); nothing
 // else may use `unsafe`.
@@ -22,6 +23,7 @@ use std::process::Command;
 
 pub mod cli;
 pub mod peak_memory;
+pub mod pth;
 
 pub use ddmlip_atoms::build;
 pub use ddmlip_atoms::build::SplitMix64;

@@ -4,22 +4,26 @@
 use super::*;
 
 /// A Linear of the network: with the modality's one-hot as extra input
-/// when `modal_input`, plain otherwise.
+/// when `modal_input`, plain otherwise, plus e3nn's bias on the `0e`
+/// outputs when `bias` is not empty.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn network_linear<T: Real>(
     irreps_in: &Irreps,
     irreps_out: &Irreps,
     flat: &[f64],
+    bias: &[f64],
     modal_input: bool,
     n_modals: usize,
     modal: Option<usize>,
 ) -> Result<AffineLinear<T>, E3nnError> {
-    match (modal_input, modal) {
+    let linear = match (modal_input, modal) {
         (true, Some(m)) => AffineLinear::with_modal(irreps_in, irreps_out, flat, n_modals, m),
         (true, None) => Err(E3nnError::Config(
             "a modality input without a modality".into(),
         )),
         (false, _) => AffineLinear::plain(irreps_in, irreps_out, flat),
-    }
+    }?;
+    linear.add_scalar_bias(bias)
 }
 
 /// The self-connection term of an interaction block, x → gate_in.
@@ -115,7 +119,7 @@ impl<T: Real> InteractionBlock<T> {
         modal: Option<usize>,
     ) -> Result<Self, E3nnError> {
         let dim_w: usize = w.paths.iter().map(|p| p.mul).sum();
-        let (_, gate) = gate_layout(&w.irreps_out);
+        let (_, gate) = gate_layout(&w.irreps_out, &c.gate_activations);
         let widths: Vec<usize> = std::iter::once(c.n_basis)
             .chain(c.radial_hidden.iter().copied())
             .chain(std::iter::once(dim_w))
@@ -140,6 +144,7 @@ impl<T: Real> InteractionBlock<T> {
                 &w.irreps_in,
                 &w.irreps_in,
                 &w.linear_1,
+                &w.linear_1_bias,
                 c.modal_inputs.self_inter_intro,
                 n_modals,
                 modal,
@@ -157,6 +162,7 @@ impl<T: Real> InteractionBlock<T> {
                 &w.irreps_msg.simplify(),
                 &w.irreps_gate_in,
                 &w.linear_2,
+                &w.linear_2_bias,
                 c.modal_inputs.self_inter_outro,
                 n_modals,
                 modal,

@@ -22,11 +22,15 @@ pub struct LayerWeights {
     pub self_connection: Vec<f64>,
     /// Flat Linear_1 weights (x [+ modality one-hot] → x).
     pub linear_1: Vec<f64>,
+    /// Linear_1's bias on its `0e` outputs (`use_bias_in_linear`; else empty).
+    pub linear_1_bias: Vec<f64>,
     /// Radial MLP matrices `[n_basis×h₁, …, h_k×W]`, (in, out) row-major; the
     /// last one with its columns in sorted path order and flipped paths negated.
     pub radial: Vec<Vec<f64>>,
     /// Flat Linear_2 weights (simplified message irreps [+ modality one-hot] → gate_in).
     pub linear_2: Vec<f64>,
+    /// Linear_2's bias on its `0e` outputs (`use_bias_in_linear`; else empty).
+    pub linear_2_bias: Vec<f64>,
     /// Message divisor.
     pub denominator: f64,
     /// Tensor-product paths in sorted order; CG tensors are the checkpoint's
@@ -46,12 +50,23 @@ pub struct SevenNetWeights {
     pub bessel_freqs: Vec<f64>,
     /// Flat species-embedding Linear (`n_species x 0e` [+ modalities] → first node irreps).
     pub onehot: Vec<f64>,
+    /// Its bias on the `0e` outputs (`use_bias_in_linear`; else empty).
+    pub onehot_bias: Vec<f64>,
     /// The interaction blocks.
     pub layers: Vec<LayerWeights>,
-    /// Readout Linear, last node irreps [+ modalities] → `dim/2 x 0e`, flat (unscaled).
+    /// Readout Linear, last node irreps [+ modalities] → `dim/2 x 0e`, flat
+    /// (unscaled); empty with the fully connected readout.
     pub readout_hidden: Vec<f64>,
-    /// Readout Linear `dim/2 x 0e` → `1x0e`, flat (unscaled).
+    /// Its bias (`use_bias_in_linear`; else empty).
+    pub readout_hidden_bias: Vec<f64>,
+    /// Readout Linear `dim/2 x 0e` → `1x0e`, flat (unscaled); empty with the
+    /// fully connected readout.
     pub readout_energy: Vec<f64>,
+    /// Its bias (`use_bias_in_linear`; else empty).
+    pub readout_energy_bias: Vec<f64>,
+    /// The fully connected readout's `layer{k}.weight` matrices, row-major
+    /// `(h_in, h_out)` (`readout_as_fcn`; else empty).
+    pub readout_mlp: Vec<Vec<f64>>,
     /// Energy shift (eV) per type index: one row, or one row per modality.
     pub shift: Vec<Vec<f64>>,
     /// Energy scale per type index: one row, or one row per modality.
@@ -89,6 +104,20 @@ impl<'a> Dict<'a> {
             Ok(None)
         }
     }
+    /// `{module}.linear.bias` of a Linear to `out` when the config has
+    /// biases (one value per `0e` output channel), else empty.
+    fn bias(&self, module: &str, out: &Irreps, biases: bool) -> Result<Vec<f64>, E3nnError> {
+        if !biases {
+            return Ok(Vec::new());
+        }
+        let n = bias_numel(out);
+        if n == 0 {
+            // e3nn stores an empty tensor when no output is a scalar.
+            return Ok(Vec::new());
+        }
+        self.get(&format!("{module}.linear.bias"), &[n])
+    }
+
     /// A shift or scale tensor as rows of `n_types`: a scalar broadcasts, a
     /// vector is one row, a matrix one row per modality (when `per_modal`).
     fn rescale(
@@ -136,16 +165,38 @@ fn allclose(a: &[f64], b: &[f64]) -> bool {
 /// e3nn's `Gate` sorts and simplifies them: the scalars, one gate scalar
 /// per non-scalar copy (even when a `0e` scalar exists, odd otherwise),
 /// then the gated blocks.
-pub(crate) fn gate_layout(out: &Irreps) -> (Irreps, Gate) {
+/// The activations are `acts`' by parity, as sevenn's `EquivariantGate` picks them.
+pub(crate) fn gate_layout(out: &Irreps, acts: &GateActivations) -> (Irreps, Gate) {
     let scalars: Vec<MulIr> = out.blocks.iter().filter(|b| b.ir.l == 0).copied().collect();
     let n_scalars: usize = scalars.iter().map(|b| b.mul).sum();
     let gated_blocks: Vec<MulIr> = out.blocks.iter().filter(|b| b.ir.l > 0).copied().collect();
     let gated: Vec<(usize, usize)> = gated_blocks.iter().map(|b| (b.mul, b.ir.l)).collect();
-    let gate = Gate { n_scalars, gated };
+    let mut scalar_activations: Vec<(usize, Activation)> = Vec::new();
+    for b in &scalars {
+        let act = if b.ir.p == 1 {
+            acts.scalar_even
+        } else {
+            acts.scalar_odd
+        };
+        match scalar_activations.last_mut() {
+            Some((count, last)) if *last == act => *count += b.mul,
+            _ => scalar_activations.push((b.mul, act)),
+        }
+    }
     let gate_parity = if scalars.iter().any(|b| b.ir.p == 1) {
         1
     } else {
         -1
+    };
+    let gate = Gate {
+        n_scalars,
+        gated,
+        scalar_activations,
+        gate_activation: if gate_parity == 1 {
+            acts.gate_even
+        } else {
+            acts.gate_odd
+        },
     };
     let mut blocks = scalars;
     blocks.push(MulIr {
@@ -158,6 +209,16 @@ pub(crate) fn gate_layout(out: &Irreps) -> (Irreps, Gate) {
     blocks.extend(gated_blocks);
     blocks.retain(|b| b.mul > 0);
     (Irreps { blocks }.simplify(), gate)
+}
+
+/// Number of bias values of an e3nn Linear with `biases=True` to `b`: one
+/// per `0e` output channel.
+pub(crate) fn bias_numel(b: &Irreps) -> usize {
+    b.blocks
+        .iter()
+        .filter(|x| x.ir == Irrep { l: 0, p: 1 })
+        .map(|x| x.mul)
+        .sum()
 }
 
 /// Number of weights of an e3nn Linear `a → b` (pairs of equal irreps).
@@ -268,18 +329,43 @@ impl SevenNetWeights {
             "onehot_to_feature_x.linear.weight",
             &[linear_numel(&onehot_in, &c.node_irreps[0])],
         )?;
+        let onehot_bias = dict.bias("onehot_to_feature_x", &c.node_irreps[0], c.linear_bias)?;
         let mut layers = Vec::with_capacity(c.n_layers());
         for t in 0..c.n_layers() {
             layers.push(Self::layer(&dict, c, t)?);
         }
         let last = &c.node_irreps[c.n_layers()];
-        let hidden = Irreps::parse(&format!("{}x0e", last.dim() / 2))?;
-        let readout_in = with_modal_inputs(last, n_modals, c.modal_inputs.output_block);
-        let readout_hidden = dict.get(
-            "reduce_input_to_hidden.linear.weight",
-            &[linear_numel(&readout_in, &hidden)],
-        )?;
-        let readout_energy = dict.get("reduce_hidden_to_energy.linear.weight", &[hidden.dim()])?;
+        let (mut readout_hidden, mut readout_hidden_bias) = (Vec::new(), Vec::new());
+        let (mut readout_energy, mut readout_energy_bias) = (Vec::new(), Vec::new());
+        let mut readout_mlp = Vec::new();
+        match &c.readout {
+            ReadoutKind::Linears => {
+                let hidden = Irreps::parse(&format!("{}x0e", last.dim() / 2))?;
+                let readout_in = with_modal_inputs(last, n_modals, c.modal_inputs.output_block);
+                readout_hidden = dict.get(
+                    "reduce_input_to_hidden.linear.weight",
+                    &[linear_numel(&readout_in, &hidden)],
+                )?;
+                readout_hidden_bias =
+                    dict.bias("reduce_input_to_hidden", &hidden, c.linear_bias)?;
+                let energy = Irreps::parse("1x0e")?;
+                readout_energy =
+                    dict.get("reduce_hidden_to_energy.linear.weight", &[hidden.dim()])?;
+                readout_energy_bias =
+                    dict.bias("reduce_hidden_to_energy", &energy, c.linear_bias)?;
+            }
+            ReadoutKind::Mlp { hidden, .. } => {
+                let widths: Vec<usize> = std::iter::once(last.dim())
+                    .chain(hidden.iter().copied())
+                    .chain(std::iter::once(1))
+                    .collect();
+                for (k, w) in widths.windows(2).enumerate() {
+                    readout_mlp.push(
+                        dict.get(&format!("readout_FCN.fcn.layer{k}.weight"), &[w[0], w[1]])?,
+                    );
+                }
+            }
+        }
         let shift = dict.rescale(
             "rescale_atomic_energy.shift",
             n_types,
@@ -296,9 +382,13 @@ impl SevenNetWeights {
             config,
             bessel_freqs,
             onehot,
+            onehot_bias,
             layers,
             readout_hidden,
+            readout_hidden_bias,
             readout_energy,
+            readout_energy_bias,
+            readout_mlp,
             shift,
             scale,
         })
@@ -321,7 +411,7 @@ impl SevenNetWeights {
     fn layer(dict: &Dict, c: &SevenNetConfig, t: usize) -> Result<LayerWeights, E3nnError> {
         let irreps_in = c.node_irreps[t].clone();
         let irreps_out = c.node_irreps[t + 1].clone();
-        let (irreps_gate_in, _) = gate_layout(&irreps_out);
+        let (irreps_gate_in, _) = gate_layout(&irreps_out, &c.gate_activations);
         let lmax_out = irreps_out.lmax();
         let prefix = format!("{t}_convolution");
         let old = c.is_pre_0_11();
@@ -449,10 +539,20 @@ impl SevenNetWeights {
                 &format!("{t}_self_interaction_1.linear.weight"),
                 &[linear_numel(&lin1_in, &irreps_in)],
             )?,
+            linear_1_bias: dict.bias(
+                &format!("{t}_self_interaction_1"),
+                &irreps_in,
+                c.linear_bias,
+            )?,
             radial,
             linear_2: dict.get(
                 &format!("{t}_self_interaction_2.linear.weight"),
                 &[linear_numel(&lin2_in, &irreps_gate_in)],
+            )?,
+            linear_2_bias: dict.bias(
+                &format!("{t}_self_interaction_2"),
+                &irreps_gate_in,
+                c.linear_bias,
             )?,
             denominator,
             irreps_in,
