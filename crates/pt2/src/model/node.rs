@@ -552,6 +552,10 @@ impl<T: Scalar> Run<'_, T> {
                 if start + len.saturating_sub(1) * step >= n as usize && len > 0 {
                     return Err("a slice past the end".into());
                 }
+                // The whole dimension (`x[0:x.shape[0]]`, also along rows) is `x`.
+                if start == 0 && step == 1 && len == n as usize {
+                    return self.set(node, x);
+                }
                 let out = self.out_name(node)?.to_string();
                 let v = self.strided(x, &out, |sh, d| slice_map(sh, d, start, len, step), dim)?;
                 self.set(node, v)
@@ -682,7 +686,9 @@ impl<T: Scalar> Run<'_, T> {
                 let v = self.einsum(vec![a, b], vec![la, lb], out_labels, &out)?;
                 self.set(node, v)
             }
-            other => Err(format!("op `{other}` is not supported")),
+            other => self
+                .mlip_node(node)
+                .unwrap_or_else(|| Err(format!("op `{other}` is not supported"))),
         }
     }
 }
