@@ -51,6 +51,34 @@ impl<T: Scalar> Run<'_, T> {
         Some(r)
     }
 
+    /// The sum of each row of `t` (shape `shape`) over the non-row
+    /// dimensions `dims`: a row-local contraction.
+    pub(super) fn sum_inner(&mut self, t: Tensor, shape: &[usize], dims: &[i64]) -> Res<Tensor> {
+        let summed: Vec<usize> = dims
+            .iter()
+            .map(|&d| norm_dim(d, shape.len()))
+            .collect::<Res<_>>()?;
+        if summed.is_empty() || summed.contains(&0) {
+            return Err("a sum over the row dimension; sum over atoms with `sum()`".into());
+        }
+        let labels: Vec<char> = ('a'..='z').take(shape.len() - 1).collect();
+        if labels.len() + 1 != shape.len() {
+            return Err("too many dimensions".into());
+        }
+        let out: Vec<char> = (1..shape.len())
+            .filter(|d| !summed.contains(d))
+            .map(|d| labels[d - 1])
+            .collect();
+        let operand = EinsumOperand {
+            labels,
+            sizes: shape[1..].to_vec(),
+            constant: None,
+        };
+        let kernel = RowEinsum::new("sum", vec![operand], &out)?;
+        let k: Arc<dyn OpaqueKernel<T>> = Arc::new(kernel);
+        self.g.rowwise(k, &[t]).map_err(Self::map_err)
+    }
+
     fn view(&mut self, node: &Node) -> Res<()> {
         let x = self.tensor_arg(node, "self")?;
         let out = self.out_name(node)?.to_string();

@@ -458,13 +458,12 @@ impl<T: Scalar> Run<'_, T> {
                 match x {
                     Val::T { t, shape: xs } => {
                         let last = xs.len().checked_sub(1).ok_or("sum of a scalar")?;
-                        if xs.len() != 2 || dims.len() != 1 || norm_dim(dims[0], xs.len())? != last
+                        if xs.len() == 2 && dims.len() == 1 && norm_dim(dims[0], xs.len())? == last
                         {
-                            return Err(
-                                "a sum over other than the last dimension of a 2-d tensor".into()
-                            );
+                            let t = self.g.sum_cols(t).map_err(Self::map_err)?;
+                            return self.set(node, Val::T { t, shape });
                         }
-                        let t = self.g.sum_cols(t).map_err(Self::map_err)?;
+                        let t = self.sum_inner(t, &xs, &dims)?;
                         self.set(node, Val::T { t, shape })
                     }
                     _ => Err("a sum over dimensions of a constant tensor is not supported".into()),
