@@ -29,10 +29,9 @@ fn text(o: &Output) -> String {
 /// 2×2×1: 128 atoms in a 15.6 × 15.6 × 7.8 Å box, so that 4 ranks each
 /// own atoms and read ghosts.
 fn structure(dir: &Path) -> PathBuf {
-    let reference: Value = serde_json::from_str(
-        &std::fs::read_to_string(archive("nequip_reference.json")).unwrap(),
-    )
-    .unwrap();
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(archive("nequip_reference.json")).unwrap())
+            .unwrap();
     let s = &reference["models"]["nequip"]["results"][0];
     assert_eq!(s["name"], "fcc_periodic_32");
     let symbols = ["H", "C", "O"];
@@ -94,7 +93,12 @@ fn validate_passes_for_nequip_allegro_and_mace_on_2_3_and_4_ranks() {
                 .args(["--ranks", ranks])
                 .output()
                 .unwrap();
-            assert_eq!(o.status.code(), Some(0), "{name}, {ranks} ranks: {}", text(&o));
+            assert_eq!(
+                o.status.code(),
+                Some(0),
+                "{name}, {ranks} ranks: {}",
+                text(&o)
+            );
             assert!(
                 String::from_utf8_lossy(&o.stdout).contains("\"passed\": true"),
                 "{name}, {ranks} ranks: {}",

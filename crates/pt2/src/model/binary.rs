@@ -230,7 +230,10 @@ impl<T: Scalar> Run<'_, T> {
                 for known in [edges.center, edges.neighbor] {
                     let values = self.g.index_values(known);
                     if values.len() == v.len()
-                        && values.iter().zip(v.iter()).all(|(&a, &b)| i64::from(a) == b)
+                        && values
+                            .iter()
+                            .zip(v.iter())
+                            .all(|(&a, &b)| i64::from(a) == b)
                     {
                         self.registered.insert(key, known);
                         return Ok(known);

@@ -16,7 +16,7 @@ impl<T: Scalar> Run<'_, T> {
             "aten.clone.default" | "aten.alias.default" => self
                 .tensor_arg(node, "self")
                 .and_then(|x| self.set(node, x)),
-            "aten._to_copy.default" => self.to_copy(node),
+            "aten._to_copy.default" => self.copy_to_dtype(node),
             "aten.new_zeros.default" => self
                 .shape_of(self.out_name(node).unwrap_or_default())
                 .and_then(|shape| self.set(node, Val::Zeros { shape })),
@@ -89,12 +89,20 @@ impl<T: Scalar> Run<'_, T> {
         if let Val::T { t, shape: xs } = &x {
             let rows = self.g.shape(*t).0;
             if xs.first() == Some(&rows)
-                && shape.first().is_some_and(|&r| r != rows && rows > 0 && r % rows == 0)
+                && shape
+                    .first()
+                    .is_some_and(|&r| r != rows && rows > 0 && r % rows == 0)
                 && numel(xs) == numel(&shape)
             {
                 let mut split = vec![rows, shape[0] / rows];
                 split.extend_from_slice(&shape[1..]);
-                return self.set(node, Val::T { t: *t, shape: split });
+                return self.set(
+                    node,
+                    Val::T {
+                        t: *t,
+                        shape: split,
+                    },
+                );
             }
         }
         let v = self.reshape_or_expand(x, &out, false)?;
@@ -102,7 +110,7 @@ impl<T: Scalar> Run<'_, T> {
     }
 
     /// `_to_copy` with a dtype is `to.dtype`; without one it is a copy.
-    fn to_copy(&mut self, node: &Node) -> Res<()> {
+    fn copy_to_dtype(&mut self, node: &Node) -> Res<()> {
         match node.arg("dtype") {
             Some(d @ Arg::AsScalarType(_)) => {
                 let as_to = Node {
@@ -482,7 +490,8 @@ impl<T: Scalar> Run<'_, T> {
     /// `x < c` with a constant scalar tensor `c`: a mask (no gradient).
     fn lt_tensor(&mut self, node: &Node) -> Res<()> {
         let o = self.tensor_arg(node, "other")?;
-        let (ov, _) = Self::host_values(&o).ok_or("a comparison with a position-dependent bound")?;
+        let (ov, _) =
+            Self::host_values(&o).ok_or("a comparison with a position-dependent bound")?;
         let [c] = ov[..] else {
             return Err("a comparison with a tensor of more than one value".into());
         };
