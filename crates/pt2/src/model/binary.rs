@@ -102,12 +102,28 @@ impl<T: Scalar> Run<'_, T> {
                 });
             }
         }
-        // Host operands become constants of the output's full shape.
+        // Host operands become constants: one row broadcast over the rows
+        // when they have no row dimension (Allegro's path weights against
+        // `[E, 4, 4, 4, 4]`: 256 values, not 256 per edge), else of the
+        // output's full shape.
         let as_tensor = |v: &Val, run: &mut Self| -> Res<(Tensor, Vec<usize>)> {
             match v {
                 Val::T { t, shape } => Ok((*t, shape.clone())),
                 other => {
                     let (hv, hs) = Self::host_values(other).ok_or("unexpected input")?;
+                    let rowless = !out_shape.is_empty()
+                        && (hs.len() < out_shape.len() || hs.first() == Some(&1));
+                    if rowless {
+                        let mut one_row = out_shape.clone();
+                        one_row[0] = 1;
+                        let c = numel(&one_row);
+                        let values = broadcast_host(&hv, &hs, &one_row)?
+                            .into_iter()
+                            .map(T::from_f64)
+                            .collect();
+                        let t = run.g.constant(values, 1, c, RowDomain::None);
+                        return Ok((t, one_row));
+                    }
                     Ok((
                         run.constant(&hv, &hs, &out_shape, domain)?,
                         out_shape.clone(),
