@@ -1,6 +1,7 @@
 //! The NequIP, Allegro and MACE archives (random-weight models exported by
 //! `scripts/fixtures/make_pt2_mlip_fixtures.py`) through the real binary:
-//! `validate` passes on 2, 3 and 4 ranks, and `--backend mpi` under
+//! `validate` passes on 2, 3 and 4 ranks and repairs a wrong prior spec,
+//! and `--backend mpi` under
 //! `mpirun` equals the single-process run to 1e-10.
 
 use serde_json::Value;
@@ -106,6 +107,50 @@ fn validate_passes_for_nequip_allegro_and_mace_on_2_3_and_4_ranks() {
             );
         }
     }
+}
+
+/// A prior spec whose gather and scatter are both `local` (ghost rows never
+/// refreshed) fails on NequIP without auto-fix and is repaired with it.
+#[test]
+fn validate_fixes_a_wrong_prior_for_nequip() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = structure(dir.path());
+    let model = archive("nequip.pt2");
+    let mut spec: Value =
+        serde_json::from_str(&ddmlip_spec::MLIPSpec::standard_energy_model().to_json()).unwrap();
+    spec["policy"]["gather"] = Value::from("local");
+    spec["policy"]["scatter"] = Value::from("local");
+    let prior = dir.path().join("prior.json");
+    std::fs::write(&prior, spec.to_string()).unwrap();
+    let fixed = dir.path().join("fixed.json");
+    let run = |extra: &[&str]| {
+        Command::new(BIN)
+            .args(["validate", "--model"])
+            .arg(&model)
+            .arg("--structure")
+            .arg(&s)
+            .args(["--ranks", "4", "--spec"])
+            .arg(&prior)
+            .arg("--spec-out")
+            .arg(&fixed)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let o = run(&["--no-autofix"]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "fails without auto-fix: {}",
+        text(&o)
+    );
+    let o = run(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("fix applied"),
+        "{}",
+        text(&o)
+    );
 }
 
 #[cfg(feature = "mpi")]
