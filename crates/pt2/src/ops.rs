@@ -233,6 +233,112 @@ const SCHEMAS: &[OpSchema] = &[
         name: "aten.ones_like.default",
         defaults: &[],
     },
+    // What NequIP, Allegro and MACE graphs add (functionalized by
+    // `run_decompositions({})`: in-place writes become `copy`/`slice_scatter`).
+    OpSchema {
+        name: "aten.view.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten._unsafe_view.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.clone.default",
+        defaults: &[("memory_format", Default::None)],
+    },
+    OpSchema {
+        name: "aten.alias.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten._to_copy.default",
+        defaults: &[
+            ("dtype", Default::None),
+            ("non_blocking", Default::Bool(false)),
+        ],
+    },
+    OpSchema {
+        name: "aten.new_zeros.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.ones.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.copy.default",
+        defaults: &[("non_blocking", Default::Bool(false))],
+    },
+    OpSchema {
+        name: "aten.slice_scatter.default",
+        defaults: &[
+            ("dim", Default::Int(0)),
+            ("start", Default::None),
+            ("end", Default::None),
+            ("step", Default::Int(1)),
+        ],
+    },
+    OpSchema {
+        name: "aten.scatter_add.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.index_select.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.mm.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.matmul.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.addcmul.default",
+        defaults: &[("value", Default::Int(1))],
+    },
+    OpSchema {
+        name: "aten.rsub.Scalar",
+        defaults: &[("alpha", Default::Int(1))],
+    },
+    OpSchema {
+        name: "aten.square.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.sinc.default",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.pow.Tensor_Tensor",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.lt.Tensor",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "aten.one_hot.default",
+        defaults: &[("num_classes", Default::Int(-1))],
+    },
+    OpSchema {
+        name: "_operator.mul",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "_operator.add",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "_operator.sub",
+        defaults: &[],
+    },
+    OpSchema {
+        name: "_operator.floordiv",
+        defaults: &[],
+    },
 ];
 
 /// Whether the importer maps `op` (e.g. `aten.index_add.default`).

@@ -337,6 +337,66 @@ impl<T: Scalar> OpaqueKernel<T> for ClampMin {
     }
 }
 
+/// torch's normalised sinc, sin(πx)/(πx), 1 at x = 0.
+pub(crate) fn sinc(x: f64) -> f64 {
+    if x == 0.0 {
+        1.0
+    } else {
+        let y = std::f64::consts::PI * x;
+        y.sin() / y
+    }
+}
+
+/// The derivative of [`sinc`]: (cos(πx) − sinc(x)) / x, 0 at x = 0.
+fn sinc_derivative(x: f64) -> f64 {
+    if x == 0.0 {
+        0.0
+    } else {
+        ((std::f64::consts::PI * x).cos() - sinc(x)) / x
+    }
+}
+
+/// Element-wise [`sinc`] (NequIP's Bessel encoding), with its exact gradient.
+pub(crate) struct Sinc;
+
+impl<T: Scalar> OpaqueKernel<T> for Sinc {
+    fn name(&self) -> &str {
+        "sinc"
+    }
+
+    fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, KernelError> {
+        inputs
+            .first()
+            .copied()
+            .ok_or_else(|| inputs_err("one input"))
+    }
+
+    fn forward(
+        &self,
+        inputs: &[&[T]],
+        _shapes: &[Shape],
+        out: &mut [T],
+    ) -> Result<(), KernelError> {
+        for (o, &x) in out.iter_mut().zip(inputs[0]) {
+            *o = T::from_f64(sinc(x.to_f64_lossless()));
+        }
+        Ok(())
+    }
+
+    fn backward(
+        &self,
+        inputs: &[&[T]],
+        _shapes: &[Shape],
+        grad_out: &[T],
+        grads: &mut [Vec<T>],
+    ) -> Option<Result<(), KernelError>> {
+        for ((gi, &g), &x) in grads[0].iter_mut().zip(grad_out).zip(inputs[0]) {
+            *gi += g * T::from_f64(sinc_derivative(x.to_f64_lossless()));
+        }
+        Some(Ok(()))
+    }
+}
+
 /// Row-major strides of `shape`.
 pub(crate) fn strides(shape: &[usize]) -> Vec<usize> {
     let mut s = vec![1; shape.len()];
@@ -530,6 +590,17 @@ mod tests {
             2,
         );
         check_gradients(Arc::new(ClampMin(0.1)), vec![(values(8, 0.6), 4)], 2);
+    }
+
+    #[test]
+    fn sinc_is_sin_pi_x_over_pi_x_and_its_backward_matches_finite_differences() {
+        for x in [-1.7, -0.3, 0.25, 0.5, 1.0, 2.2] {
+            let want = (std::f64::consts::PI * x).sin() / (std::f64::consts::PI * x);
+            assert!((sinc(x) - want).abs() < 1e-15, "{x}");
+        }
+        assert_eq!(sinc(0.0), 1.0);
+        assert!((sinc(1e-9) - 1.0).abs() < 1e-15);
+        check_gradients(Arc::new(Sinc), vec![(values(8, 0.6), 4)], 2);
     }
 
     #[test]

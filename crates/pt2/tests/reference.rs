@@ -18,8 +18,8 @@ fn data(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn reference() -> Value {
-    let text = std::fs::read_to_string(data("pt2_reference.json")).unwrap();
+fn reference(file: &str) -> Value {
+    let text = std::fs::read_to_string(data(file)).unwrap();
     serde_json::from_str(&text).unwrap()
 }
 
@@ -76,7 +76,12 @@ fn out<'a>(r: &'a EvalResult, name: &str) -> &'a [f64] {
 }
 
 fn check_model(name: &str) {
-    let refs = reference();
+    check_model_in("pt2_reference.json", name);
+}
+
+/// `name` against the eager outputs in the reference file `file`.
+fn check_model_in(file: &str, name: &str) {
+    let refs = reference(file);
     let entry = &refs["models"][name];
     let model = ImportedModel::load(data(&format!("{name}.pt2"))).unwrap();
     let species: Vec<u32> = entry["metadata"]["species"]
@@ -168,7 +173,7 @@ fn schnet_matches_eager_pytorch_and_decomposes() {
 /// output equals the one-structure evaluation's.
 #[test]
 fn a_batch_equals_its_structures_one_by_one() {
-    let refs = reference();
+    let refs = reference("pt2_reference.json");
     let entry = &refs["models"]["schnet"];
     let model = ImportedModel::load(data("schnet.pt2")).unwrap();
     let species = [1, 6, 8, 14];
@@ -200,4 +205,23 @@ fn a_batch_equals_its_structures_one_by_one() {
 #[test]
 fn e3nn_tensor_product_matches_eager_pytorch_and_decomposes() {
     check_model("e3nn_tp");
+}
+
+// NequIP, Allegro and MACE (random weights) wrapped into the contract by
+// `scripts/fixtures/make_pt2_mlip_fixtures.py`; eager references in
+// `<name>_reference.json`.
+
+#[test]
+fn nequip_matches_eager_pytorch_and_decomposes() {
+    check_model_in("nequip_reference.json", "nequip");
+}
+
+#[test]
+fn allegro_matches_eager_pytorch_and_decomposes() {
+    check_model_in("allegro_reference.json", "allegro");
+}
+
+#[test]
+fn mace_matches_eager_pytorch_and_decomposes() {
+    check_model_in("mace_reference.json", "mace");
 }

@@ -102,12 +102,28 @@ impl<T: Scalar> Run<'_, T> {
                 });
             }
         }
-        // Host operands become constants of the output's full shape.
+        // Host operands become constants: one row broadcast over the rows
+        // when they have no row dimension (Allegro's path weights against
+        // `[E, 4, 4, 4, 4]`: 256 values, not 256 per edge), else of the
+        // output's full shape.
         let as_tensor = |v: &Val, run: &mut Self| -> Res<(Tensor, Vec<usize>)> {
             match v {
                 Val::T { t, shape } => Ok((*t, shape.clone())),
                 other => {
                     let (hv, hs) = Self::host_values(other).ok_or("unexpected input")?;
+                    let rowless = !out_shape.is_empty()
+                        && (hs.len() < out_shape.len() || hs.first() == Some(&1));
+                    if rowless {
+                        let mut one_row = out_shape.clone();
+                        one_row[0] = 1;
+                        let c = numel(&one_row);
+                        let values = broadcast_host(&hv, &hs, &one_row)?
+                            .into_iter()
+                            .map(T::from_f64)
+                            .collect();
+                        let t = run.g.constant(values, 1, c, RowDomain::None);
+                        return Ok((t, one_row));
+                    }
                     Ok((
                         run.constant(&hv, &hs, &out_shape, domain)?,
                         out_shape.clone(),
@@ -170,6 +186,24 @@ impl<T: Scalar> Run<'_, T> {
             || padded.iter().all(|&d| d == 1);
         let engine_fits =
             (br, bc) == (r, c) || (br, bc) == (r, 1) || (br, bc) == (1, c) || (br, bc) == (1, 1);
+        // Broadcasting within rows (`[E, 1, 4]` against `[E, 4, 4]`): expand
+        // each row of `b` to the output's columns first (a row-local gather).
+        if !(ok && engine_fits) && n >= 1 && br == r && (padded[0] == out[0] || padded[0] == 1) {
+            let iota: Vec<f64> = (0..numel(&padded[1..])).map(|k| k as f64).collect();
+            let map = broadcast_host(&iota, &padded[1..], &out[1..])?;
+            let wide = self.row_gather(
+                "broadcast",
+                &[b],
+                map.into_iter().map(|k| (0, k as usize)).collect(),
+            )?;
+            let r = match op {
+                Bin::Add => self.g.add(a, wide),
+                Bin::Sub => self.g.sub(a, wide),
+                Bin::Mul => self.g.mul(a, wide),
+                Bin::Div => self.g.div(a, wide),
+            };
+            return r.map_err(Self::map_err);
+        }
         if !(ok && engine_fits) {
             return Err(format!(
                 "broadcasting {b_shape:?} against {out:?} is not supported by the engine mapping"
@@ -205,6 +239,21 @@ impl<T: Scalar> Run<'_, T> {
                     return Err(format!(
                         "an index of shape {shape:?}; 1-d indices are supported"
                     ));
+                }
+                // A copy of the runtime's centre or neighbour index (through
+                // an expand, a `scatter_add` index, …) is that index: a halo
+                // read or scatter like the original.
+                for known in [edges.center, edges.neighbor] {
+                    let values = self.g.index_values(known);
+                    if values.len() == v.len()
+                        && values
+                            .iter()
+                            .zip(v.iter())
+                            .all(|(&a, &b)| i64::from(a) == b)
+                    {
+                        self.registered.insert(key, known);
+                        return Ok(known);
+                    }
                 }
                 let values: Vec<u32> = v
                     .iter()

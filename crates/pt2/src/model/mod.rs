@@ -31,6 +31,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 mod binary;
+mod mlip_ops;
 mod node;
 mod shape_ops;
 

@@ -458,13 +458,12 @@ impl<T: Scalar> Run<'_, T> {
                 match x {
                     Val::T { t, shape: xs } => {
                         let last = xs.len().checked_sub(1).ok_or("sum of a scalar")?;
-                        if xs.len() != 2 || dims.len() != 1 || norm_dim(dims[0], xs.len())? != last
+                        if xs.len() == 2 && dims.len() == 1 && norm_dim(dims[0], xs.len())? == last
                         {
-                            return Err(
-                                "a sum over other than the last dimension of a 2-d tensor".into()
-                            );
+                            let t = self.g.sum_cols(t).map_err(Self::map_err)?;
+                            return self.set(node, Val::T { t, shape });
                         }
-                        let t = self.g.sum_cols(t).map_err(Self::map_err)?;
+                        let t = self.sum_inner(t, &xs, &dims)?;
                         self.set(node, Val::T { t, shape })
                     }
                     _ => Err("a sum over dimensions of a constant tensor is not supported".into()),
@@ -551,6 +550,10 @@ impl<T: Scalar> Run<'_, T> {
                 };
                 if start + len.saturating_sub(1) * step >= n as usize && len > 0 {
                     return Err("a slice past the end".into());
+                }
+                // The whole dimension (`x[0:x.shape[0]]`, also along rows) is `x`.
+                if start == 0 && step == 1 && len == n as usize {
+                    return self.set(node, x);
                 }
                 let out = self.out_name(node)?.to_string();
                 let v = self.strided(x, &out, |sh, d| slice_map(sh, d, start, len, step), dim)?;
@@ -682,7 +685,9 @@ impl<T: Scalar> Run<'_, T> {
                 let v = self.einsum(vec![a, b], vec![la, lb], out_labels, &out)?;
                 self.set(node, v)
             }
-            other => Err(format!("op `{other}` is not supported")),
+            other => self
+                .mlip_node(node)
+                .unwrap_or_else(|| Err(format!("op `{other}` is not supported"))),
         }
     }
 }

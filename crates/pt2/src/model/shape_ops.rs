@@ -45,6 +45,17 @@ impl<T: Scalar> Run<'_, T> {
                 let origin = if xs == shape { origin } else { Origin::Other };
                 Ok(Val::Int { v, shape, origin })
             }
+            // An index broadcast along columns (`index.unsqueeze(-1).expand_as(src)`
+            // for a `scatter_add`) stays an integer tensor.
+            Val::Int { v, shape: xs, .. } => {
+                let fv: Vec<f64> = v.iter().map(|&x| x as f64).collect();
+                let wide = broadcast_host(&fv, &xs, &shape)?;
+                Ok(Val::Int {
+                    v: Arc::new(wide.into_iter().map(|x| x as i64).collect()),
+                    shape,
+                    origin: Origin::Other,
+                })
+            }
             other => {
                 let (v, xs) = Self::host_values(&other).ok_or("unexpected input")?;
                 let v = if expand {
@@ -197,6 +208,21 @@ impl<T: Scalar> Run<'_, T> {
         out: &str,
     ) -> Res<Val> {
         let out_shape = self.shape_of(out)?;
+        if !parts.iter().any(|p| matches!(p, Val::T { .. })) {
+            // Constants only (Allegro's path weights times Wigner 3j): on the host.
+            let mut hosts = Vec::with_capacity(parts.len());
+            for p in &parts {
+                hosts.push(Self::host_values(p).ok_or("unexpected input")?);
+            }
+            let v = host_einsum(&hosts, &specs, &out_labels)?;
+            if v.len() != numel(&out_shape) {
+                return Err("an einsum whose result does not fill its recorded shape".into());
+            }
+            return Ok(Val::Host {
+                v: Arc::new(v),
+                shape: out_shape,
+            });
+        }
         let domain = self.domain_of(out);
         let row = *out_labels.first().ok_or("an einsum with a scalar output")?;
         if domain == RowDomain::None {
@@ -258,4 +284,77 @@ impl<T: Scalar> Run<'_, T> {
             shape: out_shape,
         })
     }
+}
+
+/// An einsum of host tensors: the sum over every label combination of the
+/// operands' product (the constants are small: path weights, 3j symbols).
+fn host_einsum(
+    parts: &[(Arc<Vec<f64>>, Vec<usize>)],
+    specs: &[Vec<char>],
+    out_labels: &[char],
+) -> Res<Vec<f64>> {
+    let mut labels: Vec<char> = Vec::new();
+    let mut sizes: Vec<usize> = Vec::new();
+    for ((_, shape), spec) in parts.iter().zip(specs) {
+        if shape.len() != spec.len() {
+            return Err(format!(
+                "labels `{}` for shape {shape:?}",
+                spec.iter().collect::<String>()
+            ));
+        }
+        for (&l, &n) in spec.iter().zip(shape) {
+            match labels.iter().position(|&x| x == l) {
+                Some(k) if sizes[k] != n => {
+                    return Err(format!("label `{l}` with sizes {} and {n}", sizes[k]))
+                }
+                Some(_) => {}
+                None => {
+                    labels.push(l);
+                    sizes.push(n);
+                }
+            }
+        }
+    }
+    let pos = |l: char| {
+        labels
+            .iter()
+            .position(|&x| x == l)
+            .ok_or_else(|| format!("output label `{l}` on no operand"))
+    };
+    let out_pos: Vec<usize> = out_labels.iter().map(|&l| pos(l)).collect::<Res<_>>()?;
+    let out_sizes: Vec<usize> = out_pos.iter().map(|&k| sizes[k]).collect();
+    let out_strides = strides(&out_sizes);
+    let operand_pos: Vec<Vec<usize>> = specs
+        .iter()
+        .map(|spec| spec.iter().map(|&l| pos(l)).collect::<Res<Vec<_>>>())
+        .collect::<Res<_>>()?;
+    let operand_strides: Vec<Vec<usize>> = parts.iter().map(|(_, s)| strides(s)).collect();
+    let mut out = vec![0.0; numel(&out_sizes)];
+    let mut idx = vec![0usize; labels.len()];
+    for _ in 0..numel(&sizes) {
+        let mut prod = 1.0;
+        for (k, (v, _)) in parts.iter().enumerate() {
+            let flat: usize = operand_pos[k]
+                .iter()
+                .zip(&operand_strides[k])
+                .map(|(&p, &st)| idx[p] * st)
+                .sum();
+            prod *= v[flat];
+        }
+        let o: usize = out_pos
+            .iter()
+            .zip(&out_strides)
+            .map(|(&p, &st)| idx[p] * st)
+            .sum();
+        out[o] += prod;
+        // Next label combination (the last label fastest).
+        for d in (0..idx.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < sizes[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    Ok(out)
 }
