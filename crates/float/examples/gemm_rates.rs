@@ -1,5 +1,8 @@
 //! GEMM rates (GFLOP/s) of the candidate kernels on the shapes SevenNet-0
-//! runs, f32 and f64, on 1 and 2 threads.
+//! runs, f32 and f64, on 1 and 2 threads: matrixmultiply, the gemm crate
+//! (faer's kernels, AVX-512 with its x86-v4 feature) called directly, and
+//! `ddmlip_float::gemm` (the engine's GEMM, behind its checked views);
+//! `ratio` is the gemm crate over matrixmultiply.
 //!
 //! The shapes are the ones the e3nn kernels call: the radial MLP on blocks
 //! of 256 edges (`8→64→64→W`, W = 384, 960 or 224, and the backward's
@@ -62,9 +65,8 @@ fn shapes() -> Vec<Shape> {
     ]
 }
 
-/// An element type both kernels take.
-trait Elem: Copy + Send + Sync + Default + 'static {
-    fn from(v: f64) -> Self;
+/// An element type every kernel takes.
+trait Elem: ddmlip_float::Real {
     /// matrixmultiply's kernel for this type (`C = A·B`).
     ///
     /// # Safety
@@ -89,9 +91,6 @@ trait Elem: Copy + Send + Sync + Default + 'static {
 macro_rules! elem {
     ($t:ty, $f:path) => {
         impl Elem for $t {
-            fn from(v: f64) -> Self {
-                v as $t
-            }
             unsafe fn mm(
                 m: usize,
                 k: usize,
@@ -118,7 +117,10 @@ elem!(f64, matrixmultiply::dgemm);
 #[derive(Clone, Copy, PartialEq)]
 enum Kernel {
     MatrixMultiply,
+    /// The gemm crate called directly.
     Gemm,
+    /// `ddmlip_float::gemm`, the engine's GEMM (its checks included).
+    Checked,
 }
 
 /// One block's product, component `comp_index` of every row: the slices
@@ -139,6 +141,25 @@ fn block<T: Elem>(
     } else {
         (n as isize, 1)
     };
+    if kernel == Kernel::Checked {
+        ddmlip_float::gemm(
+            m,
+            k,
+            n,
+            T::ONE,
+            &a[comp_index..],
+            rsa,
+            csa,
+            b,
+            rsb,
+            csb,
+            T::ZERO,
+            &mut c[comp_index..],
+            rsc,
+            csc,
+        );
+        return;
+    }
     let (ap, cp) = (a[comp_index..].as_ptr(), c[comp_index..].as_mut_ptr());
     // SAFETY: the assert above keeps the strided m×k, k×n and m×n views
     // inside `a`, `b` and `c`; `c` is a unique borrow.
@@ -161,13 +182,14 @@ fn block<T: Elem>(
                 b.as_ptr(),
                 csb,
                 rsb,
-                T::from(0.0),
-                T::from(1.0),
+                T::ZERO,
+                T::ONE,
                 false,
                 false,
                 false,
                 gemm::Parallelism::None,
             ),
+            Kernel::Checked => unreachable!("handled above"),
         }
     }
 }
@@ -206,12 +228,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn run<T: Elem>(label: &str, rounds: usize) {
-    let kernels = [Kernel::MatrixMultiply, Kernel::Gemm];
+    let kernels = [Kernel::MatrixMultiply, Kernel::Gemm, Kernel::Checked];
     for threads in [1, 2] {
-        let Ok(pool) = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-        else {
+        let Ok(pool) = rayon::ThreadPoolBuilder::new().num_threads(threads).build() else {
             eprintln!("no rayon pool of {threads} threads");
             return;
         };
@@ -220,8 +239,8 @@ fn run<T: Elem>(label: &str, rounds: usize) {
              median of {rounds} alternating rounds"
         );
         println!(
-            "| {:<36} | {:>6} | {:>16} | {:>16} | {:>5} |",
-            "shape (block m×k×n)", "blocks", "matrixmultiply", "gemm", "ratio"
+            "| {:<36} | {:>6} | {:>16} | {:>16} | {:>16} | {:>5} |",
+            "shape (block m×k×n)", "blocks", "matrixmultiply", "gemm", "ddmlip_float", "ratio"
         );
         for s in shapes() {
             let total = if s.m == 64 {
@@ -234,14 +253,14 @@ fn run<T: Elem>(label: &str, rounds: usize) {
                 seed ^= seed << 13;
                 seed ^= seed >> 7;
                 seed ^= seed << 17;
-                T::from((seed % 2000) as f64 / 1000.0 - 1.0)
+                T::from_f64((seed % 2000) as f64 / 1000.0 - 1.0)
             };
             let a: Vec<T> = (0..total * s.k * s.comp).map(|_| next()).collect();
             let b: Vec<T> = (0..s.k * s.n).map(|_| next()).collect();
             let mut c = vec![T::default(); total * s.n * s.comp];
             let flops = 2.0 * (total * s.k * s.n * s.comp) as f64;
-            let mut cpu = [Vec::new(), Vec::new()];
-            let mut wall = [Vec::new(), Vec::new()];
+            let mut cpu = [Vec::new(), Vec::new(), Vec::new()];
+            let mut wall = [Vec::new(), Vec::new(), Vec::new()];
             pool.install(|| {
                 for round in 0..=rounds {
                     for (i, &kern) in kernels.iter().enumerate() {
@@ -253,14 +272,15 @@ fn run<T: Elem>(label: &str, rounds: usize) {
                     }
                 }
             });
-            let [mm, ge] = cpu.map(|t| flops / median(t) / 1e9);
-            let [mm_w, ge_w] = wall.map(|t| flops / median(t) / 1e9);
+            let [mm, ge, ch] = cpu.map(|t| flops / median(t) / 1e9);
+            let [mm_w, ge_w, ch_w] = wall.map(|t| flops / median(t) / 1e9);
             println!(
-                "| {:<36} | {:>6} | {:>16} | {:>16} | {:>5.2} |",
+                "| {:<36} | {:>6} | {:>16} | {:>16} | {:>16} | {:>5.2} |",
                 format!("{} ({}×{}×{})", s.name, s.m, s.k, s.n),
                 total / s.m,
                 format!("{mm:.1} ({mm_w:.1})"),
                 format!("{ge:.1} ({ge_w:.1})"),
+                format!("{ch:.1} ({ch_w:.1})"),
                 ge / mm
             );
         }

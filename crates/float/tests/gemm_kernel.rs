@@ -63,23 +63,94 @@ impl Layout {
 }
 
 /// SevenNet-0's products (radial MLP on edge blocks, irreps linears on atom
-/// blocks; see the `gemm_rates` example), and the kernel's special cases.
+/// blocks; see the `gemm_rates` example), and shapes GEMM kernels often take
+/// special paths for (one column, a two-term sum, sums longer than a k block).
 const LAYOUTS: [Layout; 14] = [
-    Layout { k: 8, n: 64, comp: 1, bt: false },
-    Layout { k: 64, n: 64, comp: 1, bt: false },
-    Layout { k: 64, n: 960, comp: 1, bt: false },
-    Layout { k: 960, n: 64, comp: 1, bt: true },
-    Layout { k: 128, n: 128, comp: 1, bt: false },
-    Layout { k: 64, n: 64, comp: 3, bt: false },
-    Layout { k: 32, n: 32, comp: 5, bt: false },
-    Layout { k: 224, n: 224, comp: 1, bt: false },
-    Layout { k: 384, n: 64, comp: 3, bt: false },
-    Layout { k: 64, n: 384, comp: 1, bt: false },
+    Layout {
+        k: 8,
+        n: 64,
+        comp: 1,
+        bt: false,
+    },
+    Layout {
+        k: 64,
+        n: 64,
+        comp: 1,
+        bt: false,
+    },
+    Layout {
+        k: 64,
+        n: 960,
+        comp: 1,
+        bt: false,
+    },
+    Layout {
+        k: 960,
+        n: 64,
+        comp: 1,
+        bt: true,
+    },
+    Layout {
+        k: 128,
+        n: 128,
+        comp: 1,
+        bt: false,
+    },
+    Layout {
+        k: 64,
+        n: 64,
+        comp: 3,
+        bt: false,
+    },
+    Layout {
+        k: 32,
+        n: 32,
+        comp: 5,
+        bt: false,
+    },
+    Layout {
+        k: 224,
+        n: 224,
+        comp: 1,
+        bt: false,
+    },
+    Layout {
+        k: 384,
+        n: 64,
+        comp: 3,
+        bt: false,
+    },
+    Layout {
+        k: 64,
+        n: 384,
+        comp: 1,
+        bt: false,
+    },
     // The readout (one output column), a two-term sum, a long one.
-    Layout { k: 64, n: 1, comp: 1, bt: false },
-    Layout { k: 2, n: 64, comp: 1, bt: false },
-    Layout { k: 1100, n: 8, comp: 1, bt: true },
-    Layout { k: 1100, n: 3, comp: 1, bt: false },
+    Layout {
+        k: 64,
+        n: 1,
+        comp: 1,
+        bt: false,
+    },
+    Layout {
+        k: 2,
+        n: 64,
+        comp: 1,
+        bt: false,
+    },
+    Layout {
+        k: 1100,
+        n: 8,
+        comp: 1,
+        bt: true,
+    },
+    Layout {
+        k: 1100,
+        n: 3,
+        comp: 1,
+        bt: false,
+    },
 ];
 
 fn rows_do_not_depend_on_the_block_height<T: Real>() {
@@ -112,7 +183,11 @@ fn rows_do_not_depend_on_the_block_height<T: Real>() {
             }
         }
     }
-    assert!(bad.is_empty(), "rows differ from the one-call product:\n{}", bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "rows differ from the one-call product:\n{}",
+        bad.join("\n")
+    );
 }
 
 #[test]
@@ -173,13 +248,23 @@ fn beta_zero_does_not_read_c_and_beta_one_accumulates() {
     let a = values::<f32>(m * k, 3);
     let b = values::<f32>(k * n, 4);
     let mut fresh = vec![f32::NAN; m * n];
-    gemm(m, k, n, 1.0, &a, k as isize, 1, &b, n as isize, 1, 0.0, &mut fresh, n as isize, 1);
-    assert!(fresh.iter().all(|v| v.is_finite()), "NaN in C leaked through beta = 0");
+    gemm(
+        m, k, n, 1.0, &a, k as isize, 1, &b, n as isize, 1, 0.0, &mut fresh, n as isize, 1,
+    );
+    assert!(
+        fresh.iter().all(|v| v.is_finite()),
+        "NaN in C leaked through beta = 0"
+    );
     // alpha·A·B + 1·C with C = A·B: 3·A·B, to rounding.
     let mut acc = fresh.clone();
-    gemm(m, k, n, 2.0, &a, k as isize, 1, &b, n as isize, 1, 1.0, &mut acc, n as isize, 1);
+    gemm(
+        m, k, n, 2.0, &a, k as isize, 1, &b, n as isize, 1, 1.0, &mut acc, n as isize, 1,
+    );
     for (x, y) in acc.iter().zip(&fresh) {
-        assert!((x - 3.0 * y).abs() <= 1e-5 * (1.0 + y.abs()), "{x} vs 3·{y}");
+        assert!(
+            (x - 3.0 * y).abs() <= 1e-5 * (1.0 + y.abs()),
+            "{x} vs 3·{y}"
+        );
     }
 }
 
