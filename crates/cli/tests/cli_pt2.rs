@@ -3,6 +3,7 @@
 //! prior spec), `models --inspect`, and the bad archives (exit 2 with a
 //! message that says what is wrong).
 
+use ddmlip_testkit::cli::output_text as text;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -17,15 +18,6 @@ fn archive(name: &str) -> PathBuf {
 
 fn ddmlip(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// The reference's periodic structure replicated 2×2×2 (256 atoms, box

@@ -4,6 +4,7 @@
 //! and `--backend mpi` under
 //! `mpirun` equals the single-process run to 1e-10.
 
+use ddmlip_testkit::cli::output_text as text;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -15,15 +16,6 @@ fn archive(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../pt2/tests/data")
         .join(name)
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// The references' periodic 32-atom cell (species H, C, O) replicated

@@ -3,7 +3,7 @@
 
 use ddmlip_atoms::{Cell, Column, System};
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Output};
 
 /// Runs `bin` (a test's `env!("CARGO_BIN_EXE_…")`) with `args` and returns
 /// (exit code, stdout, stderr); the code is −1 when a signal ended it.
@@ -20,6 +20,17 @@ pub fn run_binary(bin: &str, args: &[&str]) -> (i32, String, String) {
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A finished command's exit status, stdout and stderr as one text, for
+/// assertion messages. Output that is not UTF-8 is decoded lossily.
+pub fn output_text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
     )
 }
 
