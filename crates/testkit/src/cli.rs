@@ -34,6 +34,22 @@ pub fn output_text(o: &Output) -> String {
     )
 }
 
+/// Panics unless `mpirun --version` runs: for the tests that must not be
+/// skipped where MPI is missing.
+///
+/// # Panics
+/// When `mpirun` cannot be started or fails.
+pub fn require_mpirun() {
+    if Command::new("mpirun")
+        .arg("--version")
+        .output()
+        .map(|o| !o.status.success())
+        .unwrap_or(true)
+    {
+        panic!("mpirun is required for the MPI tests (scripts/ci-setup.sh installs OpenMPI)");
+    }
+}
+
 /// A path as the `&str` a command line takes.
 ///
 /// # Panics
