@@ -3,6 +3,7 @@
 //! prior spec), `models --inspect`, and the bad archives (exit 2 with a
 //! message that says what is wrong).
 
+use ddmlip_testkit::cli::{output_text as text, write_replicated_xyz};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -19,15 +20,6 @@ fn ddmlip(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().unwrap()
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// The reference's periodic structure replicated 2×2×2 (256 atoms, box
 /// 15.6 Å), so that 4 ranks have remote atoms.
 fn structure(dir: &Path) -> PathBuf {
@@ -37,43 +29,15 @@ fn structure(dir: &Path) -> PathBuf {
     let s = &reference["models"]["schnet"]["results"][0];
     let species = [1u32, 6, 8, 14];
     let symbols = ["H", "C", "O", "Si"];
-    let cell: Vec<f64> = s["cell"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()))
+    assert_eq!(species.len(), symbols.len());
+    let row = |v: &Value| [0, 1, 2].map(|d| v[d].as_f64().unwrap());
+    let cell = [0, 1, 2].map(|k| row(&s["cell"][k]));
+    let positions: Vec<[f64; 3]> = s["positions"].as_array().unwrap().iter().map(row).collect();
+    let names: Vec<&str> = (0..positions.len())
+        .map(|k| symbols[s["species"][k].as_u64().unwrap() as usize])
         .collect();
-    let mut lines = Vec::new();
-    for (k, p) in s["positions"].as_array().unwrap().iter().enumerate() {
-        let p: Vec<f64> = p
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_f64().unwrap())
-            .collect();
-        let sp = s["species"][k].as_u64().unwrap() as usize;
-        assert_eq!(species.len(), symbols.len());
-        for (a, b, c) in (0..8).map(|i| (i & 1, (i >> 1) & 1, (i >> 2) & 1)) {
-            let shift = [0, 1, 2]
-                .map(|d| a as f64 * cell[d] + b as f64 * cell[3 + d] + c as f64 * cell[6 + d]);
-            lines.push(format!(
-                "{} {} {} {}",
-                symbols[sp],
-                p[0] + shift[0],
-                p[1] + shift[1],
-                p[2] + shift[2]
-            ));
-        }
-    }
-    let lattice: Vec<String> = cell.iter().map(|x| (2.0 * x).to_string()).collect();
-    let xyz = format!(
-        "{}\nLattice=\"{}\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\n{}\n",
-        lines.len(),
-        lattice.join(" "),
-        lines.join("\n")
-    );
     let path = dir.join("fcc256.xyz");
-    std::fs::write(&path, xyz).unwrap();
+    write_replicated_xyz(&path, &cell, &positions, &names, [2, 2, 2]);
     path
 }
 

@@ -4,6 +4,7 @@
 //! and `--backend mpi` under
 //! `mpirun` equals the single-process run to 1e-10.
 
+use ddmlip_testkit::cli::{output_text as text, write_replicated_xyz};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -17,15 +18,6 @@ fn archive(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// The references' periodic 32-atom cell (species H, C, O) replicated
 /// 2×2×1: 128 atoms in a 15.6 × 15.6 × 7.8 Å box, so that 4 ranks each
 /// own atoms and read ghosts.
@@ -36,46 +28,14 @@ fn structure(dir: &Path) -> PathBuf {
     let s = &reference["models"]["nequip"]["results"][0];
     assert_eq!(s["name"], "fcc_periodic_32");
     let symbols = ["H", "C", "O"];
-    let cell: Vec<f64> = s["cell"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()))
+    let row = |v: &Value| [0, 1, 2].map(|d| v[d].as_f64().unwrap());
+    let cell = [0, 1, 2].map(|k| row(&s["cell"][k]));
+    let positions: Vec<[f64; 3]> = s["positions"].as_array().unwrap().iter().map(row).collect();
+    let names: Vec<&str> = (0..positions.len())
+        .map(|k| symbols[s["species"][k].as_u64().unwrap() as usize])
         .collect();
-    let mut lines = Vec::new();
-    for (k, p) in s["positions"].as_array().unwrap().iter().enumerate() {
-        let p: Vec<f64> = p
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_f64().unwrap())
-            .collect();
-        let sp = s["species"][k].as_u64().unwrap() as usize;
-        for (a, b) in [(0.0, 0.0), (1.0, 0.0), (0.0, 1.0), (1.0, 1.0)] {
-            let shift = [0, 1, 2].map(|d| a * cell[d] + b * cell[3 + d]);
-            lines.push(format!(
-                "{} {} {} {}",
-                symbols[sp],
-                p[0] + shift[0],
-                p[1] + shift[1],
-                p[2] + shift[2]
-            ));
-        }
-    }
-    let scale = [2.0, 2.0, 1.0];
-    let lattice: Vec<String> = cell
-        .iter()
-        .enumerate()
-        .map(|(k, x)| (scale[k / 3] * x).to_string())
-        .collect();
-    let xyz = format!(
-        "{}\nLattice=\"{}\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\n{}\n",
-        lines.len(),
-        lattice.join(" "),
-        lines.join("\n")
-    );
     let path = dir.join("hco128.xyz");
-    std::fs::write(&path, xyz).unwrap();
+    write_replicated_xyz(&path, &cell, &positions, &names, [2, 2, 1]);
     path
 }
 

@@ -2,7 +2,7 @@
 //! compared with the same job on 3 thread ranks of one process.
 #![cfg(feature = "mpi")]
 
-use ddmlip_testkit::cli::{argon_fcc, momenta};
+use ddmlip_testkit::cli::{argon_fcc, momenta, require_mpirun};
 use std::path::Path;
 use std::process::Command;
 
@@ -13,14 +13,7 @@ fn argon(path: &Path) {
 
 #[test]
 fn mpi_md_equals_thread_ranks() {
-    if Command::new("mpirun")
-        .arg("--version")
-        .output()
-        .map(|o| !o.status.success())
-        .unwrap_or(true)
-    {
-        panic!("mpirun is required for the MPI tests (scripts/ci-setup.sh installs OpenMPI)");
-    }
+    require_mpirun();
     let dir = tempfile::tempdir().unwrap();
     let st = dir.path().join("ar.xyz");
     argon(&st);

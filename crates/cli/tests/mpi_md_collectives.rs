@@ -4,7 +4,7 @@
 //! position at each rebuild.
 #![cfg(feature = "mpi")]
 
-use ddmlip_testkit::cli::argon_fcc;
+use ddmlip_testkit::cli::{argon_fcc, require_mpirun};
 use std::path::Path;
 use std::process::Command;
 
@@ -51,14 +51,7 @@ fn mpi_md(structure: &Path, out: &Path, extra: &[&str]) -> serde_json::Value {
 
 #[test]
 fn mpi_md_makes_one_collective_per_plain_step() {
-    if Command::new("mpirun")
-        .arg("--version")
-        .output()
-        .map(|o| !o.status.success())
-        .unwrap_or(true)
-    {
-        panic!("mpirun is required for the MPI tests (scripts/ci-setup.sh installs OpenMPI)");
-    }
+    require_mpirun();
     let dir = tempfile::tempdir().unwrap();
     let st = dir.path().join("ar.xyz");
     ddmlip_atoms::extxyz::write_file(&st, &[argon_fcc(3, 0.1, false)]).unwrap();

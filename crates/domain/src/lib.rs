@@ -7,6 +7,7 @@
 pub mod partition;
 pub use partition::*;
 mod halo;
+pub mod serde_bits;
 pub mod svg;
 
 pub use halo::{HaloRuntime, LocalHaloPlan};

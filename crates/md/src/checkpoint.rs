@@ -156,34 +156,4 @@ impl Checkpoint {
     }
 }
 
-/// Serde helper: one `f64` as its bit pattern.
-pub(crate) mod scalar_bits {
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
-        v.to_bits().serialize(s)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-        Ok(f64::from_bits(u64::deserialize(d)?))
-    }
-}
-
-/// Serde helper: `f64`s as bit patterns.
-pub(crate) mod vec_bits {
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    pub fn serialize<S: Serializer>(v: &[f64], s: S) -> Result<S::Ok, S::Error> {
-        v.iter()
-            .map(|x| x.to_bits())
-            .collect::<Vec<u64>>()
-            .serialize(s)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
-        Ok(Vec::<u64>::deserialize(d)?
-            .into_iter()
-            .map(f64::from_bits)
-            .collect())
-    }
-}
+pub(crate) use ddmlip_domain::serde_bits::{scalar_bits, vec_bits};

@@ -96,14 +96,7 @@ fn full_config_checkpoint_f32_within_upstreams_f32_gap() {
     let ours_vs_f32 = gap(&cases, &r, |c| &c.f32);
     let ours = gap(&cases, &r, |c| &c.f64);
     // Upstream's own float32-vs-float64 gap, from the fixture alone.
-    let up = per_structure_gaps(
-        &cases,
-        |_, c| c.f32["energy"].as_f64().unwrap(),
-        |_, c| vec3s(&c.f32["forces"]),
-        |c| &c.f64,
-    );
-    let up_energy = up.iter().fold(0.0f64, |m, g| m.max(g.0));
-    let up_forces = up.iter().fold(0.0f64, |m, g| m.max(g.1));
+    let (up_energy, up_forces) = upstream_f32_gap(&cases);
     eprintln!(
         "sevenn-train full f32 vs upstream f64: energy {:.2e} eV/atom, forces {:.2e} eV/Å (upstream's f32 gap {:.2e}, {:.2e}); vs upstream f32: {:.2e}, {:.2e}",
         ours.energy, ours.forces, up_energy, up_forces, ours_vs_f32.energy, ours_vs_f32.forces
@@ -159,27 +152,7 @@ fn full_config_checkpoint_decomposed_equals_single_process() {
             },
         )
         .unwrap();
-        let (e1, er) = (
-            single.energy().expect("energy output")[0],
-            split.energy().expect("energy output")[0],
-        );
-        let e = (er - e1).abs() / e1.abs();
-        let (f1, fr) = (
-            single.forces().expect("forces output"),
-            split.forces().expect("forces output"),
-        );
-        let scale = f1.iter().flatten().fold(0.0f64, |m, v| m.max(v.abs()));
-        let f = f1
-            .iter()
-            .flatten()
-            .zip(fr.iter().flatten())
-            .fold(0.0f64, |m, (a, b)| m.max((a - b).abs() / scale));
-        let (s1, sr) = (
-            single.stress().expect("stress output")[0].expect("periodic"),
-            split.stress().expect("stress output")[0].expect("periodic"),
-        );
-        let sscale = s1.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-        let s = (0..6).fold(0.0f64, |m, k| m.max((s1[k] - sr[k]).abs() / sscale));
+        let (e, f, s) = decomposed_gaps(&single, &split);
         eprintln!(
             "sevenn-train full {ranks} ranks vs 1: energy {e:.1e}, forces {f:.1e}, stress {s:.1e} (relative)"
         );

@@ -197,24 +197,7 @@ fn check_decomposed(name: &str, modal: Option<&str>) {
         },
     )
     .unwrap();
-    let e = (split.energy().expect("energy")[0] - single.energy().expect("energy")[0]).abs()
-        / single.energy().expect("energy")[0].abs();
-    let (f1, f3) = (
-        single.forces().expect("forces"),
-        split.forces().expect("forces"),
-    );
-    let scale = f1.iter().flatten().fold(0.0f64, |m, v| m.max(v.abs()));
-    let f = f1
-        .iter()
-        .flatten()
-        .zip(f3.iter().flatten())
-        .fold(0.0f64, |m, (a, b)| m.max((a - b).abs() / scale));
-    let (s1, s3) = (
-        single.stress().expect("stress")[0].unwrap(),
-        split.stress().expect("stress")[0].unwrap(),
-    );
-    let sscale = s1.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-    let s = (0..6).fold(0.0f64, |m, k| m.max((s1[k] - s3[k]).abs() / sscale));
+    let (e, f, s) = decomposed_gaps(&single, &split);
     eprintln!(
         "{name} {modal:?}: 3 ranks vs 1: energy {e:.1e}, forces {f:.1e}, stress {s:.1e} (relative)"
     );

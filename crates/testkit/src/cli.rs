@@ -3,7 +3,7 @@
 
 use ddmlip_atoms::{Cell, Column, System};
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Output};
 
 /// Runs `bin` (a test's `env!("CARGO_BIN_EXE_…")`) with `args` and returns
 /// (exit code, stdout, stderr); the code is −1 when a signal ended it.
@@ -21,6 +21,80 @@ pub fn run_binary(bin: &str, args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// A finished command's exit status, stdout and stderr as one text, for
+/// assertion messages. Output that is not UTF-8 is decoded lossily.
+pub fn output_text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Panics unless `mpirun --version` runs: for the tests that must not be
+/// skipped where MPI is missing.
+///
+/// # Panics
+/// When `mpirun` cannot be started or fails.
+pub fn require_mpirun() {
+    if Command::new("mpirun")
+        .arg("--version")
+        .output()
+        .map(|o| !o.status.success())
+        .unwrap_or(true)
+    {
+        panic!("mpirun is required for the MPI tests (scripts/ci-setup.sh installs OpenMPI)");
+    }
+}
+
+/// Writes a periodic structure replicated `reps` times along its cell
+/// vectors (the rows of `cell`) to `path` as extended XYZ: each atom's
+/// images in turn, the first cell vector's index running fastest.
+///
+/// # Panics
+/// When the file cannot be written.
+pub fn write_replicated_xyz(
+    path: &Path,
+    cell: &[[f64; 3]; 3],
+    positions: &[[f64; 3]],
+    symbols: &[&str],
+    reps: [usize; 3],
+) {
+    let images = reps[0] * reps[1] * reps[2];
+    let mut lines = Vec::new();
+    for (p, symbol) in positions.iter().zip(symbols) {
+        for i in 0..images {
+            let (a, b, c) = (
+                i % reps[0],
+                (i / reps[0]) % reps[1],
+                i / (reps[0] * reps[1]),
+            );
+            let shift = [0, 1, 2]
+                .map(|d| a as f64 * cell[0][d] + b as f64 * cell[1][d] + c as f64 * cell[2][d]);
+            lines.push(format!(
+                "{} {} {} {}",
+                symbol,
+                p[0] + shift[0],
+                p[1] + shift[1],
+                p[2] + shift[2]
+            ));
+        }
+    }
+    let lattice: Vec<String> = cell
+        .iter()
+        .enumerate()
+        .flat_map(|(k, row)| row.iter().map(move |x| (reps[k] as f64 * x).to_string()))
+        .collect();
+    let xyz = format!(
+        "{}\nLattice=\"{}\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\n{}\n",
+        lines.len(),
+        lattice.join(" "),
+        lines.join("\n")
+    );
+    std::fs::write(path, xyz).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
 }
 
 /// A path as the `&str` a command line takes.

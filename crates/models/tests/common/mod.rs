@@ -136,3 +136,45 @@ pub fn per_structure_gaps(
         })
         .collect()
 }
+
+/// Upstream's own float32-vs-float64 gap, from the fixture alone: the
+/// largest energy per atom (eV/atom) and force component (eV/Å) over `cases`.
+pub fn upstream_f32_gap(cases: &[Case]) -> (f64, f64) {
+    per_structure_gaps(
+        cases,
+        |_, c| c.f32["energy"].as_f64().unwrap(),
+        |_, c| vec3s(&c.f32["forces"]),
+        |c| &c.f64,
+    )
+    .iter()
+    .fold((0.0f64, 0.0f64), |m, &(e, f)| (m.0.max(e), m.1.max(f)))
+}
+
+/// Relative differences of a decomposed evaluation to a single-process one
+/// of the same first structure: energy, force components (to the largest
+/// single-process component) and stress components (to the largest
+/// single-process stress component).
+pub fn decomposed_gaps(single: &EvalResult, split: &EvalResult) -> (f64, f64, f64) {
+    let (e1, er) = (
+        single.energy().expect("energy output")[0],
+        split.energy().expect("energy output")[0],
+    );
+    let e = (er - e1).abs() / e1.abs();
+    let (f1, fr) = (
+        single.forces().expect("forces output"),
+        split.forces().expect("forces output"),
+    );
+    let scale = f1.iter().flatten().fold(0.0f64, |m, v| m.max(v.abs()));
+    let f = f1
+        .iter()
+        .flatten()
+        .zip(fr.iter().flatten())
+        .fold(0.0f64, |m, (a, b)| m.max((a - b).abs() / scale));
+    let (s1, sr) = (
+        single.stress().expect("stress output")[0].expect("periodic"),
+        split.stress().expect("stress output")[0].expect("periodic"),
+    );
+    let sscale = s1.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let s = (0..6).fold(0.0f64, |m, k| m.max((s1[k] - sr[k]).abs() / sscale));
+    (e, f, s)
+}

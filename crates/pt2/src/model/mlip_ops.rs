@@ -495,6 +495,11 @@ impl<T: Scalar> Run<'_, T> {
         let [c] = ov[..] else {
             return Err("a comparison with a tensor of more than one value".into());
         };
+        self.lt_mask(node, c)
+    }
+
+    /// `self < c` with a constant `c`, as a host mask (no gradient).
+    pub(super) fn lt_mask(&mut self, node: &Node, c: f64) -> Res<()> {
         let (v, shape) = match self.tensor_arg(node, "self")? {
             Val::T { t, shape } => (
                 self.g

@@ -310,28 +310,7 @@ impl<T: Scalar> Run<'_, T> {
             }
             "aten.lt.Scalar" => {
                 let c = self.float_arg(node, "other")?;
-                let x = self.tensor_arg(node, "self")?;
-                let (v, shape) = match x {
-                    Val::T { t, shape } => (
-                        self.g
-                            .value(t)
-                            .iter()
-                            .map(|x| x.to_f64_lossless())
-                            .collect::<Vec<_>>(),
-                        shape,
-                    ),
-                    other => {
-                        let (v, s) = Self::host_values(&other).ok_or("unexpected input")?;
-                        (v.to_vec(), s)
-                    }
-                };
-                self.set(
-                    node,
-                    Val::Host {
-                        v: Arc::new(v.iter().map(|&x| f64::from(x < c)).collect()),
-                        shape,
-                    },
-                )
+                self.lt_mask(node, c)
             }
             "aten.to.dtype" => {
                 let d = match self.arg(node, "dtype")? {
