@@ -4,156 +4,31 @@
 //! the op engine, against the real upstream code's outputs on four
 //! structures (periodic, triclinic, slab, cluster), single process and
 //! decomposed.
+//!
+//! f32: with edge vectors from f64 positions rounded once and edge features
+//! computed in f64, forces are 0.36× and energies 0.58× upstream's own f32
+//! gap (with f32 edge features 1.02× and 1.17×; from f32 positions the
+//! forces were 2.8×).
 
 mod common;
 
-use common::*;
-use ddmlip_engine::{DType, Model};
-use ddmlip_runtime::{evaluate, EvalOptions};
-use serde_json::Value;
-use std::path::PathBuf;
-use std::sync::OnceLock;
+use common::sevenn_train::SevennTrain;
 
-fn data(file: &str) -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/sevenn-train/"
-    ))
-    .join(file)
-}
-
-fn fixtures() -> &'static Value {
-    static F: OnceLock<Value> = OnceLock::new();
-    F.get_or_init(|| {
-        let text = std::fs::read_to_string(data("sevenn_train_parity.json"))
-            .expect("read the sevenn-train fixture");
-        serde_json::from_str(&text).expect("parse the sevenn-train fixture")
-    })
-}
-
-fn model() -> Box<dyn Model> {
-    let path = data("sevenn_train_parity.pth");
-    ddmlip_models::load_model(path.to_str().expect("utf-8 path")).expect("load the checkpoint")
-}
-
-fn cases() -> Vec<Case> {
-    fixtures()["checkpoints"]["sevenn_train_parity"]["results"]
-        .as_array()
-        .expect("results")
-        .iter()
-        .map(case)
-        .collect()
-}
+const FIXTURE: SevennTrain = SevennTrain {
+    name: "sevenn_train_parity",
+};
 
 #[test]
 fn sevenn_train_checkpoint_f64_matches_upstream_f64() {
-    let m = model();
-    let cases = cases();
-    assert_eq!(cases.len(), 4, "periodic, triclinic, slab, cluster");
-    let r = evaluate(m.as_ref(), &systems(&cases), &EvalOptions::default()).unwrap();
-    let g = gap(&cases, &r, |c| &c.f64);
-    eprintln!(
-        "sevenn-train f64 vs upstream f64: energy {:.2e} eV/atom, forces {:.2e} eV/Å, stress {:.2e} eV/Å³, atomic {:.2e} eV",
-        g.energy, g.forces, g.stress, g.atomic
-    );
-    assert!(g.energy < 1e-12, "energy off by {} eV/atom", g.energy);
-    assert!(g.forces < 1e-11, "forces off by {} eV/Å", g.forces);
-    assert!(g.stress < 1e-12, "stress off by {} eV/Å³", g.stress);
-    assert!(g.atomic < 1e-11, "atomic energies off by {} eV", g.atomic);
+    FIXTURE.check_f64_matches_upstream();
 }
 
 #[test]
 fn sevenn_train_checkpoint_f32_matches_upstream_f32() {
-    let m = model();
-    let cases = cases();
-    let r = evaluate(
-        m.as_ref(),
-        &systems(&cases),
-        &EvalOptions {
-            dtype: DType::F32,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let ours_vs_f32 = gap(&cases, &r, |c| &c.f32);
-    let ours = gap(&cases, &r, |c| &c.f64);
-    // Upstream's own float32-vs-float64 gap, from the fixture alone.
-    let (up_energy, up_forces) = upstream_f32_gap(&cases);
-    eprintln!(
-        "sevenn-train f32 vs upstream f64: energy {:.2e} eV/atom, forces {:.2e} eV/Å (upstream's f32 gap {:.2e}, {:.2e}); vs upstream f32: {:.2e}, {:.2e}",
-        ours.energy, ours.forces, up_energy, up_forces, ours_vs_f32.energy, ours_vs_f32.forces
-    );
-    assert!(
-        up_forces > 0.0 && up_energy > 0.0,
-        "the fixture's f32 differs from its f64"
-    );
-    // The bounds of the SevenNet family's f32 tests against upstream's
-    // float32 calculator.
-    assert!(
-        ours_vs_f32.energy < 5e-6,
-        "f32 energy off upstream's f32 by {} eV/atom",
-        ours_vs_f32.energy
-    );
-    assert!(
-        ours_vs_f32.forces < 5e-5,
-        "f32 forces off upstream's f32 by {} eV/Å",
-        ours_vs_f32.forces
-    );
-    // Against upstream's f64, within upstream's own f32 gap over the four
-    // structures. Measured with edge vectors from f64 positions rounded
-    // once and edge features computed in f64: forces 0.36×, energies 0.58×
-    // that gap (with f32 edge features 1.02× and 1.17×; from f32
-    // positions the forces were 2.8×).
-    assert!(
-        ours.energy <= up_energy,
-        "f32 energy vs upstream f64 {} eV/atom, upstream's own f32 gap {}",
-        ours.energy,
-        up_energy
-    );
-    assert!(
-        ours.forces <= up_forces,
-        "f32 forces vs upstream f64 {} eV/Å, upstream's own f32 gap {}",
-        ours.forces,
-        up_forces
-    );
+    FIXTURE.check_f32_within_upstream_gap();
 }
 
-/// Two and four ranks against one process, f64, on the 108-atom periodic alloy.
 #[test]
 fn sevenn_train_checkpoint_decomposed_equals_single_process() {
-    let m = model();
-    let cases: Vec<Case> = cases()
-        .into_iter()
-        .filter(|c| c.name == "alloy_fcc_108")
-        .collect();
-    assert_eq!(cases.len(), 1);
-    let frames = systems(&cases);
-    let single = evaluate(m.as_ref(), &frames, &EvalOptions::default()).unwrap();
-    for ranks in [2, 4] {
-        let split = evaluate(
-            m.as_ref(),
-            &frames,
-            &EvalOptions {
-                ranks,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let (e, f, s) = decomposed_gaps(&single, &split);
-        let (a1, ar) = (
-            single.atomic_energies().unwrap(),
-            split.atomic_energies().unwrap(),
-        );
-        let a = a1
-            .iter()
-            .zip(ar)
-            .fold(0.0f64, |m, (x, y)| m.max((x - y).abs() / x.abs().max(1e-3)));
-        eprintln!(
-            "sevenn-train {ranks} ranks vs 1: energy {e:.1e}, forces {f:.1e}, stress {s:.1e}, atomic {a:.1e} (relative)"
-        );
-        assert!(
-            e < 1e-10 && f < 1e-10 && s < 1e-10 && a < 1e-10,
-            "{ranks} ranks differ: {e} {f} {s} {a}"
-        );
-    }
+    FIXTURE.check_decomposed_equals_single_process();
 }

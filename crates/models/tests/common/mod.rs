@@ -178,3 +178,5 @@ pub fn decomposed_gaps(single: &EvalResult, split: &EvalResult) -> (f64, f64, f6
     let s = (0..6).fold(0.0f64, |m, k| m.max((s1[k] - sr[k]).abs() / sscale));
     (e, f, s)
 }
+
+pub mod sevenn_train;
