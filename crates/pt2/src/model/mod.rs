@@ -603,11 +603,15 @@ fn select_host<V: Copy>(v: &[V], shape: &[usize], d: usize, i: usize) -> Vec<V> 
     out
 }
 
-fn gather_host<V: Copy>(v: &[V], shape: &[usize], idx: &[i64]) -> Res<Vec<V>> {
+/// Rows of a host tensor `v` (shape `shape`) picked by the integer tensor
+/// `index` (negative entries count from the end): the values and their
+/// shape, `index`'s shape followed by a row's.
+fn gather_host<V: Copy>(v: &[V], shape: &[usize], index: &Val) -> Res<(Vec<V>, Vec<usize>)> {
+    let (idx, mut out_shape) = int_values(index)?;
     let rows = *shape.first().ok_or("indexing a scalar")?;
     let inner: usize = shape[1..].iter().product();
     let mut out = Vec::with_capacity(idx.len() * inner);
-    for &i in idx {
+    for &i in idx.iter() {
         let r = if i < 0 { i + rows as i64 } else { i };
         let r = usize::try_from(r)
             .ok()
@@ -615,7 +619,8 @@ fn gather_host<V: Copy>(v: &[V], shape: &[usize], idx: &[i64]) -> Res<Vec<V>> {
             .ok_or_else(|| format!("index {i} out of range for {rows} rows"))?;
         out.extend_from_slice(&v[r * inner..(r + 1) * inner]);
     }
-    Ok(out)
+    out_shape.extend_from_slice(&shape[1..]);
+    Ok((out, out_shape))
 }
 
 /// torch's CPU `linspace`: the first half from `start`, the second from `end`.

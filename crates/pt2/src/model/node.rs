@@ -93,10 +93,7 @@ impl<T: Scalar> Run<'_, T> {
                         self.set(node, Val::T { t, shape })
                     }
                     Val::Int { v, shape, .. } => {
-                        let (iv, ishape) = int_values(&idx)?;
-                        let g = gather_host(&v, &shape, &iv)?;
-                        let mut s = ishape;
-                        s.extend_from_slice(&shape[1..]);
+                        let (g, s) = gather_host(&v, &shape, &idx)?;
                         self.set(
                             node,
                             Val::Int {
@@ -108,10 +105,7 @@ impl<T: Scalar> Run<'_, T> {
                     }
                     other => {
                         let (v, shape) = Self::host_values(&other).ok_or("unexpected input")?;
-                        let (iv, ishape) = int_values(&idx)?;
-                        let g = gather_host(&v, &shape, &iv)?;
-                        let mut s = ishape;
-                        s.extend_from_slice(&shape[1..]);
+                        let (g, s) = gather_host(&v, &shape, &idx)?;
                         self.set(
                             node,
                             Val::Host {
@@ -127,10 +121,7 @@ impl<T: Scalar> Run<'_, T> {
                 let idx = self.tensor_arg(node, "indices")?;
                 let (v, shape) = Self::host_values(&w)
                     .ok_or("a differentiable embedding table is not supported")?;
-                let (iv, ishape) = int_values(&idx)?;
-                let g = gather_host(&v, &shape, &iv)?;
-                let mut s = ishape;
-                s.extend_from_slice(&shape[1..]);
+                let (g, s) = gather_host(&v, &shape, &idx)?;
                 self.set(
                     node,
                     Val::Host {
