@@ -35,6 +35,11 @@ pub struct HaloRuntime {
     /// Seconds spent in halo exchanges and all-reduces so far (packing,
     /// waiting for peers and unpacking included).
     pub comm_s: f64,
+    /// Send buffers of the last exchange, one per peer, refilled by the
+    /// next: a rank exchanging every step packs into memory it already has.
+    packed_f64: Vec<Vec<f64>>,
+    /// As `packed_f64`, for f32 tensors.
+    packed_f32: Vec<Vec<f32>>,
 }
 
 fn comm_err(op: &str, e: CommError) -> EngineError {
@@ -45,18 +50,20 @@ fn comm_err(op: &str, e: CommError) -> EngineError {
 }
 
 macro_rules! typed_exchange {
-    ($self:ident, $data:ident, $cols:ident, $ex:ident, $send_lists:expr, $recv_lists:expr, $combine:expr) => {{
-        let sends: Vec<(usize, Vec<_>)> = $send_lists
+    ($self:ident, $data:ident, $cols:ident, $ex:ident, $packed:ident, $send_lists:expr, $recv_lists:expr, $combine:expr) => {{
+        let packed = &mut $self.$packed;
+        packed.resize_with($send_lists.len(), Vec::new);
+        for ((_, rows), buf) in $send_lists.iter().zip(packed.iter_mut()) {
+            buf.clear();
+            for &r in rows {
+                buf.extend_from_slice(&$data[r as usize * $cols..(r as usize + 1) * $cols]);
+            }
+        }
+        let refs: Vec<(usize, &[_])> = $send_lists
             .iter()
-            .map(|(peer, rows)| {
-                let mut buf = Vec::with_capacity(rows.len() * $cols);
-                for &r in rows {
-                    buf.extend_from_slice(&$data[r as usize * $cols..(r as usize + 1) * $cols]);
-                }
-                (*peer, buf)
-            })
+            .zip(packed.iter())
+            .map(|((p, _), b)| (*p, b.as_slice()))
             .collect();
-        let refs: Vec<(usize, &[_])> = sends.iter().map(|(p, b)| (*p, b.as_slice())).collect();
         let from: Vec<usize> = $recv_lists.iter().map(|(p, _)| *p).collect();
         let got = $self
             .comm
@@ -100,6 +107,8 @@ impl HaloRuntime {
             plan,
             spec,
             comm_s: 0.0,
+            packed_f64: Vec::new(),
+            packed_f32: Vec::new(),
         }
     }
 
@@ -144,6 +153,7 @@ impl Distributor for HaloRuntime {
                     d,
                     cols,
                     exchange_f64,
+                    packed_f64,
                     self.plan.sends,
                     self.plan.recvs,
                     overwrite::<f64>
@@ -156,6 +166,7 @@ impl Distributor for HaloRuntime {
                     d,
                     cols,
                     exchange_f32,
+                    packed_f32,
                     self.plan.sends,
                     self.plan.recvs,
                     overwrite::<f32>
@@ -177,6 +188,7 @@ impl Distributor for HaloRuntime {
                     d,
                     cols,
                     exchange_f64,
+                    packed_f64,
                     self.plan.recvs,
                     self.plan.sends,
                     add_into::<f64>
@@ -190,6 +202,7 @@ impl Distributor for HaloRuntime {
                     d,
                     cols,
                     exchange_f32,
+                    packed_f32,
                     self.plan.recvs,
                     self.plan.sends,
                     add_into::<f32>

@@ -127,6 +127,16 @@ impl<T: Scalar> Buffers<T> {
                 }
                 v
             }
+            None if len >= MIN_POOLED => {
+                // Room to grow: per-edge tensors of consecutive MD steps
+                // differ by the few pairs that crossed the cutoff, and a
+                // request one element above every kept capacity would map
+                // (and fault in) a whole fresh tensor. Pages of the spare
+                // capacity are not touched until a later request uses them.
+                let mut v = Vec::with_capacity(len + len / HEADROOM_DIVISOR);
+                v.resize(len, T::zero());
+                v
+            }
             None => vec![T::zero(); len],
         }
     }
@@ -149,3 +159,8 @@ impl<T: Scalar> Buffers<T> {
 
 /// Buffers smaller than this (elements) are left to the allocator.
 const MIN_POOLED: usize = 1 << 14;
+
+/// A fresh pooled buffer gets `len / HEADROOM_DIVISOR` spare elements of
+/// capacity (1/8: pair counts of an MD run drift by far less between
+/// rebuilds).
+const HEADROOM_DIVISOR: usize = 8;

@@ -180,6 +180,22 @@ impl<T: Scalar> Graph<T> {
         self.pool.give_indices(v);
     }
 
+    /// A vector of `len` values from this graph's recycled memory (a fresh
+    /// one when none fits), for a caller that overwrites every element and
+    /// hands it to [`Graph::leaf`] or [`Graph::constant`]: the values it holds
+    /// are unspecified (stale, but initialised). Used for inputs rebuilt
+    /// every evaluation (positions), so a repeated evaluation maps no fresh
+    /// memory for them.
+    pub fn take_values(&mut self, len: usize) -> Vec<T> {
+        self.pool.for_overwrite(len)
+    }
+
+    /// Keeps a value vector the caller no longer needs (a gradient
+    /// [`Graph::grad`] returned, say) for later ops and the next graph.
+    pub fn give_values(&mut self, v: Vec<T>) {
+        self.pool.give(v);
+    }
+
     /// Starts recording every op (forward and backward) into a trace.
     pub fn enable_trace(&mut self) {
         self.trace = Some(Trace::default());

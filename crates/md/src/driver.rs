@@ -5,6 +5,7 @@ use crate::checkpoint::{Checkpoint, CHECKPOINT_FORMAT, CHECKPOINT_VERSION};
 use crate::collective::{gather_rows, periodic_volume, reduce, stress_voigt};
 use crate::config::{CellDof, Ensemble, MdConfig, StartState, ThermostatState};
 use crate::mat3::invert3;
+use crate::process::Counters;
 use crate::progress::StepProgress;
 use crate::rank_eval::{RankEvaluator, RankForces};
 use crate::rng::gaussian3;
@@ -713,6 +714,11 @@ pub fn run_rank(
             emit(&state, &mut sink, |s| s.frame(&frame, false))?;
         }
     }
+    let setup_s = run.started.elapsed().as_secs_f64();
+    // The steady window: from the end of the first step (which settles the
+    // memory later steps reuse) to the end of the run; the whole loop for a
+    // one-step run.
+    let mut steady = (Instant::now(), Counters::now(), config.steps);
     let mut temperature_sum = 0.0;
     let skin_half2 = 0.25 * config.skin * config.skin;
     let mut step = start.step;
@@ -795,6 +801,9 @@ pub fn run_rank(
             let ck = run.checkpoint(step, &state, &red)?;
             emit(&state, &mut sink, |s| s.checkpoint(&ck))?;
         }
+        if step == start.step + 1 && config.steps > 1 {
+            steady = (Instant::now(), Counters::now(), config.steps - 1);
+        }
         if red.stop {
             if config.final_frame {
                 let frame = run.frame(step, &state, &forces)?;
@@ -803,6 +812,10 @@ pub fn run_rank(
             return Err(MdError::Interrupted { step });
         }
     }
+    let (steady_start, steady_counters, steady_steps) = steady;
+    let step_s = steady_start.elapsed().as_secs_f64() / steady_steps.max(1) as f64;
+    let (cpu_s_per_step, faults_per_step) =
+        steady_counters.per_step(&Counters::now(), steady_steps);
     if config.final_frame {
         let frame = run.frame(step, &state, &forces)?;
         emit(&state, &mut sink, |s| s.frame(&frame, true))?;
@@ -830,6 +843,10 @@ pub fn run_rank(
         rebuilds: state.rebuilds,
         migrated: row.migrated,
         eval_s: run.eval_s,
+        setup_s,
+        step_s,
+        cpu_s_per_step,
+        faults_per_step,
         traffic,
         repartitions: state.repartitions,
     }))

@@ -18,6 +18,7 @@ mod collective;
 mod config;
 mod driver;
 mod mat3;
+pub mod process;
 mod progress;
 pub mod rank_eval;
 mod relax;

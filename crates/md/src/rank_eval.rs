@@ -40,7 +40,9 @@ pub struct RankForces {
     /// The system's potential energy (eV), the same on every rank (this
     /// rank's share while `energy_partial`).
     pub energy: f64,
-    /// Forces on the owned rows (eV/Å).
+    /// Forces on the owned rows (eV/Å). Empty when
+    /// [`RankEvaluator::evaluate_state`] made it: the forces are then in the
+    /// state's `forces`, whose memory is reused from step to step.
     pub forces: Vec<[f64; 3]>,
     /// ∂E/∂ε of the whole system (eV, row-major 3×3), the same on every rank
     /// (this rank's share while `strain_partial`);
@@ -68,6 +70,9 @@ pub struct RankEvaluator<'m> {
     eager_sums: bool,
     /// Leave the energy and strain-gradient sums over ranks to the caller.
     defer_sums: bool,
+    /// The model's atomic numbers, shared with every graph while the rows'
+    /// numbers stay the same (they change only when the rows are rebuilt).
+    numbers: Arc<Vec<u32>>,
 }
 
 impl<'m> RankEvaluator<'m> {
@@ -81,6 +86,7 @@ impl<'m> RankEvaluator<'m> {
             f32_buffers: Buffers::default(),
             eager_sums: false,
             defer_sums: false,
+            numbers: Arc::default(),
         }
     }
 
@@ -106,7 +112,12 @@ impl<'m> RankEvaluator<'m> {
     }
 
     /// Evaluates `state`'s local rows and stores the owned forces in
-    /// `state.forces`. Collective, as [`RankEvaluator::evaluate`].
+    /// `state.forces` (the returned [`RankForces`] holds the totals and an
+    /// empty `forces`). Collective, as [`RankEvaluator::evaluate`]. A step
+    /// that evaluates the same rows again (a steady MD step) allocates no
+    /// per-atom or per-edge array: the graph's tensors, its position leaf
+    /// and gradient come from the memory the last call used, and the forces
+    /// overwrite `state.forces` in place.
     pub fn evaluate_state(&mut self, state: &mut RankState) -> Result<RankForces, MdError> {
         let rows = LocalRows {
             positions: &state.positions,
@@ -116,9 +127,7 @@ impl<'m> RankEvaluator<'m> {
             neighbors: &state.neighbors,
             cell: state.cell,
         };
-        let out = self.evaluate(&rows, &mut state.halo)?;
-        state.forces.clone_from(&out.forces);
-        Ok(out)
+        self.evaluate_into(&rows, &mut state.halo, &mut state.forces)
     }
 
     /// Evaluates energy, owned forces and the strain gradient. Collective:
@@ -130,16 +139,33 @@ impl<'m> RankEvaluator<'m> {
         rows: &LocalRows<'_>,
         runtime: &mut Option<HaloRuntime>,
     ) -> Result<RankForces, MdError> {
+        let mut forces = Vec::new();
+        let mut out = self.evaluate_into(rows, runtime, &mut forces)?;
+        out.forces = forces;
+        Ok(out)
+    }
+
+    /// [`RankEvaluator::evaluate`] with the owned forces written into
+    /// `forces` (resized to the owned rows, its memory reused).
+    fn evaluate_into(
+        &mut self,
+        rows: &LocalRows<'_>,
+        runtime: &mut Option<HaloRuntime>,
+        forces: &mut Vec<[f64; 3]>,
+    ) -> Result<RankForces, MdError> {
+        if self.numbers.as_slice() != rows.numbers {
+            self.numbers = Arc::new(rows.numbers.to_vec());
+        }
         match self.dtype {
             DType::F64 => {
                 let mut buffers = std::mem::take(&mut self.f64_buffers);
-                let out = self.evaluate_typed::<f64>(rows, runtime, &mut buffers);
+                let out = self.evaluate_typed::<f64>(rows, runtime, &mut buffers, forces);
                 self.f64_buffers = buffers;
                 out
             }
             DType::F32 => {
                 let mut buffers = std::mem::take(&mut self.f32_buffers);
-                let out = self.evaluate_typed::<f32>(rows, runtime, &mut buffers);
+                let out = self.evaluate_typed::<f32>(rows, runtime, &mut buffers, forces);
                 self.f32_buffers = buffers;
                 out
             }
@@ -151,6 +177,7 @@ impl<'m> RankEvaluator<'m> {
         rows: &LocalRows<'_>,
         runtime: &mut Option<HaloRuntime>,
         buffers: &mut Buffers<T>,
+        forces: &mut Vec<[f64; 3]>,
     ) -> Result<RankForces, MdError> {
         loop {
             let halo = runtime
@@ -159,7 +186,7 @@ impl<'m> RankEvaluator<'m> {
             let mut g = Graph::<T>::with_buffers(std::mem::take(buffers));
             g.set_distributor(Box::new(halo));
             g.defer_all_reduces(!self.eager_sums);
-            let outcome = self.body(&mut g, rows);
+            let outcome = self.body(&mut g, rows, forces);
             let halo = g
                 .take_distributor()
                 .and_then(|d| d.into_any().downcast::<HaloRuntime>().ok())
@@ -190,13 +217,21 @@ impl<'m> RankEvaluator<'m> {
         &self,
         g: &mut Graph<T>,
         rows: &LocalRows<'_>,
+        forces: &mut Vec<[f64; 3]>,
     ) -> Result<RankForces, MdError> {
         let model = self.model;
         let n_local = rows.positions.len();
         let n_owned = rows.n_owned;
         let with_graph = model.uses_runtime_graph();
+        // The three per-edge index arrays take the largest recycled ones
+        // (`take_indices` hands out the largest first), the per-atom one after.
         let mut centers = g.take_indices();
         let mut neighbors = g.take_indices();
+        let mut edge_system = if with_graph {
+            g.take_indices()
+        } else {
+            Vec::new()
+        };
         if with_graph {
             // Candidates from the skin list; keep what a fresh search at the
             // cutoff would keep (the same strict `<` on the squared f64
@@ -212,11 +247,10 @@ impl<'m> RankEvaluator<'m> {
             }
         }
         let n_pairs = centers.len();
-        let positions: Vec<T> = rows
-            .positions
-            .iter()
-            .flat_map(|p| p.iter().map(|&x| T::from_f64(x)))
-            .collect();
+        let mut positions = g.take_values(n_local * 3);
+        for (dst, src) in positions.iter_mut().zip(rows.positions.iter().flatten()) {
+            *dst = T::from_f64(*src);
+        }
         let pos = g.leaf(positions, n_local, 3, RowDomain::Atom);
         let strain = g.leaf(vec![T::zero(); 9], 1, 9, RowDomain::System);
         let cell_values: Vec<T> = rows
@@ -233,8 +267,10 @@ impl<'m> RankEvaluator<'m> {
             g.set_exact_values(pos, rows.positions.iter().flatten().copied().collect())?;
             g.set_exact_values(cell, rows.cell.matrix.iter().flatten().copied().collect())?;
         }
+        let mut atom_rows = g.take_indices();
+        atom_rows.resize(n_local, 0);
         let atom_system = g.index(
-            Arc::new(vec![0u32; n_local]),
+            Arc::new(atom_rows),
             RowDomain::Atom,
             RowDomain::System,
             1,
@@ -250,7 +286,6 @@ impl<'m> RankEvaluator<'m> {
         let pos_s = g.apply_strain(pos, strain, atom_system)?;
         let cell_s = g.apply_strain(cell, strain, cell_system)?;
         let edges = if with_graph {
-            let mut edge_system = g.take_indices();
             edge_system.resize(n_pairs, 0);
             let c = g.index(
                 Arc::new(centers),
@@ -282,7 +317,7 @@ impl<'m> RankEvaluator<'m> {
         let inputs = ModelInputs {
             positions: pos_s,
             cell: cell_s,
-            numbers: Arc::new(rows.numbers.to_vec()),
+            numbers: Arc::clone(&self.numbers),
             atom_system,
             n_systems: 1,
             // Ghost images are explicit atoms: no periodicity left to apply.
@@ -309,8 +344,12 @@ impl<'m> RankEvaluator<'m> {
             };
             g.grad(out.energy, Some(vec![seed]), &[pos, strain])?
         };
-        let mut gpos = grads[0].clone();
-        let mut geps = grads[1].clone();
+        let mut grads = grads.into_iter();
+        let (Some(mut gpos), Some(mut geps)) = (grads.next(), grads.next()) else {
+            return Err(MdError::Internal(
+                "the gradient pass returned no gradient".into(),
+            ));
+        };
         let dist = g
             .distributor()
             .ok_or_else(|| MdError::Internal("distributor missing".into()))?;
@@ -336,23 +375,23 @@ impl<'m> RankEvaluator<'m> {
         if listed("energy") && !energy_partial {
             dist.all_reduce_sum(T::data_mut(&mut energy))?;
         }
-        let forces = gpos[..n_owned * 3]
-            .chunks_exact(3)
-            .map(|c| {
-                [
-                    -c[0].to_f64_lossless(),
-                    -c[1].to_f64_lossless(),
-                    -c[2].to_f64_lossless(),
-                ]
-            })
-            .collect();
+        forces.clear();
+        forces.extend(gpos[..n_owned * 3].chunks_exact(3).map(|c| {
+            [
+                -c[0].to_f64_lossless(),
+                -c[1].to_f64_lossless(),
+                -c[2].to_f64_lossless(),
+            ]
+        }));
+        // The gradient's memory serves the next evaluation's ops.
+        g.give_values(gpos);
         let mut strain_gradient = [0.0; 9];
         for (dst, src) in strain_gradient.iter_mut().zip(&geps) {
             *dst = src.to_f64_lossless();
         }
         Ok(RankForces {
             energy: energy[0].to_f64_lossless(),
-            forces,
+            forces: Vec::new(),
             strain_gradient,
             pairs: n_pairs,
             energy_partial,

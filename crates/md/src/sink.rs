@@ -138,6 +138,21 @@ pub struct MdSummary {
     pub migrated: u64,
     /// Seconds spent in model evaluations (this rank: rank 0).
     pub eval_s: f64,
+    /// Wall-clock seconds before the first step (rank 0): the first build
+    /// (partition, ghosts, pair list) and the first force evaluation.
+    pub setup_s: f64,
+    /// Mean wall-clock seconds of the steady steps (rank 0): every step
+    /// after the first, rebuild steps included; the first step settles the
+    /// memory the later ones reuse. A one-step run's one step.
+    pub step_s: f64,
+    /// CPU seconds per steady step (as `step_s`), every thread of the
+    /// process counted (thread ranks: all ranks; MPI: rank 0's process);
+    /// `None` where the kernel does not report it (not Linux).
+    pub cpu_s_per_step: Option<f64>,
+    /// Minor page faults per steady step (as `cpu_s_per_step`): pages the
+    /// process mapped fresh. A step that reuses its pair list reuses its
+    /// memory too, so this counts mostly the new lists of rebuild steps.
+    pub faults_per_step: Option<f64>,
     /// Rank 0's communication per kind of step.
     pub traffic: StepTraffic,
     /// Full (collective) partitions in this call, the initial build

@@ -130,6 +130,8 @@ pub struct RankState {
     /// ([`DomainMap::neighbours`]), ascending.
     pub neighbours: Vec<usize>,
     scratch: PairScratch,
+    /// Send buffers of the ghost refresh, one per peer, refilled every step.
+    ghost_sends: Vec<Vec<f64>>,
 }
 
 /// Per-atom data handed to a build: unwrapped positions and momenta of the
@@ -811,6 +813,7 @@ impl RankState {
             domains,
             neighbours,
             scratch,
+            ghost_sends: Vec::new(),
         })
     }
 
@@ -855,19 +858,21 @@ impl RankState {
             .halo
             .as_ref()
             .ok_or_else(|| MdError::Internal("the rank's communicator is missing".into()))?;
-        let sends: Vec<(usize, Vec<f64>)> = halo
+        let sends = &mut self.ghost_sends;
+        sends.resize_with(halo.plan.sends.len(), Vec::new);
+        for ((_, rows), buf) in halo.plan.sends.iter().zip(sends.iter_mut()) {
+            buf.clear();
+            for &r in rows {
+                buf.extend_from_slice(&self.positions[r as usize]);
+            }
+        }
+        let refs: Vec<(usize, &[f64])> = halo
             .plan
             .sends
             .iter()
-            .map(|(peer, rows)| {
-                let mut buf = Vec::with_capacity(rows.len() * 3);
-                for &r in rows {
-                    buf.extend_from_slice(&self.positions[r as usize]);
-                }
-                (*peer, buf)
-            })
+            .zip(sends.iter())
+            .map(|((p, _), b)| (*p, b.as_slice()))
             .collect();
-        let refs: Vec<(usize, &[f64])> = sends.iter().map(|(p, b)| (*p, b.as_slice())).collect();
         let from: Vec<usize> = halo.plan.recvs.iter().map(|(p, _)| *p).collect();
         let got = halo
             .comm

@@ -12,6 +12,12 @@ use std::sync::Mutex;
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
+static LARGE: AtomicUsize = AtomicUsize::new(0);
+
+/// Allocations of at least this many bytes are counted by
+/// [`large_allocations`]: above glibc's initial mmap threshold (128 KiB) a
+/// block can come fresh from the kernel and be faulted in page by page.
+pub const LARGE_ALLOCATION: usize = 128 << 10;
 static MEASURE: Mutex<()> = Mutex::new(());
 
 /// The system allocator, counting the live bytes and their peak.
@@ -28,6 +34,9 @@ unsafe impl GlobalAlloc for CountingAllocator {
         if !p.is_null() {
             let now = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
             PEAK.fetch_max(now, Ordering::Relaxed);
+            if layout.size() >= LARGE_ALLOCATION {
+                LARGE.fetch_add(1, Ordering::Relaxed);
+            }
         }
         p
     }
@@ -48,4 +57,18 @@ pub fn peak_of<T>(f: impl FnOnce() -> T) -> (T, usize) {
     PEAK.store(base, Ordering::Relaxed);
     let out = f();
     (out, PEAK.load(Ordering::Relaxed).saturating_sub(base))
+}
+
+/// Heap bytes live now, all threads. Meaningful only in a binary whose
+/// global allocator is [`CountingAllocator`] (else 0).
+pub fn live_bytes() -> usize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+/// Allocations of at least [`LARGE_ALLOCATION`] bytes so far, all threads
+/// (a reallocation counts as one when its new size is that large).
+/// Meaningful only in a binary whose global allocator is
+/// [`CountingAllocator`] (else 0).
+pub fn large_allocations() -> usize {
+    LARGE.load(Ordering::Relaxed)
 }
