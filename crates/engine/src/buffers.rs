@@ -131,10 +131,12 @@ impl<T: Scalar> Buffers<T> {
                 // Room to grow: per-edge tensors of consecutive MD steps
                 // differ by the few pairs that crossed the cutoff, and a
                 // request one element above every kept capacity would map
-                // (and fault in) a whole fresh tensor. Pages of the spare
-                // capacity are not touched until a later request uses them.
-                let mut v = Vec::with_capacity(len + len / HEADROOM_DIVISOR);
-                v.resize(len, T::zero());
+                // (and fault in) a whole fresh tensor. Zeroed allocation
+                // leaves the zeroing of a large block to the kernel, page
+                // by page on first touch, so the spare capacity costs
+                // nothing until a later request uses it.
+                let mut v = vec![T::zero(); len + len / HEADROOM_DIVISOR];
+                v.truncate(len);
                 v
             }
             None => vec![T::zero(); len],
