@@ -30,9 +30,9 @@ STEPS=${2:-20}
 RANKS=${RANKS:-16}
 ROUNDS=${ROUNDS:-3}
 OUT=${OUT:-bench-out/md_scaling}
-mkdir -p "$OUT"
 [ -x "$B" ] || { echo "error: $B is not an executable" >&2; exit 2; }
 case "$STEPS" in ''|*[!0-9]*|0) echo "error: STEADY_STEPS must be a positive integer, got '$STEPS'" >&2; exit 2;; esac
+mkdir -p "$OUT"
 
 # The crystal: ASE's bulk("Ar", "fcc", a=5.26, cubic=True).repeat(37), atom
 # for atom, written without Python.
