@@ -75,8 +75,7 @@ impl<T: Scalar> Run<'_, T> {
             constant: None,
         };
         let kernel = RowEinsum::new("sum", vec![operand], &out)?;
-        let k: Arc<dyn OpaqueKernel<T>> = Arc::new(kernel);
-        self.g.rowwise(k, &[t]).map_err(Self::map_err)
+        self.row_contraction(kernel, &[t])
     }
 
     fn view(&mut self, node: &Node) -> Res<()> {
@@ -359,8 +358,7 @@ impl<T: Scalar> Run<'_, T> {
                     },
                 ];
                 let kernel = RowEinsum::new("matmul", operands, &lo)?;
-                let k: Arc<dyn OpaqueKernel<T>> = Arc::new(kernel);
-                let t = self.g.rowwise(k, &[t]).map_err(Self::map_err)?;
+                let t = self.row_contraction(kernel, &[t])?;
                 self.set(node, Val::T { t, shape })
             }
             other => {

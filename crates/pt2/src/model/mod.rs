@@ -18,7 +18,10 @@
 //! a sum of atom rows the per-system reduction.
 
 use crate::ir::{dtype, Arg, Node, SymIntArg};
-use crate::rowops::{permute_map, slice_map, ClampMin, EinsumOperand, RowEinsum, RowGather};
+use crate::rowops::{
+    permute_map, slice_map, BroadcastOp, ClampMin, EinsumOperand, RowBroadcast, RowEinsum,
+    RowGather,
+};
 use crate::{Pt2Archive, Pt2Error};
 use ddmlip_engine::ops::Unary;
 use ddmlip_engine::OpaqueKernel;

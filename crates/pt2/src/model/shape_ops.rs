@@ -16,6 +16,19 @@ impl<T: Scalar> Run<'_, T> {
         self.g.rowwise(k, inputs).map_err(Self::map_err)
     }
 
+    /// A row-local contraction of `inputs`: the engine's blocked GEMM when
+    /// it is a dense linear map of one per-row operand (a matrix product or
+    /// tensordot with weights), else the [`RowEinsum`] kernel's term list.
+    pub(super) fn row_contraction(&mut self, kernel: RowEinsum, inputs: &[Tensor]) -> Res<Tensor> {
+        if let (Some((k, n, m)), [x]) = (kernel.dense_matrix(), inputs) {
+            let m = m.into_iter().map(T::from_f64).collect();
+            let w = self.g.constant(m, k, n, RowDomain::None);
+            return self.g.matmul(*x, w).map_err(Self::map_err);
+        }
+        let k: Arc<dyn OpaqueKernel<T>> = Arc::new(kernel);
+        self.g.rowwise(k, inputs).map_err(Self::map_err)
+    }
+
     /// A reshape keeping the rows, or a broadcast to the recorded shape.
     pub(super) fn reshape_or_expand(&mut self, x: Val, out: &str, expand: bool) -> Res<Val> {
         let shape = self.shape_of(out)?;
@@ -277,8 +290,7 @@ impl<T: Scalar> Run<'_, T> {
             return Err("an einsum of constants only".into());
         }
         let kernel = RowEinsum::new("einsum", operands, &out_labels[1..])?;
-        let k: Arc<dyn OpaqueKernel<T>> = Arc::new(kernel);
-        let t = self.g.rowwise(k, &inputs).map_err(Self::map_err)?;
+        let t = self.row_contraction(kernel, &inputs)?;
         Ok(Val::T {
             t,
             shape: out_shape,
