@@ -173,7 +173,7 @@ fn strides(shape: &[usize]) -> Vec<usize> {
 }
 
 /// numpy broadcasting of `v` (shape `from`) to `to`.
-fn broadcast_host(v: &[f64], from: &[usize], to: &[usize]) -> Res<Vec<f64>> {
+fn broadcast_host<V: Copy>(v: &[V], from: &[usize], to: &[usize]) -> Res<Vec<V>> {
     if v.len() != numel(from) {
         return Err(format!("{} values for shape {from:?}", v.len()));
     }

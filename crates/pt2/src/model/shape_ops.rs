@@ -61,10 +61,9 @@ impl<T: Scalar> Run<'_, T> {
             // An index broadcast along columns (`index.unsqueeze(-1).expand_as(src)`
             // for a `scatter_add`) stays an integer tensor.
             Val::Int { v, shape: xs, .. } => {
-                let fv: Vec<f64> = v.iter().map(|&x| x as f64).collect();
-                let wide = broadcast_host(&fv, &xs, &shape)?;
+                let wide = broadcast_host(&v, &xs, &shape)?;
                 Ok(Val::Int {
-                    v: Arc::new(wide.into_iter().map(|x| x as i64).collect()),
+                    v: Arc::new(wide),
                     shape,
                     origin: Origin::Other,
                 })
