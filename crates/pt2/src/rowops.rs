@@ -332,11 +332,16 @@ impl<T: Scalar> OpaqueKernel<T> for RowGather {
 
     fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), KernelError> {
         let n = self.src.len().max(1);
-        out.par_chunks_mut(n).enumerate().for_each(|(r, o)| {
-            for (j, &(i, c)) in self.src.iter().enumerate() {
-                o[j] = inputs[i][r * shapes[i].2 + c];
-            }
-        });
+        out.par_chunks_mut(n * ROWS_PER_TASK)
+            .enumerate()
+            .for_each(|(block, o_block)| {
+                for (k, o) in o_block.chunks_mut(n).enumerate() {
+                    let r = block * ROWS_PER_TASK + k;
+                    for (oj, &(i, c)) in o.iter_mut().zip(&self.src) {
+                        *oj = inputs[i][r * shapes[i].2 + c];
+                    }
+                }
+            });
         Ok(())
     }
 
@@ -348,17 +353,25 @@ impl<T: Scalar> OpaqueKernel<T> for RowGather {
         grads: &mut [Vec<T>],
     ) -> Option<Result<(), KernelError>> {
         let n = self.src.len().max(1);
-        // One pass per input, parallel over its rows.
+        // One pass per input, parallel over its rows, over the (output
+        // column, input column) pairs that read it.
         for (i, gi) in grads.iter_mut().enumerate() {
             let cols = shapes[i].2.max(1);
-            gi.par_chunks_mut(cols).enumerate().for_each(|(r, gr)| {
-                let g = &grad_out[r * n..(r + 1) * n];
-                for (j, &(input, c)) in self.src.iter().enumerate() {
-                    if input == i {
-                        gr[c] += g[j];
+            let pairs: Vec<(usize, usize)> = (self.src.iter().enumerate())
+                .filter(|(_, &(input, _))| input == i)
+                .map(|(j, &(_, c))| (j, c))
+                .collect();
+            gi.par_chunks_mut(cols * ROWS_PER_TASK)
+                .enumerate()
+                .for_each(|(block, g_block)| {
+                    for (k, gr) in g_block.chunks_mut(cols).enumerate() {
+                        let r = block * ROWS_PER_TASK + k;
+                        let g = &grad_out[r * n..(r + 1) * n];
+                        for &(j, c) in &pairs {
+                            gr[c] += g[j];
+                        }
                     }
-                }
-            });
+                });
         }
         Some(Ok(()))
     }

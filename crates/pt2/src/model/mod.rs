@@ -699,6 +699,8 @@ mod tests {
             );
         }
         assert!(broadcast_host(&[1.0, 2.0], &[2], &[3]).is_err());
-        assert!(broadcast_host(&[1.0, 2.0], &[2], &[0, 2]).unwrap().is_empty());
+        assert!(broadcast_host(&[1.0, 2.0], &[2], &[0, 2])
+            .unwrap()
+            .is_empty());
     }
 }
