@@ -310,6 +310,37 @@ pub(crate) struct RowGather {
     pub src: Vec<(usize, usize)>,
 }
 
+/// A run of output columns `out..out + len` copied from columns
+/// `col..col + len` of one input.
+struct ColumnRun {
+    input: usize,
+    col: usize,
+    out: usize,
+    len: usize,
+}
+
+impl RowGather {
+    /// The gather as runs of consecutive columns (a slice or narrow is one
+    /// run per row, a concatenation one per part): `None` when runs average
+    /// under two columns (a permute), where copying element by element is
+    /// cheaper.
+    fn runs(&self) -> Option<Vec<ColumnRun>> {
+        let mut runs: Vec<ColumnRun> = Vec::new();
+        for (j, &(input, col)) in self.src.iter().enumerate() {
+            match runs.last_mut() {
+                Some(r) if r.input == input && r.col + r.len == col => r.len += 1,
+                _ => runs.push(ColumnRun {
+                    input,
+                    col,
+                    out: j,
+                    len: 1,
+                }),
+            }
+        }
+        (2 * runs.len() <= self.src.len()).then_some(runs)
+    }
+}
+
 impl<T: Scalar> OpaqueKernel<T> for RowGather {
     fn name(&self) -> &str {
         &self.name
@@ -332,13 +363,25 @@ impl<T: Scalar> OpaqueKernel<T> for RowGather {
 
     fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), KernelError> {
         let n = self.src.len().max(1);
+        let runs = self.runs();
         out.par_chunks_mut(n * ROWS_PER_TASK)
             .enumerate()
             .for_each(|(block, o_block)| {
                 for (k, o) in o_block.chunks_mut(n).enumerate() {
                     let r = block * ROWS_PER_TASK + k;
-                    for (oj, &(i, c)) in o.iter_mut().zip(&self.src) {
-                        *oj = inputs[i][r * shapes[i].2 + c];
+                    match &runs {
+                        Some(runs) => {
+                            for run in runs {
+                                let from = r * shapes[run.input].2 + run.col;
+                                o[run.out..run.out + run.len]
+                                    .copy_from_slice(&inputs[run.input][from..from + run.len]);
+                            }
+                        }
+                        None => {
+                            for (oj, &(i, c)) in o.iter_mut().zip(&self.src) {
+                                *oj = inputs[i][r * shapes[i].2 + c];
+                            }
+                        }
                     }
                 }
             });
@@ -355,20 +398,36 @@ impl<T: Scalar> OpaqueKernel<T> for RowGather {
         let n = self.src.len().max(1);
         // One pass per input, parallel over its rows, over the (output
         // column, input column) pairs that read it.
+        let runs = self.runs();
         for (i, gi) in grads.iter_mut().enumerate() {
             let cols = shapes[i].2.max(1);
             let pairs: Vec<(usize, usize)> = (self.src.iter().enumerate())
                 .filter(|(_, &(input, _))| input == i)
                 .map(|(j, &(_, c))| (j, c))
                 .collect();
+            let my_runs: Option<Vec<&ColumnRun>> = runs
+                .as_ref()
+                .map(|rs| rs.iter().filter(|run| run.input == i).collect());
             gi.par_chunks_mut(cols * ROWS_PER_TASK)
                 .enumerate()
                 .for_each(|(block, g_block)| {
                     for (k, gr) in g_block.chunks_mut(cols).enumerate() {
                         let r = block * ROWS_PER_TASK + k;
                         let g = &grad_out[r * n..(r + 1) * n];
-                        for &(j, c) in &pairs {
-                            gr[c] += g[j];
+                        match &my_runs {
+                            Some(rs) => {
+                                for run in rs {
+                                    let dst = &mut gr[run.col..run.col + run.len];
+                                    for (d, &x) in dst.iter_mut().zip(&g[run.out..]) {
+                                        *d += x;
+                                    }
+                                }
+                            }
+                            None => {
+                                for &(j, c) in &pairs {
+                                    gr[c] += g[j];
+                                }
+                            }
                         }
                     }
                 });
@@ -931,6 +990,32 @@ mod tests {
             vec![(values(12, 0.4), 6), (values(4, 0.8), 2)],
             2,
         );
+        // Runs of columns (a slice, then a concatenation of two parts, one
+        // of them read twice): copied run by run.
+        let k = RowGather {
+            name: "runs".into(),
+            src: vec![(0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (0, 1), (0, 2)],
+        };
+        assert_eq!(k.runs().map(|r| r.len()), Some(3));
+        let (x, y) = (values(12, 0.4), values(6, 0.8));
+        let kernel: Arc<dyn OpaqueKernel<f64>> = Arc::new(k);
+        let mut g = Graph::<f64>::new();
+        let tx = g.leaf(x.clone(), 3, 4, RowDomain::Edge);
+        let ty = g.leaf(y.clone(), 3, 2, RowDomain::Edge);
+        let t = g.rowwise(kernel.clone(), &[tx, ty]).unwrap();
+        for r in 0..3 {
+            let want = [
+                x[r * 4 + 1],
+                x[r * 4 + 2],
+                x[r * 4 + 3],
+                y[r * 2],
+                y[r * 2 + 1],
+                x[r * 4 + 1],
+                x[r * 4 + 2],
+            ];
+            assert_eq!(&g.value(t)[r * 7..(r + 1) * 7], &want);
+        }
+        check_gradients(kernel, vec![(x, 4), (y, 2)], 3);
         check_gradients(Arc::new(ClampMin(0.1)), vec![(values(8, 0.6), 4)], 2);
     }
 
