@@ -10,8 +10,8 @@ scripts/fixtures/make_pt2_mlip_fixtures.py (built again here from the same
 seeds; ddmlip reads their committed archives, crates/pt2/tests/data/<name>.pt2).
 The structure is the fixtures' periodic 32-atom H/C/O cell repeated to about
 --atoms atoms. Both sides compute energy, forces and stress in --dtype
-(float64 by default; with f32 the eager model is cast to float32 and ddmlip
-runs the float64 archive with `--dtype f32`, and the script also reports
+(float64 by default; with f32, MACE only, the eager model is cast to float32
+and ddmlip runs the float64 archive with `--dtype f32`, and the script also reports
 each side's largest force and per-atom energy deviation from eager float64):
 eager PyTorch as the fixture script's reference does (forward, then autograd
 through positions and a strain), ddmlip with `ddmlip bench model` (neighbour
@@ -138,6 +138,9 @@ def main():
     args = ap.parse_args()
     if args.name:
         return eager_worker(args)
+    if args.dtype == 'f32' and set(args.models.split(',')) - {'mace'}:
+        ap.error('--dtype f32 compares MACE only: the NequIP and Allegro builders fix model_dtype float64, '
+                 'which their eager modules cast to')
     positions, species, cell = crystal(args.atoms)
     tmp = tempfile.mkdtemp()
     xyz = os.path.join(tmp, 'crystal.xyz')
@@ -188,7 +191,7 @@ def accuracy(args, name, archive, xyz):
 
     (f64, e64), (f32, e32) = eager('f64'), eager('f32')
     out, _ = run_measured([args.ddmlip, 'eval', '--model', archive, '--structure', xyz, '--dtype', 'f32',
-                           '--threads', str(args.threads), '--json'])
+                           '--json'])
     r = json.loads(out)
     fd, ed = np.array(r['forces']).reshape(-1, 3), np.array(r['atomic_energies']).reshape(-1)
     print(f'         f32 against eager float64: max |ΔF| eager {np.abs(f32 - f64).max():.2e} eV/Å, '
