@@ -156,6 +156,26 @@ impl RowEinsum {
         })
     }
 
+    /// With exactly two per-row operands and no contraction (every output
+    /// column the product of one column of each, coefficient 1: an outer or
+    /// element-wise product such as `cb,ca->cba`), the column each operand
+    /// gives each output column; `None` otherwise.
+    pub(crate) fn product_maps(&self) -> Option<[Vec<u32>; 2]> {
+        if self.in_cols.len() != 2 || self.coefs.len() != self.out_cols {
+            return None;
+        }
+        let mut maps = [vec![u32::MAX; self.out_cols], vec![u32::MAX; self.out_cols]];
+        for (t, &c) in self.offsets.chunks_exact(3).zip(&self.coefs) {
+            let o = t[0] as usize;
+            if c != 1.0 || maps[0][o] != u32::MAX {
+                return None;
+            }
+            maps[0][o] = t[1];
+            maps[1][o] = t[2];
+        }
+        Some(maps)
+    }
+
     /// With exactly one per-row operand, the matrix `M` (row-major,
     /// `in_cols × out_cols`) of `out_row = x_row · M` when at least
     /// [`DENSE_FRACTION`] of its entries are non-zero; `None` otherwise.
@@ -839,6 +859,11 @@ mod tests {
             &['c', 'd', 'a', 'b'],
         )
         .unwrap();
+        let maps = k.product_maps().expect("an outer product");
+        // Output (c, d, a, b) = (0, 0, a, b): column b of `db`'s row d = 0,
+        // column a of `ca`'s row c = 0.
+        assert_eq!(maps[0][..6], [0, 1, 2, 0, 1, 2], "(d, b) of the first");
+        assert_eq!(maps[1][..6], [0, 0, 0, 1, 1, 1], "(c, a) of the second");
         check_gradients(
             Arc::new(k),
             vec![(values(12, 0.3), 6), (values(8, 0.9), 4)],

@@ -18,12 +18,23 @@ impl<T: Scalar> Run<'_, T> {
 
     /// A row-local contraction of `inputs`: the engine's blocked GEMM when
     /// it is a dense linear map of one per-row operand (a matrix product or
-    /// tensordot with weights), else the [`RowEinsum`] kernel's term list.
+    /// tensordot with weights), the [`RowBroadcast`] product when it is an
+    /// outer or element-wise product of two, else the [`RowEinsum`]
+    /// kernel's term list.
     pub(super) fn row_contraction(&mut self, kernel: RowEinsum, inputs: &[Tensor]) -> Res<Tensor> {
         if let (Some((k, n, m)), [x]) = (kernel.dense_matrix(), inputs) {
             let m = m.into_iter().map(T::from_f64).collect();
             let w = self.g.constant(m, k, n, RowDomain::None);
             return self.g.matmul(*x, w).map_err(Self::map_err);
+        }
+        if let (Some(maps), [a, b]) = (kernel.product_maps(), inputs) {
+            if self.g.shape(*a).0 == self.g.shape(*b).0 {
+                let k: Arc<dyn OpaqueKernel<T>> = Arc::new(RowBroadcast {
+                    op: BroadcastOp::Mul,
+                    maps,
+                });
+                return self.g.rowwise(k, inputs).map_err(Self::map_err);
+            }
         }
         let k: Arc<dyn OpaqueKernel<T>> = Arc::new(kernel);
         self.g.rowwise(k, inputs).map_err(Self::map_err)
