@@ -490,12 +490,15 @@ impl BroadcastOp {
 
 /// `out[r, j] = a[r, a_map[j]] ⊕ b[r, b_map[j]]`: a binary op of two
 /// operands broadcast within rows (`[E, 8, 1] · [E, 1, 9]`) without
-/// materialising either broadcast. An operand of one row (a constant
-/// without the row dimension) is read in every row.
+/// materialising either broadcast. An operand that is not per-row has one
+/// row (a constant without the row dimension), read in every row.
 pub(crate) struct RowBroadcast {
     pub op: BroadcastOp,
     /// Per operand, the column it reads for each output column.
     pub maps: [Vec<u32>; 2],
+    /// Per operand, whether it has the output's rows (else one row); at
+    /// least one has.
+    pub per_row: [bool; 2],
 }
 
 impl RowBroadcast {
@@ -513,23 +516,32 @@ impl<T: Scalar> OpaqueKernel<T> for RowBroadcast {
         let [a, b] = inputs else {
             return Err(inputs_err("two operands"));
         };
-        let rows = a.1.max(b.1);
-        let fits = |&(_, r, c): &Shape, map: &[u32]| {
-            (r == rows || r == 1) && map.iter().all(|&k| (k as usize) < c)
+        // Rows (and row domain) of the first per-row operand: with zero
+        // edges, a one-row constant must not make the output one row.
+        let (domain, rows) = if self.per_row[0] {
+            (a.0, a.1)
+        } else {
+            (b.0, b.1)
         };
-        if self.maps[1].len() != self.cols() || !fits(a, &self.maps[0]) || !fits(b, &self.maps[1]) {
+        let fits = |&(_, r, c): &Shape, map: &[u32], per_row: bool| {
+            (if per_row { r == rows } else { r == 1 }) && map.iter().all(|&k| (k as usize) < c)
+        };
+        if !(self.per_row[0] || self.per_row[1])
+            || self.maps[1].len() != self.cols()
+            || !fits(a, &self.maps[0], self.per_row[0])
+            || !fits(b, &self.maps[1], self.per_row[1])
+        {
             return Err(inputs_err(
                 "two operands of the output's rows (or one row) holding every mapped column",
             ));
         }
-        let domain = if a.1 == rows { a.0 } else { b.0 };
         Ok((domain, rows, self.cols()))
     }
 
     fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), KernelError> {
         let n = self.cols().max(1);
         let (ca, cb) = (shapes[0].2, shapes[1].2);
-        let (pa, pb) = (shapes[0].1 > 1, shapes[1].1 > 1);
+        let [pa, pb] = self.per_row;
         let (ma, mb) = (&self.maps[0], &self.maps[1]);
         out.par_chunks_mut(n * ROWS_PER_TASK)
             .enumerate()
@@ -554,9 +566,9 @@ impl<T: Scalar> OpaqueKernel<T> for RowBroadcast {
         grads: &mut [Vec<T>],
     ) -> Option<Result<(), KernelError>> {
         let n = self.cols().max(1);
-        let rows = shapes[0].1.max(shapes[1].1);
+        let [pa, pb] = self.per_row;
+        let rows = if pa { shapes[0].1 } else { shapes[1].1 };
         let (ca, cb) = (shapes[0].2, shapes[1].2);
-        let (pa, pb) = (shapes[0].1 > 1, shapes[1].1 > 1);
         let (ma, mb) = (&self.maps[0], &self.maps[1]);
         // The gradient of operand k within row r, added into `gr`.
         let row_grad = |k: usize, r: usize, gr: &mut [T]| {
@@ -574,7 +586,7 @@ impl<T: Scalar> OpaqueKernel<T> for RowBroadcast {
         };
         for (k, gk) in grads.iter_mut().enumerate() {
             let (per_row, cols) = if k == 0 { (pa, ca) } else { (pb, cb) };
-            if per_row || rows == 1 {
+            if per_row {
                 gk.par_chunks_mut(cols.max(1) * ROWS_PER_TASK)
                     .enumerate()
                     .for_each(|(block, g_block)| {
@@ -956,6 +968,7 @@ mod tests {
             let k = RowBroadcast {
                 op,
                 maps: [a_map.clone(), b_map.clone()],
+                per_row: [true, true],
             };
             let k: Arc<dyn OpaqueKernel<f64>> = Arc::new(k);
             let mut g = Graph::<f64>::new();
@@ -982,12 +995,13 @@ mod tests {
         let k = RowBroadcast {
             op: BroadcastOp::Mul,
             maps: [a_map, b_map],
+            per_row: [true, false],
         };
         let k: Arc<dyn OpaqueKernel<f64>> = Arc::new(k);
         let mut g = Graph::<f64>::new();
         let ta = g.leaf(x.clone(), rows, 2, RowDomain::Edge);
         let tb = g.leaf(y[..3].to_vec(), 1, 3, RowDomain::None);
-        let t = g.rowwise(k, &[ta, tb]).unwrap();
+        let t = g.rowwise(k.clone(), &[ta, tb]).unwrap();
         let w = values(rows * 6, 0.37);
         let grads = g.grad(t, Some(w.clone()), &[ta, tb]).unwrap();
         for j in 0..3 {
@@ -1001,6 +1015,11 @@ mod tests {
                 grads[1][j]
             );
         }
+        // No rows (no edges): no output rows, however many the constant has.
+        let ta = g.leaf(Vec::new(), 0, 2, RowDomain::Edge);
+        let tb = g.leaf(y[..3].to_vec(), 1, 3, RowDomain::None);
+        let t = g.rowwise(k, &[ta, tb]).unwrap();
+        assert_eq!(g.shape(t), (0, 6));
     }
 
     #[test]

@@ -231,7 +231,8 @@ impl<T: Scalar> Run<'_, T> {
             return Ok(None);
         };
         let mut maps = Vec::with_capacity(2);
-        for (t, shape) in [(a, a_shape), (b, b_shape)] {
+        let mut per_row = [true; 2];
+        for (k, (t, shape)) in [(a, a_shape), (b, b_shape)].into_iter().enumerate() {
             if shape.len() > out.len() {
                 return Ok(None);
             }
@@ -240,6 +241,7 @@ impl<T: Scalar> Run<'_, T> {
             if (padded[0] != rows && padded[0] != 1) || self.g.shape(t) != layout(&padded) {
                 return Ok(None);
             }
+            per_row[k] = padded[0] == rows;
             let iota: Vec<f64> = (0..numel(&padded[1..])).map(|k| k as f64).collect();
             let map = broadcast_host(&iota, &padded[1..], &out[1..])?;
             maps.push(map.into_iter().map(|k| k as u32).collect::<Vec<u32>>());
@@ -253,9 +255,13 @@ impl<T: Scalar> Run<'_, T> {
             Bin::Mul => BroadcastOp::Mul,
             Bin::Div => BroadcastOp::Div,
         };
+        if !(per_row[0] || per_row[1]) {
+            return Ok(None);
+        }
         let k: Arc<dyn OpaqueKernel<T>> = Arc::new(RowBroadcast {
             op,
             maps: [a_map, b_map],
+            per_row,
         });
         self.g.rowwise(k, &[a, b]).map(Some).map_err(Self::map_err)
     }

@@ -32,6 +32,7 @@ impl<T: Scalar> Run<'_, T> {
                 let k: Arc<dyn OpaqueKernel<T>> = Arc::new(RowBroadcast {
                     op: BroadcastOp::Mul,
                     maps,
+                    per_row: [true, true],
                 });
                 return self.g.rowwise(k, inputs).map_err(Self::map_err);
             }
