@@ -4,7 +4,7 @@
 //! neighbours an atom's energy depends on its species alone, so the
 //! structure's energy is the sum of its parts' evaluated apart, atoms of one
 //! species have one energy, and no force acts. (Parts of two atoms: a
-//! one-atom system's size is indistinguishable from the graph's literal 1s.)
+//! one-atom system is not supported.)
 
 mod common;
 
