@@ -2,14 +2,17 @@
 """Imported `.pt2` models in ddmlip against the same models in eager PyTorch:
 speed and peak memory on the same CPU cores, same structure, in one run.
 
-    python3 bench/pt2/compare_eager.py --models nequip,allegro [--atoms 2000] [--rounds 3] [--threads 1]
+    python3 bench/pt2/compare_eager.py --models nequip,allegro [--atoms 2000] [--rounds 3] [--threads 1] [--dtype f64]
     python3 bench/pt2/compare_eager.py --models mace ...        (in an environment with mace-torch)
 
 The models are the random-weight NequIP, Allegro and MACE of
 scripts/fixtures/make_pt2_mlip_fixtures.py (built again here from the same
 seeds; ddmlip reads their committed archives, crates/pt2/tests/data/<name>.pt2).
 The structure is the fixtures' periodic 32-atom H/C/O cell repeated to about
---atoms atoms. Both sides compute energy, forces and stress in float64:
+--atoms atoms. Both sides compute energy, forces and stress in --dtype
+(float64 by default; with f32, MACE only, the eager model is cast to float32
+and ddmlip runs the float64 archive with `--dtype f32`, and the script also reports
+each side's largest force and per-atom energy deviation from eager float64):
 eager PyTorch as the fixture script's reference does (forward, then autograd
 through positions and a strain), ddmlip with `ddmlip bench model` (neighbour
 list included; eager's list is built once, outside the timing).
@@ -68,24 +71,28 @@ def eager_worker(args):
     from ase import Atoms
     import make_pt2_mlip_fixtures as fx
     positions, species, cell = crystal(args.atoms)
-    model = fx.MAKERS[args.name]().eval()
+    dtype = {'f64': torch.float64, 'f32': torch.float32}[args.dtype]
+    model = fx.MAKERS[args.name]().eval().to(dtype)
     atoms = Atoms(positions=positions, cell=cell, pbc=True)
     i, j, S = neighbor_list('ijS', atoms, fx.CUTOFF)
     edge_index = torch.tensor(np.stack([i, j]), dtype=torch.int64)
-    shifts = torch.tensor(S, dtype=torch.float64)
+    shifts = torch.tensor(S, dtype=dtype)
     sp = torch.tensor(species, dtype=torch.int64)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
     def evaluate():
-        p = torch.tensor(positions, requires_grad=True)
-        eps = torch.zeros(3, 3, requires_grad=True)
-        strain = torch.eye(3) + 0.5 * (eps + eps.T)
-        c = torch.tensor(cell) @ strain
-        e, _ = model(p @ strain, sp, edge_index, shifts @ c, c)
+        p = torch.tensor(positions, dtype=dtype, requires_grad=True)
+        eps = torch.zeros(3, 3, dtype=dtype, requires_grad=True)
+        strain = torch.eye(3, dtype=dtype) + 0.5 * (eps + eps.T)
+        c = torch.tensor(cell, dtype=dtype) @ strain
+        e, ae = model(p @ strain, sp, edge_index, shifts @ c, c)
         gp, ge = torch.autograd.grad(e, [p, eps])
-        return float(e)
+        return float(e), (-gp).double().numpy(), ae.detach().double().numpy()
 
-    energy = evaluate()
+    energy, forces, energies = evaluate()
+    if args.accuracy:
+        print(json.dumps(dict(forces=forces.tolist(), energies=energies.tolist())))
+        return
     times = []
     for _ in range(args.repeats):
         t0 = time.perf_counter()
@@ -124,16 +131,21 @@ def main():
     ap.add_argument('--rounds', type=int, default=3)
     ap.add_argument('--repeats', type=int, default=3)
     ap.add_argument('--threads', type=int, default=1)
+    ap.add_argument('--dtype', choices=['f64', 'f32'], default='f64')
     ap.add_argument('--ddmlip', default=os.path.join(ROOT, 'target', 'release', 'ddmlip'))
     ap.add_argument('--eager-worker', dest='name', help=argparse.SUPPRESS)
+    ap.add_argument('--accuracy', action='store_true', help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.name:
         return eager_worker(args)
+    if args.dtype == 'f32' and set(args.models.split(',')) - {'mace'}:
+        ap.error('--dtype f32 compares MACE only: the NequIP and Allegro builders fix model_dtype float64, '
+                 'which their eager modules cast to')
     positions, species, cell = crystal(args.atoms)
     tmp = tempfile.mkdtemp()
     xyz = os.path.join(tmp, 'crystal.xyz')
     write_xyz(xyz, positions, species, cell)
-    print(f'{len(positions)} atoms, {args.threads} thread(s), float64, {args.rounds} rounds '
+    print(f'{len(positions)} atoms, {args.threads} thread(s), {args.dtype}, {args.rounds} rounds '
           f'(eager and ddmlip alternating), {args.repeats} timed evaluations per run')
     for name in args.models.split(','):
         archive = os.path.join(ROOT, 'crates', 'pt2', 'tests', 'data', name + '.pt2')
@@ -141,11 +153,11 @@ def main():
         for _ in range(args.rounds):
             out, kib = run_measured([sys.executable, os.path.abspath(__file__), '--eager-worker', name,
                                      '--atoms', str(args.atoms), '--repeats', str(args.repeats),
-                                     '--threads', str(args.threads)])
+                                     '--threads', str(args.threads), '--dtype', args.dtype])
             eager.append((json.loads(out.strip().splitlines()[-1]), kib))
             env_threads = str(args.threads)
             out, kib = run_measured([args.ddmlip, 'bench', 'model', '--model', archive, '--structure', xyz,
-                                     '--dtype', 'f64', '--threads', env_threads, '--repeats', str(args.repeats),
+                                     '--dtype', args.dtype, '--threads', env_threads, '--repeats', str(args.repeats),
                                      '--json'])
             ours.append((json.loads(out)['records'][0], kib))
         te = statistics.median(r['seconds'] for r, _ in eager)
@@ -162,6 +174,29 @@ def main():
               f'eager {(me - mb) / n:.1f} KiB, ddmlip {(mo - mob) / n:.1f} KiB', flush=True)
         print(f'         runs: eager {[round(r["seconds"], 4) for r, _ in eager]}, '
               f'ddmlip {[round(ddmlip_seconds(r), 4) for r, _ in ours]}', flush=True)
+        if args.dtype == 'f32':
+            accuracy(args, name, archive, xyz)
+
+
+def accuracy(args, name, archive, xyz):
+    """Largest force and per-atom energy deviations of eager float32 and
+    ddmlip --dtype f32 from eager float64 on the timed structure."""
+    import numpy as np
+
+    def eager(dtype):
+        out, _ = run_measured([sys.executable, os.path.abspath(__file__), '--eager-worker', name, '--accuracy',
+                               '--atoms', str(args.atoms), '--threads', str(args.threads), '--dtype', dtype])
+        r = json.loads(out.strip().splitlines()[-1])
+        return np.array(r['forces']), np.array(r['energies'])
+
+    (f64, e64), (f32, e32) = eager('f64'), eager('f32')
+    out, _ = run_measured([args.ddmlip, 'eval', '--model', archive, '--structure', xyz, '--dtype', 'f32',
+                           '--json'])
+    r = json.loads(out)
+    fd, ed = np.array(r['forces']).reshape(-1, 3), np.array(r['atomic_energies']).reshape(-1)
+    print(f'         f32 against eager float64: max |ΔF| eager {np.abs(f32 - f64).max():.2e} eV/Å, '
+          f'ddmlip {np.abs(fd - f64).max():.2e} eV/Å; max |ΔE_i| eager {np.abs(e32 - e64).max():.2e} eV, '
+          f'ddmlip {np.abs(ed - e64).max():.2e} eV', flush=True)
 
 
 def ddmlip_seconds(record):

@@ -8,20 +8,32 @@ use ddmlip_engine::ops::opaque::Shape;
 use ddmlip_engine::{KernelError, OpaqueKernel, Scalar};
 use rayon::prelude::*;
 
+/// Rows per rayon task in the row-local kernels: rows are a few to a few
+/// hundred values, so one task per row would cost more in scheduling than
+/// in arithmetic.
+const ROWS_PER_TASK: usize = 64;
+
 /// `out[r, o…] = Σ_{contracted} Π_k operand_k[r?, …]`: an einsum whose
 /// first label is the row in every per-row operand and in the output;
 /// constant operands (weights) have no row label.
+///
+/// The constants are folded once, when the kernel is built, into a list of
+/// terms `out[o] += c · Π_k x_k[i_k]` over the per-row operands `x_k` (zero
+/// coefficients dropped, equal index tuples merged), so a row costs one
+/// multiply-add per non-zero term and no index arithmetic: e3nn's
+/// Clebsch–Gordan and Wigner blocks are mostly zeros, and outer products
+/// and sums are 0/1 patterns. With one per-row operand the einsum is a
+/// linear map `out_row = x_row · M`; [`RowEinsum::dense_matrix`] hands a
+/// dense enough `M` to the engine's blocked GEMM instead.
 pub(crate) struct RowEinsum {
     name: String,
-    /// Per operand: strides of each (non-row) label in `sizes` order (0
-    /// when the operand lacks the label), and the constant's values if the
-    /// operand is a constant.
-    operands: Vec<(Vec<usize>, Option<Vec<f64>>, usize)>,
-    /// Output strides per label.
-    out_strides: Vec<usize>,
+    /// Values per row of each per-row (tensor) operand, in input order.
+    in_cols: Vec<usize>,
     out_cols: usize,
-    /// Sizes of every non-row label.
-    sizes: Vec<usize>,
+    /// Per term: the output offset, then one offset per per-row operand.
+    offsets: Vec<u32>,
+    /// Per term: the product of the constant operands' factors.
+    coefs: Vec<f64>,
 }
 
 /// One einsum operand: its labels (row label excluded), sizes and, for a
@@ -31,6 +43,10 @@ pub(crate) struct EinsumOperand {
     pub sizes: Vec<usize>,
     pub constant: Option<Vec<f64>>,
 }
+
+/// A linear map with at least this fraction of non-zero entries runs as a
+/// dense GEMM: below it, the term list does less work.
+const DENSE_FRACTION: f64 = 0.3;
 
 impl RowEinsum {
     /// Builds the contraction; `out_labels` excludes the row label.
@@ -80,86 +96,105 @@ impl RowEinsum {
             }
             Ok((st, s))
         };
-        let mut ops = Vec::new();
-        for op in operands {
+        let mut tensors = Vec::new();
+        let mut constants = Vec::new();
+        for op in &operands {
             let (st, n) = strides_for(&op.labels)?;
-            if let Some(c) = &op.constant {
-                if c.len() != n {
-                    return Err(format!("a constant of {} values for {n}", c.len()));
+            match &op.constant {
+                Some(c) if c.len() != n => {
+                    return Err(format!("a constant of {} values for {n}", c.len()))
                 }
+                Some(c) => constants.push((st, c)),
+                None => tensors.push((st, n)),
             }
-            ops.push((st, op.constant, n));
         }
         let (out_strides, out_cols) = strides_for(out_labels)?;
-        Ok(RowEinsum {
-            name: name.to_string(),
-            operands: ops,
-            out_strides,
-            out_cols,
-            sizes,
-        })
-    }
-
-    /// Calls `f(out_offset, operand_offsets)` for every combination of label values.
-    fn for_each_combo(&self, mut f: impl FnMut(usize, &[usize])) {
-        let n = self.sizes.len();
-        if self.sizes.contains(&0) {
-            return;
+        let combos: usize = sizes.iter().product();
+        if u32::try_from(combos.max(out_cols)).is_err() {
+            return Err(format!("an einsum of {combos} index combinations"));
         }
-        let mut idx = vec![0usize; n];
-        let mut offs = vec![0usize; self.operands.len()];
-        loop {
-            let out: usize = idx.iter().zip(&self.out_strides).map(|(i, s)| i * s).sum();
-            for (o, (st, _, _)) in offs.iter_mut().zip(&self.operands) {
-                *o = idx.iter().zip(st).map(|(i, s)| i * s).sum();
-            }
-            f(out, &offs);
-            let mut d = n;
-            loop {
-                if d == 0 {
-                    return;
+        // Every label combination once: its constant factor, and the term's
+        // offsets (merged with an equal earlier term).
+        let width = 1 + tensors.len();
+        let mut offsets: Vec<u32> = Vec::new();
+        let mut coefs: Vec<f64> = Vec::new();
+        let mut seen: std::collections::HashMap<Vec<u32>, usize> = Default::default();
+        let mut idx = vec![0usize; sizes.len()];
+        let at =
+            |idx: &[usize], st: &[usize]| -> usize { idx.iter().zip(st).map(|(i, s)| i * s).sum() };
+        let mut key = Vec::with_capacity(width);
+        for _ in 0..combos {
+            let c: f64 = constants.iter().map(|(st, v)| v[at(&idx, st)]).product();
+            if c != 0.0 {
+                key.clear();
+                key.push(at(&idx, &out_strides) as u32);
+                key.extend(tensors.iter().map(|(st, _)| at(&idx, st) as u32));
+                match seen.get(&key) {
+                    Some(&t) => coefs[t] += c,
+                    None => {
+                        seen.insert(key.clone(), coefs.len());
+                        offsets.extend_from_slice(&key);
+                        coefs.push(c);
+                    }
                 }
-                d -= 1;
+            }
+            // Next combination, the last label fastest.
+            for d in (0..idx.len()).rev() {
                 idx[d] += 1;
-                if idx[d] < self.sizes[d] {
+                if idx[d] < sizes[d] {
                     break;
                 }
                 idx[d] = 0;
             }
         }
+        Ok(RowEinsum {
+            name: name.to_string(),
+            in_cols: tensors.iter().map(|&(_, n)| n).collect(),
+            out_cols,
+            offsets,
+            coefs,
+        })
     }
 
-    /// Per-row views of the operands: tensor inputs in order, constants from self.
-    fn row_values<'a, T: Scalar>(
-        &'a self,
-        inputs: &[&'a [T]],
-        row: usize,
-        consts: &'a [Vec<T>],
-    ) -> Vec<&'a [T]> {
-        let mut next = 0;
-        self.operands
-            .iter()
-            .zip(consts)
-            .map(|((_, c, n), cv)| {
-                if c.is_some() {
-                    cv.as_slice()
-                } else {
-                    let s = &inputs[next][row * n..(row + 1) * n];
-                    next += 1;
-                    s
-                }
-            })
-            .collect()
+    /// With exactly two per-row operands and no contraction (every output
+    /// column the product of one column of each, coefficient 1: an outer or
+    /// element-wise product such as `cb,ca->cba`), the column each operand
+    /// gives each output column; `None` otherwise.
+    pub(crate) fn product_maps(&self) -> Option<[Vec<u32>; 2]> {
+        if self.in_cols.len() != 2 || self.coefs.len() != self.out_cols {
+            return None;
+        }
+        let mut maps = [vec![u32::MAX; self.out_cols], vec![u32::MAX; self.out_cols]];
+        for (t, &c) in self.offsets.chunks_exact(3).zip(&self.coefs) {
+            let o = t[0] as usize;
+            if c != 1.0 || maps[0][o] != u32::MAX {
+                return None;
+            }
+            maps[0][o] = t[1];
+            maps[1][o] = t[2];
+        }
+        Some(maps)
     }
 
-    fn constants<T: Scalar>(&self) -> Vec<Vec<T>> {
-        self.operands
-            .iter()
-            .map(|(_, c, _)| {
-                c.as_ref()
-                    .map_or_else(Vec::new, |v| v.iter().map(|&x| T::from_f64(x)).collect())
-            })
-            .collect()
+    /// With exactly one per-row operand, the matrix `M` (row-major,
+    /// `in_cols × out_cols`) of `out_row = x_row · M` when at least
+    /// [`DENSE_FRACTION`] of its entries are non-zero; `None` otherwise.
+    pub(crate) fn dense_matrix(&self) -> Option<(usize, usize, Vec<f64>)> {
+        let [k] = self.in_cols[..] else { return None };
+        let n = self.out_cols;
+        let entries = k * n;
+        if entries == 0 || (self.coefs.len() as f64) < DENSE_FRACTION * entries as f64 {
+            return None;
+        }
+        let mut m = vec![0.0; entries];
+        for (t, &c) in self.offsets.chunks_exact(2).zip(&self.coefs) {
+            m[t[1] as usize * n + t[0] as usize] += c;
+        }
+        Some((k, n, m))
+    }
+
+    fn coefs_as<T: Scalar>(&self) -> Vec<T> {
+        self.coefs.iter().map(|&c| T::from_f64(c)).collect()
     }
 }
 
@@ -172,6 +207,18 @@ impl<T: Scalar> OpaqueKernel<T> for RowEinsum {
         let (domain, rows, _) = *inputs
             .first()
             .ok_or_else(|| inputs_err("per-row operands"))?;
+        if inputs.len() != self.in_cols.len()
+            || inputs
+                .iter()
+                .zip(&self.in_cols)
+                .any(|(&(_, r, c), &n)| r != rows || c != n)
+        {
+            return Err(inputs_err(&format!(
+                "{} per-row operands of {:?} values per row",
+                self.in_cols.len(),
+                self.in_cols
+            )));
+        }
         Ok((domain, rows, self.out_cols))
     }
 
@@ -181,18 +228,41 @@ impl<T: Scalar> OpaqueKernel<T> for RowEinsum {
         _shapes: &[Shape],
         out: &mut [T],
     ) -> Result<(), KernelError> {
-        let consts = self.constants::<T>();
-        out.par_chunks_mut(self.out_cols.max(1))
+        let coefs = self.coefs_as::<T>();
+        let oc = self.out_cols.max(1);
+        let width = 1 + self.in_cols.len();
+        out.par_chunks_mut(oc * ROWS_PER_TASK)
             .enumerate()
-            .for_each(|(r, o)| {
-                let vals = self.row_values(inputs, r, &consts);
-                self.for_each_combo(|oo, offs| {
-                    let mut p = T::one();
-                    for (v, &k) in vals.iter().zip(offs) {
-                        p *= v[k];
+            .for_each(|(block, o_block)| {
+                let first = block * ROWS_PER_TASK;
+                for (i, o) in o_block.chunks_mut(oc).enumerate() {
+                    let r = first + i;
+                    let row = |k: usize| &inputs[k][r * self.in_cols[k]..(r + 1) * self.in_cols[k]];
+                    let terms = self.offsets.chunks_exact(width).zip(&coefs);
+                    match self.in_cols.len() {
+                        1 => {
+                            let x = row(0);
+                            for (t, &c) in terms {
+                                o[t[0] as usize] += c * x[t[1] as usize];
+                            }
+                        }
+                        2 => {
+                            let (x, y) = (row(0), row(1));
+                            for (t, &c) in terms {
+                                o[t[0] as usize] += c * x[t[1] as usize] * y[t[2] as usize];
+                            }
+                        }
+                        n => {
+                            for (t, &c) in terms {
+                                let mut p = c;
+                                for k in 0..n {
+                                    p *= row(k)[t[1 + k] as usize];
+                                }
+                                o[t[0] as usize] += p;
+                            }
+                        }
                     }
-                    o[oo] += p;
-                });
+                }
             });
         Ok(())
     }
@@ -204,27 +274,49 @@ impl<T: Scalar> OpaqueKernel<T> for RowEinsum {
         grad_out: &[T],
         grads: &mut [Vec<T>],
     ) -> Option<Result<(), KernelError>> {
-        let consts = self.constants::<T>();
+        let coefs = self.coefs_as::<T>();
         let oc = self.out_cols.max(1);
-        // One pass per tensor input, parallel over its rows.
-        let tensor_ops: Vec<usize> = (0..self.operands.len())
-            .filter(|&k| self.operands[k].1.is_none())
-            .collect();
-        for (t, &k) in tensor_ops.iter().enumerate() {
-            let n = self.operands[k].2.max(1);
-            grads[t].par_chunks_mut(n).enumerate().for_each(|(r, gr)| {
-                let vals = self.row_values(inputs, r, &consts);
-                let g = &grad_out[r * oc..(r + 1) * oc];
-                self.for_each_combo(|oo, offs| {
-                    let mut p = g[oo];
-                    for (j, (v, &o)) in vals.iter().zip(offs).enumerate() {
-                        if j != k {
-                            p *= v[o];
+        let n_ops = self.in_cols.len();
+        let width = 1 + n_ops;
+        // One pass per per-row operand, parallel over its rows:
+        // ∂out[o]/∂x_k[i_k] = c · Π_{j≠k} x_j[i_j].
+        for (k, gk) in grads.iter_mut().enumerate() {
+            let cols = self.in_cols[k].max(1);
+            gk.par_chunks_mut(cols * ROWS_PER_TASK)
+                .enumerate()
+                .for_each(|(block, g_block)| {
+                    let first = block * ROWS_PER_TASK;
+                    for (i, gr) in g_block.chunks_mut(cols).enumerate() {
+                        let r = first + i;
+                        let row =
+                            |j: usize| &inputs[j][r * self.in_cols[j]..(r + 1) * self.in_cols[j]];
+                        let g = &grad_out[r * oc..(r + 1) * oc];
+                        let terms = self.offsets.chunks_exact(width).zip(&coefs);
+                        match n_ops {
+                            1 => {
+                                for (t, &c) in terms {
+                                    gr[t[1] as usize] += c * g[t[0] as usize];
+                                }
+                            }
+                            2 => {
+                                let other = row(1 - k);
+                                for (t, &c) in terms {
+                                    gr[t[1 + k] as usize] +=
+                                        c * g[t[0] as usize] * other[t[2 - k] as usize];
+                                }
+                            }
+                            _ => {
+                                for (t, &c) in terms {
+                                    let mut p = c * g[t[0] as usize];
+                                    for j in (0..n_ops).filter(|&j| j != k) {
+                                        p *= row(j)[t[1 + j] as usize];
+                                    }
+                                    gr[t[1 + k] as usize] += p;
+                                }
+                            }
                         }
                     }
-                    gr[offs[k]] += p;
                 });
-            });
         }
         Some(Ok(()))
     }
@@ -236,6 +328,37 @@ pub(crate) struct RowGather {
     pub name: String,
     /// For each output column: (input, column).
     pub src: Vec<(usize, usize)>,
+}
+
+/// A run of output columns `out..out + len` copied from columns
+/// `col..col + len` of one input.
+struct ColumnRun {
+    input: usize,
+    col: usize,
+    out: usize,
+    len: usize,
+}
+
+impl RowGather {
+    /// The gather as runs of consecutive columns (a slice or narrow is one
+    /// run per row, a concatenation one per part): `None` when runs average
+    /// under two columns (a permute), where copying element by element is
+    /// cheaper.
+    fn runs(&self) -> Option<Vec<ColumnRun>> {
+        let mut runs: Vec<ColumnRun> = Vec::new();
+        for (j, &(input, col)) in self.src.iter().enumerate() {
+            match runs.last_mut() {
+                Some(r) if r.input == input && r.col + r.len == col => r.len += 1,
+                _ => runs.push(ColumnRun {
+                    input,
+                    col,
+                    out: j,
+                    len: 1,
+                }),
+            }
+        }
+        (2 * runs.len() <= self.src.len()).then_some(runs)
+    }
 }
 
 impl<T: Scalar> OpaqueKernel<T> for RowGather {
@@ -260,11 +383,28 @@ impl<T: Scalar> OpaqueKernel<T> for RowGather {
 
     fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), KernelError> {
         let n = self.src.len().max(1);
-        out.par_chunks_mut(n).enumerate().for_each(|(r, o)| {
-            for (j, &(i, c)) in self.src.iter().enumerate() {
-                o[j] = inputs[i][r * shapes[i].2 + c];
-            }
-        });
+        let runs = self.runs();
+        out.par_chunks_mut(n * ROWS_PER_TASK)
+            .enumerate()
+            .for_each(|(block, o_block)| {
+                for (k, o) in o_block.chunks_mut(n).enumerate() {
+                    let r = block * ROWS_PER_TASK + k;
+                    match &runs {
+                        Some(runs) => {
+                            for run in runs {
+                                let from = r * shapes[run.input].2 + run.col;
+                                o[run.out..run.out + run.len]
+                                    .copy_from_slice(&inputs[run.input][from..from + run.len]);
+                            }
+                        }
+                        None => {
+                            for (oj, &(i, c)) in o.iter_mut().zip(&self.src) {
+                                *oj = inputs[i][r * shapes[i].2 + c];
+                            }
+                        }
+                    }
+                }
+            });
         Ok(())
     }
 
@@ -276,17 +416,190 @@ impl<T: Scalar> OpaqueKernel<T> for RowGather {
         grads: &mut [Vec<T>],
     ) -> Option<Result<(), KernelError>> {
         let n = self.src.len().max(1);
-        // One pass per input, parallel over its rows.
+        // One pass per input, parallel over its rows, over the (output
+        // column, input column) pairs that read it.
+        let runs = self.runs();
         for (i, gi) in grads.iter_mut().enumerate() {
             let cols = shapes[i].2.max(1);
-            gi.par_chunks_mut(cols).enumerate().for_each(|(r, gr)| {
-                let g = &grad_out[r * n..(r + 1) * n];
-                for (j, &(input, c)) in self.src.iter().enumerate() {
-                    if input == i {
-                        gr[c] += g[j];
+            let pairs: Vec<(usize, usize)> = (self.src.iter().enumerate())
+                .filter(|(_, &(input, _))| input == i)
+                .map(|(j, &(_, c))| (j, c))
+                .collect();
+            let my_runs: Option<Vec<&ColumnRun>> = runs
+                .as_ref()
+                .map(|rs| rs.iter().filter(|run| run.input == i).collect());
+            gi.par_chunks_mut(cols * ROWS_PER_TASK)
+                .enumerate()
+                .for_each(|(block, g_block)| {
+                    for (k, gr) in g_block.chunks_mut(cols).enumerate() {
+                        let r = block * ROWS_PER_TASK + k;
+                        let g = &grad_out[r * n..(r + 1) * n];
+                        match &my_runs {
+                            Some(rs) => {
+                                for run in rs {
+                                    let dst = &mut gr[run.col..run.col + run.len];
+                                    for (d, &x) in dst.iter_mut().zip(&g[run.out..]) {
+                                        *d += x;
+                                    }
+                                }
+                            }
+                            None => {
+                                for &(j, c) in &pairs {
+                                    gr[c] += g[j];
+                                }
+                            }
+                        }
+                    }
+                });
+        }
+        Some(Ok(()))
+    }
+}
+
+/// The arithmetic of a [`RowBroadcast`] kernel.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum BroadcastOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+impl BroadcastOp {
+    #[inline(always)]
+    fn apply<T: Scalar>(self, a: T, b: T) -> T {
+        match self {
+            BroadcastOp::Add => a + b,
+            BroadcastOp::Sub => a - b,
+            BroadcastOp::Mul => a * b,
+            BroadcastOp::Div => a / b,
+        }
+    }
+
+    /// (∂/∂a, ∂/∂b) of `apply(a, b)`.
+    #[inline(always)]
+    fn partials<T: Scalar>(self, a: T, b: T) -> (T, T) {
+        match self {
+            BroadcastOp::Add => (T::one(), T::one()),
+            BroadcastOp::Sub => (T::one(), -T::one()),
+            BroadcastOp::Mul => (b, a),
+            BroadcastOp::Div => (T::one() / b, -a / (b * b)),
+        }
+    }
+}
+
+/// `out[r, j] = a[r, a_map[j]] ⊕ b[r, b_map[j]]`: a binary op of two
+/// operands broadcast within rows (`[E, 8, 1] · [E, 1, 9]`) without
+/// materialising either broadcast. An operand that is not per-row has one
+/// row (a constant without the row dimension), read in every row.
+pub(crate) struct RowBroadcast {
+    pub op: BroadcastOp,
+    /// Per operand, the column it reads for each output column.
+    pub maps: [Vec<u32>; 2],
+    /// Per operand, whether it has the output's rows (else one row); at
+    /// least one has.
+    pub per_row: [bool; 2],
+}
+
+impl RowBroadcast {
+    fn cols(&self) -> usize {
+        self.maps[0].len()
+    }
+}
+
+impl<T: Scalar> OpaqueKernel<T> for RowBroadcast {
+    fn name(&self) -> &str {
+        "broadcast"
+    }
+
+    fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, KernelError> {
+        let [a, b] = inputs else {
+            return Err(inputs_err("two operands"));
+        };
+        // Rows (and row domain) of the first per-row operand: with zero
+        // edges, a one-row constant must not make the output one row.
+        let (domain, rows) = if self.per_row[0] {
+            (a.0, a.1)
+        } else {
+            (b.0, b.1)
+        };
+        let fits = |&(_, r, c): &Shape, map: &[u32], per_row: bool| {
+            (if per_row { r == rows } else { r == 1 }) && map.iter().all(|&k| (k as usize) < c)
+        };
+        if !(self.per_row[0] || self.per_row[1])
+            || self.maps[1].len() != self.cols()
+            || !fits(a, &self.maps[0], self.per_row[0])
+            || !fits(b, &self.maps[1], self.per_row[1])
+        {
+            return Err(inputs_err(
+                "two operands of the output's rows (or one row) holding every mapped column",
+            ));
+        }
+        Ok((domain, rows, self.cols()))
+    }
+
+    fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), KernelError> {
+        let n = self.cols().max(1);
+        let (ca, cb) = (shapes[0].2, shapes[1].2);
+        let [pa, pb] = self.per_row;
+        let (ma, mb) = (&self.maps[0], &self.maps[1]);
+        out.par_chunks_mut(n * ROWS_PER_TASK)
+            .enumerate()
+            .for_each(|(block, o_block)| {
+                for (i, o) in o_block.chunks_mut(n).enumerate() {
+                    let r = block * ROWS_PER_TASK + i;
+                    let a = &inputs[0][if pa { r * ca } else { 0 }..];
+                    let b = &inputs[1][if pb { r * cb } else { 0 }..];
+                    for ((o, &ka), &kb) in o.iter_mut().zip(ma).zip(mb) {
+                        *o = self.op.apply(a[ka as usize], b[kb as usize]);
                     }
                 }
             });
+        Ok(())
+    }
+
+    fn backward(
+        &self,
+        inputs: &[&[T]],
+        shapes: &[Shape],
+        grad_out: &[T],
+        grads: &mut [Vec<T>],
+    ) -> Option<Result<(), KernelError>> {
+        let n = self.cols().max(1);
+        let [pa, pb] = self.per_row;
+        let rows = if pa { shapes[0].1 } else { shapes[1].1 };
+        let (ca, cb) = (shapes[0].2, shapes[1].2);
+        let (ma, mb) = (&self.maps[0], &self.maps[1]);
+        // The gradient of operand k within row r, added into `gr`.
+        let row_grad = |k: usize, r: usize, gr: &mut [T]| {
+            let a = &inputs[0][if pa { r * ca } else { 0 }..];
+            let b = &inputs[1][if pb { r * cb } else { 0 }..];
+            let g = &grad_out[r * n..(r + 1) * n];
+            for ((&gj, &ka), &kb) in g.iter().zip(ma).zip(mb) {
+                let (da, db) = self.op.partials(a[ka as usize], b[kb as usize]);
+                if k == 0 {
+                    gr[ka as usize] += gj * da;
+                } else {
+                    gr[kb as usize] += gj * db;
+                }
+            }
+        };
+        for (k, gk) in grads.iter_mut().enumerate() {
+            let (per_row, cols) = if k == 0 { (pa, ca) } else { (pb, cb) };
+            if per_row {
+                gk.par_chunks_mut(cols.max(1) * ROWS_PER_TASK)
+                    .enumerate()
+                    .for_each(|(block, g_block)| {
+                        for (i, gr) in g_block.chunks_mut(cols.max(1)).enumerate() {
+                            row_grad(k, block * ROWS_PER_TASK + i, gr);
+                        }
+                    });
+            } else {
+                // One row read by every row: its gradient sums over them.
+                for r in 0..rows {
+                    row_grad(k, r, gk);
+                }
+            }
         }
         Some(Ok(()))
     }
@@ -558,6 +871,11 @@ mod tests {
             &['c', 'd', 'a', 'b'],
         )
         .unwrap();
+        let maps = k.product_maps().expect("an outer product");
+        // Output (c, d, a, b) = (0, 0, a, b): column b of `db`'s row d = 0,
+        // column a of `ca`'s row c = 0.
+        assert_eq!(maps[0][..6], [0, 1, 2, 0, 1, 2], "(d, b) of the first");
+        assert_eq!(maps[1][..6], [0, 0, 0, 1, 1, 1], "(c, a) of the second");
         check_gradients(
             Arc::new(k),
             vec![(values(12, 0.3), 6), (values(8, 0.9), 4)],
@@ -578,6 +896,133 @@ mod tests {
     }
 
     #[test]
+    fn row_einsum_with_one_operand_is_its_matrix_and_folds_constant_labels() {
+        // out[r, c] = Σ_{a,b} x[r, a] · u[a, b] · v[b, c]: the label `b`
+        // lives in constants only, so M = u·v (terms merged over `b`).
+        let (a, b, c) = (3, 4, 5);
+        let u = values(a * b, 0.7);
+        let v = values(b * c, 1.9);
+        let k = RowEinsum::new(
+            "chain",
+            vec![
+                operand("a", &[a], None),
+                operand("ab", &[a, b], Some(u.clone())),
+                operand("bc", &[b, c], Some(v.clone())),
+            ],
+            &['c'],
+        )
+        .unwrap();
+        assert_eq!(k.coefs.len(), a * c, "one term per (a, c) pair");
+        let (rows_m, cols_m, m) = k.dense_matrix().unwrap();
+        assert_eq!((rows_m, cols_m), (a, c));
+        for i in 0..a {
+            for j in 0..c {
+                let want: f64 = (0..b).map(|q| u[i * b + q] * v[q * c + j]).sum();
+                assert!((m[i * c + j] - want).abs() < 1e-14);
+            }
+        }
+        check_gradients(Arc::new(k), vec![(values(2 * a, 0.4), a)], 2);
+        // A 0/1 selection (a sum over one of three labels) stays a term list.
+        let k = RowEinsum::new("sum", vec![operand("abc", &[2, 3, 4], None)], &['a', 'c']).unwrap();
+        assert!(k.dense_matrix().is_none());
+        check_gradients(Arc::new(k), vec![(values(48, 0.2), 24)], 2);
+        // Three per-row operands with a sparse constant.
+        let w: Vec<f64> = (0..8)
+            .map(|q| if q % 3 == 0 { 0.0 } else { q as f64 - 3.5 })
+            .collect();
+        let k = RowEinsum::new(
+            "three",
+            vec![
+                operand("i", &[2], None),
+                operand("j", &[2], None),
+                operand("k", &[2], None),
+                operand("ijk", &[2, 2, 2], Some(w)),
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(k.coefs.len(), 5, "zero coefficients are dropped");
+        check_gradients(
+            Arc::new(k),
+            vec![
+                (values(6, 0.3), 2),
+                (values(6, 0.8), 2),
+                (values(6, 1.3), 2),
+            ],
+            3,
+        );
+    }
+
+    #[test]
+    fn row_broadcast_matches_a_direct_broadcast_and_finite_differences() {
+        // [r, 2, 1] ⊕ [r, 1, 3] → [r, 2, 3].
+        let a_map = vec![0, 0, 0, 1, 1, 1];
+        let b_map = vec![0, 1, 2, 0, 1, 2];
+        let (rows, x, y) = (3, values(6, 0.45), values(9, 0.65));
+        for op in [
+            BroadcastOp::Add,
+            BroadcastOp::Sub,
+            BroadcastOp::Mul,
+            BroadcastOp::Div,
+        ] {
+            let k = RowBroadcast {
+                op,
+                maps: [a_map.clone(), b_map.clone()],
+                per_row: [true, true],
+            };
+            let k: Arc<dyn OpaqueKernel<f64>> = Arc::new(k);
+            let mut g = Graph::<f64>::new();
+            let ta = g.leaf(x.clone(), rows, 2, RowDomain::Edge);
+            let tb = g.leaf(y.clone(), rows, 3, RowDomain::Edge);
+            let t = g.rowwise(k.clone(), &[ta, tb]).unwrap();
+            for r in 0..rows {
+                for i in 0..2 {
+                    for j in 0..3 {
+                        let (p, q) = (x[r * 2 + i], y[r * 3 + j]);
+                        let want = match op {
+                            BroadcastOp::Add => p + q,
+                            BroadcastOp::Sub => p - q,
+                            BroadcastOp::Mul => p * q,
+                            BroadcastOp::Div => p / q,
+                        };
+                        assert_eq!(g.value(t)[r * 6 + i * 3 + j], want, "{op:?}");
+                    }
+                }
+            }
+            check_gradients(k, vec![(x.clone(), 2), (y.clone(), 3)], rows);
+        }
+        // A one-row second operand is read in every row; its gradient sums them.
+        let k = RowBroadcast {
+            op: BroadcastOp::Mul,
+            maps: [a_map, b_map],
+            per_row: [true, false],
+        };
+        let k: Arc<dyn OpaqueKernel<f64>> = Arc::new(k);
+        let mut g = Graph::<f64>::new();
+        let ta = g.leaf(x.clone(), rows, 2, RowDomain::Edge);
+        let tb = g.leaf(y[..3].to_vec(), 1, 3, RowDomain::None);
+        let t = g.rowwise(k.clone(), &[ta, tb]).unwrap();
+        let w = values(rows * 6, 0.37);
+        let grads = g.grad(t, Some(w.clone()), &[ta, tb]).unwrap();
+        for j in 0..3 {
+            let want: f64 = (0..rows)
+                .flat_map(|r| (0..2).map(move |i| (r, i)))
+                .map(|(r, i)| w[r * 6 + i * 3 + j] * x[r * 2 + i])
+                .sum();
+            assert!(
+                (grads[1][j] - want).abs() < 1e-14,
+                "{} vs {want}",
+                grads[1][j]
+            );
+        }
+        // No rows (no edges): no output rows, however many the constant has.
+        let ta = g.leaf(Vec::new(), 0, 2, RowDomain::Edge);
+        let tb = g.leaf(y[..3].to_vec(), 1, 3, RowDomain::None);
+        let t = g.rowwise(k, &[ta, tb]).unwrap();
+        assert_eq!(g.shape(t), (0, 6));
+    }
+
+    #[test]
     fn row_gather_and_clamp_backward_match_finite_differences() {
         // A permute of a 2×3 block and a concatenation with a second input.
         let k = RowGather {
@@ -589,6 +1034,32 @@ mod tests {
             vec![(values(12, 0.4), 6), (values(4, 0.8), 2)],
             2,
         );
+        // Runs of columns (a slice, then a concatenation of two parts, one
+        // of them read twice): copied run by run.
+        let k = RowGather {
+            name: "runs".into(),
+            src: vec![(0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (0, 1), (0, 2)],
+        };
+        assert_eq!(k.runs().map(|r| r.len()), Some(3));
+        let (x, y) = (values(12, 0.4), values(6, 0.8));
+        let kernel: Arc<dyn OpaqueKernel<f64>> = Arc::new(k);
+        let mut g = Graph::<f64>::new();
+        let tx = g.leaf(x.clone(), 3, 4, RowDomain::Edge);
+        let ty = g.leaf(y.clone(), 3, 2, RowDomain::Edge);
+        let t = g.rowwise(kernel.clone(), &[tx, ty]).unwrap();
+        for r in 0..3 {
+            let want = [
+                x[r * 4 + 1],
+                x[r * 4 + 2],
+                x[r * 4 + 3],
+                y[r * 2],
+                y[r * 2 + 1],
+                x[r * 4 + 1],
+                x[r * 4 + 2],
+            ];
+            assert_eq!(&g.value(t)[r * 7..(r + 1) * 7], &want);
+        }
+        check_gradients(kernel, vec![(x, 4), (y, 2)], 3);
         check_gradients(Arc::new(ClampMin(0.1)), vec![(values(8, 0.6), 4)], 2);
     }
 

@@ -124,6 +124,11 @@ impl<T: Scalar> Run<'_, T> {
                         let t = run.g.constant(values, 1, c, RowDomain::None);
                         return Ok((t, one_row));
                     }
+                    // With the output's rows: kept at its own shape (the
+                    // row-broadcast kernel reads it), not widened to the output's.
+                    if hs.len() == out_shape.len() && hs.first() == out_shape.first() {
+                        return Ok((run.constant(&hv, &hs, &hs, domain)?, hs));
+                    }
                     Ok((
                         run.constant(&hv, &hs, &out_shape, domain)?,
                         out_shape.clone(),
@@ -144,6 +149,11 @@ impl<T: Scalar> Run<'_, T> {
                 std::mem::swap(&mut ta, &mut tb);
                 std::mem::swap(&mut sa, &mut sb);
                 negate = op == Bin::Sub;
+            } else if let Some(t) = self.row_broadcast(ta, &sa, tb, &sb, op, &out_shape)? {
+                return Ok(Val::T {
+                    t,
+                    shape: out_shape,
+                });
             } else {
                 let ones = self.constant(&[1.0], &[], &out_shape, domain)?;
                 ta = self.engine_binary(ones, ta, &sa, Bin::Mul, &out_shape)?;
@@ -186,25 +196,11 @@ impl<T: Scalar> Run<'_, T> {
             || padded.iter().all(|&d| d == 1);
         let engine_fits =
             (br, bc) == (r, c) || (br, bc) == (r, 1) || (br, bc) == (1, c) || (br, bc) == (1, 1);
-        // Broadcasting within rows (`[E, 1, 4]` against `[E, 4, 4]`): expand
-        // each row of `b` to the output's columns first (a row-local gather).
-        if !(ok && engine_fits) && n >= 1 && br == r && (padded[0] == out[0] || padded[0] == 1) {
-            let iota: Vec<f64> = (0..numel(&padded[1..])).map(|k| k as f64).collect();
-            let map = broadcast_host(&iota, &padded[1..], &out[1..])?;
-            let wide = self.row_gather(
-                "broadcast",
-                &[b],
-                map.into_iter().map(|k| (0, k as usize)).collect(),
-            )?;
-            let r = match op {
-                Bin::Add => self.g.add(a, wide),
-                Bin::Sub => self.g.sub(a, wide),
-                Bin::Mul => self.g.mul(a, wide),
-                Bin::Div => self.g.div(a, wide),
-            };
-            return r.map_err(Self::map_err);
-        }
+        // Broadcasting within rows (`[E, 1, 4]` against `[E, 4, 4]`).
         if !(ok && engine_fits) {
+            if let Some(t) = self.row_broadcast(a, out, b, b_shape, op, out)? {
+                return Ok(t);
+            }
             return Err(format!(
                 "broadcasting {b_shape:?} against {out:?} is not supported by the engine mapping"
             ));
@@ -216,6 +212,58 @@ impl<T: Scalar> Run<'_, T> {
             Bin::Div => self.g.div(a, b),
         };
         r.map_err(Self::map_err)
+    }
+
+    /// `a ⊕ b` broadcast within rows by one [`RowBroadcast`] kernel, which
+    /// reads each operand at its own shape: `None` unless each operand's
+    /// engine block is its shape (left-padded with ones to the output's
+    /// rank) with the output's rows or one row.
+    pub(super) fn row_broadcast(
+        &mut self,
+        a: Tensor,
+        a_shape: &[usize],
+        b: Tensor,
+        b_shape: &[usize],
+        op: Bin,
+        out: &[usize],
+    ) -> Res<Option<Tensor>> {
+        let Some(&rows) = out.first() else {
+            return Ok(None);
+        };
+        let mut maps = Vec::with_capacity(2);
+        let mut per_row = [true; 2];
+        for (k, (t, shape)) in [(a, a_shape), (b, b_shape)].into_iter().enumerate() {
+            if shape.len() > out.len() {
+                return Ok(None);
+            }
+            let mut padded = vec![1; out.len() - shape.len()];
+            padded.extend_from_slice(shape);
+            if (padded[0] != rows && padded[0] != 1) || self.g.shape(t) != layout(&padded) {
+                return Ok(None);
+            }
+            per_row[k] = padded[0] == rows;
+            let iota: Vec<f64> = (0..numel(&padded[1..])).map(|k| k as f64).collect();
+            let map = broadcast_host(&iota, &padded[1..], &out[1..])?;
+            maps.push(map.into_iter().map(|k| k as u32).collect::<Vec<u32>>());
+        }
+        let (Some(b_map), Some(a_map)) = (maps.pop(), maps.pop()) else {
+            return Ok(None);
+        };
+        let op = match op {
+            Bin::Add => BroadcastOp::Add,
+            Bin::Sub => BroadcastOp::Sub,
+            Bin::Mul => BroadcastOp::Mul,
+            Bin::Div => BroadcastOp::Div,
+        };
+        if !(per_row[0] || per_row[1]) {
+            return Ok(None);
+        }
+        let k: Arc<dyn OpaqueKernel<T>> = Arc::new(RowBroadcast {
+            op,
+            maps: [a_map, b_map],
+            per_row,
+        });
+        self.g.rowwise(k, &[a, b]).map(Some).map_err(Self::map_err)
     }
 
     /// The engine index of an integer tensor used to index atom rows.

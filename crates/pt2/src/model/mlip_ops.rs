@@ -75,8 +75,7 @@ impl<T: Scalar> Run<'_, T> {
             constant: None,
         };
         let kernel = RowEinsum::new("sum", vec![operand], &out)?;
-        let k: Arc<dyn OpaqueKernel<T>> = Arc::new(kernel);
-        self.g.rowwise(k, &[t]).map_err(Self::map_err)
+        self.row_contraction(kernel, &[t])
     }
 
     fn view(&mut self, node: &Node) -> Res<()> {
@@ -87,14 +86,22 @@ impl<T: Scalar> Run<'_, T> {
         // weighted channels) keeps the engine rows: the value's shape is
         // written `[E, m, ..]`, the same elements in the same order.
         if let Val::T { t, shape: xs } = &x {
-            let rows = self.g.shape(*t).0;
-            if xs.first() == Some(&rows)
-                && shape
-                    .first()
-                    .is_some_and(|&r| r != rows && rows > 0 && r % rows == 0)
-                && numel(xs) == numel(&shape)
+            let (rows, cols) = self.g.shape(*t);
+            // Rows per row: from the row counts, or with no rows (no edges)
+            // from the column counts.
+            let per_row = match shape.first() {
+                Some(&r) if rows > 0 && r != rows && r % rows == 0 => Some(r / rows),
+                Some(0) if rows == 0 => {
+                    let out_cols = numel(&shape[1..]);
+                    (out_cols > 0 && cols != out_cols && cols % out_cols == 0)
+                        .then(|| cols / out_cols)
+                }
+                _ => None,
+            };
+            if let Some(m) =
+                per_row.filter(|_| xs.first() == Some(&rows) && numel(xs) == numel(&shape))
             {
-                let mut split = vec![rows, shape[0] / rows];
+                let mut split = vec![rows, m];
                 split.extend_from_slice(&shape[1..]);
                 return self.set(
                     node,
@@ -359,8 +366,7 @@ impl<T: Scalar> Run<'_, T> {
                     },
                 ];
                 let kernel = RowEinsum::new("matmul", operands, &lo)?;
-                let k: Arc<dyn OpaqueKernel<T>> = Arc::new(kernel);
-                let t = self.g.rowwise(k, &[t]).map_err(Self::map_err)?;
+                let t = self.row_contraction(kernel, &[t])?;
                 self.set(node, Val::T { t, shape })
             }
             other => {

@@ -18,7 +18,10 @@
 //! a sum of atom rows the per-system reduction.
 
 use crate::ir::{dtype, Arg, Node, SymIntArg};
-use crate::rowops::{permute_map, slice_map, ClampMin, EinsumOperand, RowEinsum, RowGather};
+use crate::rowops::{
+    permute_map, slice_map, BroadcastOp, ClampMin, EinsumOperand, RowBroadcast, RowEinsum,
+    RowGather,
+};
 use crate::{Pt2Archive, Pt2Error};
 use ddmlip_engine::ops::Unary;
 use ddmlip_engine::OpaqueKernel;
@@ -170,7 +173,7 @@ fn strides(shape: &[usize]) -> Vec<usize> {
 }
 
 /// numpy broadcasting of `v` (shape `from`) to `to`.
-fn broadcast_host(v: &[f64], from: &[usize], to: &[usize]) -> Res<Vec<f64>> {
+fn broadcast_host<V: Copy>(v: &[V], from: &[usize], to: &[usize]) -> Res<Vec<V>> {
     if v.len() != numel(from) {
         return Err(format!("{} values for shape {from:?}", v.len()));
     }
@@ -190,16 +193,26 @@ fn broadcast_host(v: &[f64], from: &[usize], to: &[usize]) -> Res<Vec<f64>> {
             return Err(format!("cannot broadcast {from:?} to {to:?}"));
         }
     }
-    let ts = strides(to);
-    Ok((0..numel(to))
-        .map(|i| {
-            let mut src = 0;
-            for d in 0..to.len() {
-                src += (i / ts[d]) % to[d].max(1) * src_strides[d];
+    // Walks the output in order with an odometer over its dimensions (the
+    // last fastest), moving the source offset by each dimension's stride:
+    // no division per element (per-edge constants run to millions).
+    let total = numel(to);
+    let mut out = Vec::with_capacity(total);
+    let mut idx = vec![0usize; to.len()];
+    let mut src = 0usize;
+    for _ in 0..total {
+        out.push(v[src]);
+        for d in (0..to.len()).rev() {
+            idx[d] += 1;
+            src += src_strides[d];
+            if idx[d] < to[d] {
+                break;
             }
-            v[src]
-        })
-        .collect())
+            src -= src_strides[d] * idx[d];
+            idx[d] = 0;
+        }
+    }
+    Ok(out)
 }
 
 /// torch's result shape of broadcasting `a` against `b`.
@@ -639,4 +652,55 @@ fn linspace(start: f64, end: f64, steps: usize) -> Vec<f64> {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// numpy's rule element by element: output index i reads the source at
+    /// the same index in every dimension the source has (0 where it is 1).
+    fn broadcast_naive(v: &[f64], from: &[usize], to: &[usize]) -> Vec<f64> {
+        let pad = to.len() - from.len();
+        let (ts, fs) = (strides(to), strides(from));
+        (0..numel(to))
+            .map(|i| {
+                let src: usize = (0..from.len())
+                    .map(|d| {
+                        let k = (i / ts[pad + d]) % to[pad + d];
+                        if from[d] == 1 {
+                            0
+                        } else {
+                            k * fs[d]
+                        }
+                    })
+                    .sum();
+                v[src]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn broadcast_host_follows_numpy() {
+        let cases: [(&[usize], &[usize]); 6] = [
+            (&[3], &[4, 3]),
+            (&[4, 1], &[4, 3]),
+            (&[2, 1, 3], &[5, 2, 4, 3]),
+            (&[1, 1], &[2, 3]),
+            (&[], &[2, 2]),
+            (&[2, 3], &[2, 3]),
+        ];
+        for (from, to) in cases {
+            let v: Vec<f64> = (0..numel(from)).map(|k| k as f64 * 1.5 - 2.0).collect();
+            assert_eq!(
+                broadcast_host(&v, from, to).unwrap(),
+                broadcast_naive(&v, from, to),
+                "{from:?} → {to:?}"
+            );
+        }
+        assert!(broadcast_host(&[1.0, 2.0], &[2], &[3]).is_err());
+        assert!(broadcast_host(&[1.0, 2.0], &[2], &[0, 2])
+            .unwrap()
+            .is_empty());
+    }
 }

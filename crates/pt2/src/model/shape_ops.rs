@@ -16,6 +16,31 @@ impl<T: Scalar> Run<'_, T> {
         self.g.rowwise(k, inputs).map_err(Self::map_err)
     }
 
+    /// A row-local contraction of `inputs`: the engine's blocked GEMM when
+    /// it is a dense linear map of one per-row operand (a matrix product or
+    /// tensordot with weights), the [`RowBroadcast`] product when it is an
+    /// outer or element-wise product of two, else the [`RowEinsum`]
+    /// kernel's term list.
+    pub(super) fn row_contraction(&mut self, kernel: RowEinsum, inputs: &[Tensor]) -> Res<Tensor> {
+        if let (Some((k, n, m)), [x]) = (kernel.dense_matrix(), inputs) {
+            let m = m.into_iter().map(T::from_f64).collect();
+            let w = self.g.constant(m, k, n, RowDomain::None);
+            return self.g.matmul(*x, w).map_err(Self::map_err);
+        }
+        if let (Some(maps), [a, b]) = (kernel.product_maps(), inputs) {
+            if self.g.shape(*a).0 == self.g.shape(*b).0 {
+                let k: Arc<dyn OpaqueKernel<T>> = Arc::new(RowBroadcast {
+                    op: BroadcastOp::Mul,
+                    maps,
+                    per_row: [true, true],
+                });
+                return self.g.rowwise(k, inputs).map_err(Self::map_err);
+            }
+        }
+        let k: Arc<dyn OpaqueKernel<T>> = Arc::new(kernel);
+        self.g.rowwise(k, inputs).map_err(Self::map_err)
+    }
+
     /// A reshape keeping the rows, or a broadcast to the recorded shape.
     pub(super) fn reshape_or_expand(&mut self, x: Val, out: &str, expand: bool) -> Res<Val> {
         let shape = self.shape_of(out)?;
@@ -48,10 +73,9 @@ impl<T: Scalar> Run<'_, T> {
             // An index broadcast along columns (`index.unsqueeze(-1).expand_as(src)`
             // for a `scatter_add`) stays an integer tensor.
             Val::Int { v, shape: xs, .. } => {
-                let fv: Vec<f64> = v.iter().map(|&x| x as f64).collect();
-                let wide = broadcast_host(&fv, &xs, &shape)?;
+                let wide = broadcast_host(&v, &xs, &shape)?;
                 Ok(Val::Int {
-                    v: Arc::new(wide.into_iter().map(|x| x as i64).collect()),
+                    v: Arc::new(wide),
                     shape,
                     origin: Origin::Other,
                 })
@@ -277,8 +301,7 @@ impl<T: Scalar> Run<'_, T> {
             return Err("an einsum of constants only".into());
         }
         let kernel = RowEinsum::new("einsum", operands, &out_labels[1..])?;
-        let k: Arc<dyn OpaqueKernel<T>> = Arc::new(kernel);
-        let t = self.g.rowwise(k, &inputs).map_err(Self::map_err)?;
+        let t = self.row_contraction(kernel, &inputs)?;
         Ok(Val::T {
             t,
             shape: out_shape,
