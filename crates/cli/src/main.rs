@@ -28,6 +28,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
+    quiet_on_closed_stdout();
     let cli = Cli::parse();
     match commands::run(cli.command) {
         Ok(code) => ExitCode::from(code),
@@ -36,6 +37,26 @@ fn main() -> ExitCode {
             ExitCode::from(e.status)
         }
     }
+}
+
+/// `ddmlip eval --json | head`: once the reader has gone, a write to stdout
+/// fails and `println!` panics. That is not an error of the run: leave with
+/// the status a shell gives a process stopped by SIGPIPE (128 + 13) and no
+/// backtrace. Every other panic keeps the default report.
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let text = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if text.starts_with("failed printing to stdout") && text.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
 }
 
 /// The error and its causes joined by ": ", skipping a cause whose text is

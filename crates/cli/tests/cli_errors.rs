@@ -632,3 +632,24 @@ fn more_ranks_than_the_system_can_use_run_and_warn() {
     );
     assert_eq!(idle_and_whole(&json), (0, 0));
 }
+
+/// A reader that leaves early (`ddmlip eval --json | head -c 0`) ends the run
+/// quietly with the SIGPIPE status, not a panic and a backtrace.
+#[test]
+fn closed_stdout_ends_quietly() {
+    let case = Case::new();
+    let good = case.good();
+    let mut child = Command::new(BIN)
+        .args(["eval", "--model", "lj", "--json", "--structure"])
+        .arg(&good)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Close the read end before the binary has computed anything to print.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "stderr: {stderr}");
+}
