@@ -370,33 +370,6 @@ fn dot<T: Real>(a: &[T], b: &[T]) -> T {
     s
 }
 
-/// out[k][u] += Σ_a T[a,k]·w[u]·h[a][u]. `wh` is scratch of D1·mul.
-#[inline(always)]
-fn fwd_kernel<T: Real, const D1: usize, const D3: usize>(
-    h: &[T],
-    t: &[T],
-    w: &[T],
-    wh: &mut [T],
-    out: &mut [T],
-) {
-    let m = w.len();
-    for a in 0..D1 {
-        for ((o, &x), &wu) in wh[a * m..(a + 1) * m]
-            .iter_mut()
-            .zip(&h[a * m..(a + 1) * m])
-            .zip(w)
-        {
-            *o = wu * x;
-        }
-    }
-    for k in 0..D3 {
-        let o = &mut out[k * m..(k + 1) * m];
-        for a in 0..D1 {
-            axpy(t[a * D3 + k], &wh[a * m..(a + 1) * m], o);
-        }
-    }
-}
-
 /// grad_w[u] = Σ_k g[k][u]·Σ_a T[a,k] h[a][u];  gt[a,k] = Σ_u w[u] h[a][u] g[k][u].
 /// `s` is scratch of mul, `wh` of D1·mul.
 #[inline(always)]
@@ -460,6 +433,150 @@ fn bwd_h_kernel<T: Real, const D1: usize, const D3: usize>(
         let o = &mut gh[a * m..(a + 1) * m];
         for k in 0..D3 {
             axpy(t[a * D3 + k], &wg[k * m..(k + 1) * m], o);
+        }
+    }
+}
+
+/// Copies per step of the single-pass kernels: the width of [`dot`]'s
+/// partial sums, so that the filter gradient is summed in the same order.
+const LANES: usize = 8;
+
+/// `LANES` consecutive values of `x` from `start`.
+#[inline(always)]
+fn lanes<T: Real>(x: &[T], start: usize) -> [T; LANES] {
+    std::array::from_fn(|l| x[start + l])
+}
+
+/// `out[k][u] += Σ_a T[a,k]·w[u]·h[a][u]` (`h`: D1·mul, `out`: D3·mul,
+/// component-major) in one pass over the copies: per group of `LANES`
+/// copies, h and w are read once and every output component is updated
+/// while they sit in registers. Products `w[u]·h[a][u]` first, then the sum
+/// over a in order, as the earlier scratch-based kernel did (same bits).
+#[inline(always)]
+fn fwd_kernel_1pass<T: Real, const D1: usize, const D3: usize>(
+    h: &[T],
+    t: &[T],
+    w: &[T],
+    out: &mut [T],
+) {
+    let m = w.len();
+    let (h, out) = (&h[..D1 * m], &mut out[..D3 * m]);
+    let tt: [[T; D3]; D1] = std::array::from_fn(|a| std::array::from_fn(|k| t[a * D3 + k]));
+    let full = m - m % LANES;
+    for u0 in (0..full).step_by(LANES) {
+        let wv = lanes(w, u0);
+        let wh: [[T; LANES]; D1] =
+            std::array::from_fn(|a| std::array::from_fn(|l| wv[l] * h[a * m + u0 + l]));
+        for k in 0..D3 {
+            let o = &mut out[k * m + u0..k * m + u0 + LANES];
+            for a in 0..D1 {
+                for l in 0..LANES {
+                    o[l] += tt[a][k] * wh[a][l];
+                }
+            }
+        }
+    }
+    for u in full..m {
+        for k in 0..D3 {
+            for a in 0..D1 {
+                out[k * m + u] += tt[a][k] * (w[u] * h[a * m + u]);
+            }
+        }
+    }
+}
+
+/// The whole backward of one edge and one path in one pass over the copies
+/// u: the weight gradient `grad_w[u] = Σ_k g[k][u]·Σ_a T[a,k] h[a][u]`
+/// (overwritten), the filter gradient `gt[a,k] = Σ_u w[u] h[a][u] g[k][u]`
+/// (overwritten) and the feature gradient `gh[a][u] += w[u]·Σ_k T[a,k] g[k][u]`
+/// (accumulated). `h`, `gh`: D1·mul, `g`: D3·mul, `t`, `gt`: D1·D3, all
+/// component-major. Per group of `LANES` copies, h, g and w are read once
+/// and the D1·D3 filter-gradient sums stay in registers until the end,
+/// where [`bwd_edge_kernel`] and [`bwd_h_kernel`] made 2·D1·D3 + D1 + D3
+/// passes and wrote two scratch blocks. Same operations in the same order
+/// as those two kernels, so the same bits.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn bwd_kernel_1pass<T: Real, const D1: usize, const D3: usize>(
+    h: &[T],
+    t: &[T],
+    w: &[T],
+    g: &[T],
+    grad_w: &mut [T],
+    gt: &mut [T],
+    gh: &mut [T],
+) {
+    let m = w.len();
+    let (h, g, grad_w) = (&h[..D1 * m], &g[..D3 * m], &mut grad_w[..m]);
+    let (gt, gh) = (&mut gt[..D1 * D3], &mut gh[..D1 * m]);
+    let tt: [[T; D3]; D1] = std::array::from_fn(|a| std::array::from_fn(|k| t[a * D3 + k]));
+    let mut acc = [[[T::ZERO; LANES]; D3]; D1];
+    let full = m - m % LANES;
+    for u0 in (0..full).step_by(LANES) {
+        let wv = lanes(w, u0);
+        let hv: [[T; LANES]; D1] = std::array::from_fn(|a| lanes(h, a * m + u0));
+        let gv: [[T; LANES]; D3] = std::array::from_fn(|k| lanes(g, k * m + u0));
+        // Weight gradient.
+        let mut gw = [T::ZERO; LANES];
+        for k in 0..D3 {
+            let mut s = [T::ZERO; LANES];
+            for a in 0..D1 {
+                for l in 0..LANES {
+                    s[l] += tt[a][k] * hv[a][l];
+                }
+            }
+            for l in 0..LANES {
+                gw[l] += s[l] * gv[k][l];
+            }
+        }
+        grad_w[u0..u0 + LANES].copy_from_slice(&gw);
+        // Filter gradient, lane by lane as `dot` sums.
+        for a in 0..D1 {
+            let wh: [T; LANES] = std::array::from_fn(|l| wv[l] * hv[a][l]);
+            for k in 0..D3 {
+                for l in 0..LANES {
+                    acc[a][k][l] += wh[l] * gv[k][l];
+                }
+            }
+        }
+        // Feature gradient.
+        let wg: [[T; LANES]; D3] =
+            std::array::from_fn(|k| std::array::from_fn(|l| wv[l] * gv[k][l]));
+        for a in 0..D1 {
+            let o = &mut gh[a * m + u0..a * m + u0 + LANES];
+            for k in 0..D3 {
+                for l in 0..LANES {
+                    o[l] += tt[a][k] * wg[k][l];
+                }
+            }
+        }
+    }
+    for a in 0..D1 {
+        for k in 0..D3 {
+            let mut s = T::ZERO;
+            for v in acc[a][k] {
+                s += v;
+            }
+            for u in full..m {
+                s += (w[u] * h[a * m + u]) * g[k * m + u];
+            }
+            gt[a * D3 + k] = s;
+        }
+    }
+    for u in full..m {
+        let mut gw = T::ZERO;
+        for k in 0..D3 {
+            let mut s = T::ZERO;
+            for a in 0..D1 {
+                s += tt[a][k] * h[a * m + u];
+            }
+            gw += s * g[k * m + u];
+        }
+        grad_w[u] = gw;
+        for a in 0..D1 {
+            for k in 0..D3 {
+                gh[a * m + u] += tt[a][k] * (w[u] * g[k * m + u]);
+            }
         }
     }
 }
@@ -561,11 +678,10 @@ fn fwd_row<T: Real>(
             dispatch!(
                 p.d1,
                 p.d3,
-                fwd_kernel,
+                fwd_kernel_1pass,
                 &hj[p.in_off..p.in_off + p.mul * p.d1],
                 &sc.t[p.t_off..p.t_off + p.d1 * p.d3],
                 &we[p.w_off..p.w_off + p.mul],
-                &mut sc.prod,
                 &mut sc.row[p.out_off..p.out_off + p.mul * p.d3]
             );
         }
@@ -654,23 +770,49 @@ fn bwd_sender_row<T: Real>(
     transpose_ranges(&paths.in_ranges, &sc.row, gh_row, false);
 }
 
-/// Whether the AVX2+FMA versions of the row kernels can run on this CPU.
-fn use_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+/// The instruction sets the row kernels are compiled for, best first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isa {
+    /// AVX-512 (F, VL) with AVX2 and FMA: 32 vector registers, which hold
+    /// the single-pass kernels' running sums without spilling.
+    Avx512,
+    /// AVX2 and FMA.
+    Avx2,
+    /// The build's baseline.
+    Base,
+}
+
+impl Isa {
+    /// The best version the running CPU supports.
+    fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("fma") {
+                return if has!("avx512f") && has!("avx512vl") {
+                    Self::Avx512
+                } else {
+                    Self::Avx2
+                };
+            }
+        }
+        Self::Base
     }
 }
 
-/// Generates a copy of a row kernel compiled for AVX2+FMA, and a dispatcher
-/// that picks it when the CPU supports it. The arithmetic is identical; only
-/// the vector width changes.
+/// Generates copies of a row kernel compiled for AVX-512 and for AVX2+FMA,
+/// and a dispatcher that picks one by [`Isa`]. The arithmetic is identical
+/// (no fused multiply-adds are formed from separate `*` and `+`); only the
+/// vector width and register count change.
 macro_rules! multiversion {
-    ($name:ident, $avx:ident, $inner:ident, ($($arg:ident : $ty:ty),*)) => {
+    ($name:ident, $avx512:ident, $avx:ident, $inner:ident, ($($arg:ident : $ty:ty),*)) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $avx512<T: Real>($($arg: $ty),*) {
+            $inner($($arg),*)
+        }
+
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx2,fma")]
         #[allow(clippy::too_many_arguments)]
@@ -680,29 +822,33 @@ macro_rules! multiversion {
 
         #[inline(always)]
         #[allow(clippy::too_many_arguments)]
-        fn $name<T: Real>(avx2: bool, $($arg: $ty),*) {
+        fn $name<T: Real>(isa: Isa, $($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
-            if avx2 {
-                // SAFETY: `avx2` is only true when use_avx2() detected AVX2
-                // and FMA on the running CPU.
-                return unsafe { $avx($($arg),*) };
+            match isa {
+                // SAFETY: Isa::detect() returns Avx512 only when the running
+                // CPU has AVX-512 F and VL, AVX2 and FMA.
+                Isa::Avx512 => return unsafe { $avx512($($arg),*) },
+                // SAFETY: Isa::detect() returns Avx2 only when the running
+                // CPU has AVX2 and FMA.
+                Isa::Avx2 => return unsafe { $avx($($arg),*) },
+                Isa::Base => {}
             }
-            let _ = avx2;
+            let _ = isa;
             $inner($($arg),*)
         }
     };
 }
 
-multiversion!(fwd_row_mv, fwd_row_avx2, fwd_row, (
+multiversion!(fwd_row_mv, fwd_row_avx512, fwd_row_avx2, fwd_row, (
     paths: &ConvPaths<T>, graph: &ConvGraph, ht: &[T], sh: &[T], w: &[T], w_pos0: Option<usize>,
     inv_den: T, i: usize,
     out_row: &mut [T], sc: &mut Scratch<T>
 ));
-multiversion!(bwd_edge_mv, bwd_edge_avx2, bwd_edge, (
+multiversion!(bwd_edge_mv, bwd_edge_avx512, bwd_edge_avx2, bwd_edge, (
     paths: &ConvPaths<T>, graph: &ConvGraph, ht: &[T], sh: &[T], w: &[T], gat: &[T], inv_den: T, e: usize,
     gw: &mut [T], gy: &mut [T], sc: &mut Scratch<T>
 ));
-multiversion!(bwd_sender_row_mv, bwd_sender_row_avx2, bwd_sender_row, (
+multiversion!(bwd_sender_row_mv, bwd_sender_row_avx512, bwd_sender_row_avx2, bwd_sender_row, (
     paths: &ConvPaths<T>, graph: &ConvGraph, sh: &[T], w: &[T], gat: &[T], inv_den: T, j: usize,
     gh_row: &mut [T], sc: &mut Scratch<T>
 ));
