@@ -441,10 +441,18 @@ fn bwd_h_kernel<T: Real, const D1: usize, const D3: usize>(
 /// partial sums, so that the filter gradient is summed in the same order.
 const LANES: usize = 8;
 
-/// `LANES` consecutive values of `x` from `start`.
+/// `LANES` consecutive values of `x` from `start` (one bounds check for
+/// the group, none per element).
 #[inline(always)]
 fn lanes<T: Real>(x: &[T], start: usize) -> [T; LANES] {
-    std::array::from_fn(|l| x[start + l])
+    let group = &x[start..start + LANES];
+    std::array::from_fn(|l| group[l])
+}
+
+/// The `D` rows of `m` values of a component-major block.
+#[inline(always)]
+fn rows<T, const D: usize>(x: &[T], m: usize) -> [&[T]; D] {
+    std::array::from_fn(|c| &x[c * m..(c + 1) * m])
 }
 
 /// `out[k][u] += Σ_a T[a,k]·w[u]·h[a][u]` (`h`: D1·mul, `out`: D3·mul,
@@ -460,15 +468,17 @@ fn fwd_kernel_1pass<T: Real, const D1: usize, const D3: usize>(
     out: &mut [T],
 ) {
     let m = w.len();
-    let (h, out) = (&h[..D1 * m], &mut out[..D3 * m]);
+    let h: [&[T]; D1] = rows(h, m);
     let tt: [[T; D3]; D1] = std::array::from_fn(|a| std::array::from_fn(|k| t[a * D3 + k]));
     let full = m - m % LANES;
     for u0 in (0..full).step_by(LANES) {
         let wv = lanes(w, u0);
-        let wh: [[T; LANES]; D1] =
-            std::array::from_fn(|a| std::array::from_fn(|l| wv[l] * h[a * m + u0 + l]));
-        for k in 0..D3 {
-            let o = &mut out[k * m + u0..k * m + u0 + LANES];
+        let wh: [[T; LANES]; D1] = std::array::from_fn(|a| {
+            let hv = lanes(h[a], u0);
+            std::array::from_fn(|l| wv[l] * hv[l])
+        });
+        for (k, o) in out.chunks_exact_mut(m).take(D3).enumerate() {
+            let o = &mut o[u0..u0 + LANES];
             for a in 0..D1 {
                 for l in 0..LANES {
                     o[l] += tt[a][k] * wh[a][l];
@@ -477,9 +487,9 @@ fn fwd_kernel_1pass<T: Real, const D1: usize, const D3: usize>(
         }
     }
     for u in full..m {
-        for k in 0..D3 {
+        for (k, o) in out.chunks_exact_mut(m).take(D3).enumerate() {
             for a in 0..D1 {
-                out[k * m + u] += tt[a][k] * (w[u] * h[a * m + u]);
+                o[u] += tt[a][k] * (w[u] * h[a][u]);
             }
         }
     }
@@ -507,15 +517,15 @@ fn bwd_kernel_1pass<T: Real, const D1: usize, const D3: usize>(
     gh: &mut [T],
 ) {
     let m = w.len();
-    let (h, g, grad_w) = (&h[..D1 * m], &g[..D3 * m], &mut grad_w[..m]);
-    let (gt, gh) = (&mut gt[..D1 * D3], &mut gh[..D1 * m]);
+    let (h, g): ([&[T]; D1], [&[T]; D3]) = (rows(h, m), rows(g, m));
+    let (grad_w, gt) = (&mut grad_w[..m], &mut gt[..D1 * D3]);
     let tt: [[T; D3]; D1] = std::array::from_fn(|a| std::array::from_fn(|k| t[a * D3 + k]));
     let mut acc = [[[T::ZERO; LANES]; D3]; D1];
     let full = m - m % LANES;
     for u0 in (0..full).step_by(LANES) {
         let wv = lanes(w, u0);
-        let hv: [[T; LANES]; D1] = std::array::from_fn(|a| lanes(h, a * m + u0));
-        let gv: [[T; LANES]; D3] = std::array::from_fn(|k| lanes(g, k * m + u0));
+        let hv: [[T; LANES]; D1] = std::array::from_fn(|a| lanes(h[a], u0));
+        let gv: [[T; LANES]; D3] = std::array::from_fn(|k| lanes(g[k], u0));
         // Weight gradient.
         let mut gw = [T::ZERO; LANES];
         for k in 0..D3 {
@@ -542,8 +552,8 @@ fn bwd_kernel_1pass<T: Real, const D1: usize, const D3: usize>(
         // Feature gradient.
         let wg: [[T; LANES]; D3] =
             std::array::from_fn(|k| std::array::from_fn(|l| wv[l] * gv[k][l]));
-        for a in 0..D1 {
-            let o = &mut gh[a * m + u0..a * m + u0 + LANES];
+        for (a, o) in gh.chunks_exact_mut(m).take(D1).enumerate() {
+            let o = &mut o[u0..u0 + LANES];
             for k in 0..D3 {
                 for l in 0..LANES {
                     o[l] += tt[a][k] * wg[k][l];
@@ -558,7 +568,7 @@ fn bwd_kernel_1pass<T: Real, const D1: usize, const D3: usize>(
                 s += v;
             }
             for u in full..m {
-                s += (w[u] * h[a * m + u]) * g[k * m + u];
+                s += (w[u] * h[a][u]) * g[k][u];
             }
             gt[a * D3 + k] = s;
         }
@@ -568,14 +578,14 @@ fn bwd_kernel_1pass<T: Real, const D1: usize, const D3: usize>(
         for k in 0..D3 {
             let mut s = T::ZERO;
             for a in 0..D1 {
-                s += tt[a][k] * h[a * m + u];
+                s += tt[a][k] * h[a][u];
             }
-            gw += s * g[k * m + u];
+            gw += s * g[k][u];
         }
         grad_w[u] = gw;
-        for a in 0..D1 {
+        for (a, o) in gh.chunks_exact_mut(m).take(D1).enumerate() {
             for k in 0..D3 {
-                gh[a * m + u] += tt[a][k] * (w[u] * g[k * m + u]);
+                o[u] += tt[a][k] * (w[u] * g[k][u]);
             }
         }
     }
