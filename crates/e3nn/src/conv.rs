@@ -370,33 +370,6 @@ fn dot<T: Real>(a: &[T], b: &[T]) -> T {
     s
 }
 
-/// out[k][u] += Σ_a T[a,k]·w[u]·h[a][u]. `wh` is scratch of D1·mul.
-#[inline(always)]
-fn fwd_kernel<T: Real, const D1: usize, const D3: usize>(
-    h: &[T],
-    t: &[T],
-    w: &[T],
-    wh: &mut [T],
-    out: &mut [T],
-) {
-    let m = w.len();
-    for a in 0..D1 {
-        for ((o, &x), &wu) in wh[a * m..(a + 1) * m]
-            .iter_mut()
-            .zip(&h[a * m..(a + 1) * m])
-            .zip(w)
-        {
-            *o = wu * x;
-        }
-    }
-    for k in 0..D3 {
-        let o = &mut out[k * m..(k + 1) * m];
-        for a in 0..D1 {
-            axpy(t[a * D3 + k], &wh[a * m..(a + 1) * m], o);
-        }
-    }
-}
-
 /// grad_w[u] = Σ_k g[k][u]·Σ_a T[a,k] h[a][u];  gt[a,k] = Σ_u w[u] h[a][u] g[k][u].
 /// `s` is scratch of mul, `wh` of D1·mul.
 #[inline(always)]
@@ -460,6 +433,170 @@ fn bwd_h_kernel<T: Real, const D1: usize, const D3: usize>(
         let o = &mut gh[a * m..(a + 1) * m];
         for k in 0..D3 {
             axpy(t[a * D3 + k], &wg[k * m..(k + 1) * m], o);
+        }
+    }
+}
+
+/// Copies per step of the single-pass kernels (one AVX2 vector of `f32`).
+///
+/// The backward kernel accumulates the weight and feature gradients with
+/// fused multiply-adds (`mul_add`: one rounding per product and sum), the
+/// filter gradient and the forward with separate roundings (with fused
+/// ones there too, SevenNet-l3i5's f32 forces on one fixture structure
+/// went from within to 1.22× upstream's own f32 gap). The AVX2 and AVX-512
+/// copies run `mul_add` as FMA instructions; the baseline copy calls the
+/// exactly rounded `fma` of the C library, so every copy gives the same
+/// bits (on x86 CPUs without FMA, which predate AVX2, the baseline is
+/// slow).
+const LANES: usize = 8;
+
+/// `LANES` consecutive values of `x` from `start` (one bounds check for
+/// the group, none per element).
+#[inline(always)]
+fn lanes<T: Real>(x: &[T], start: usize) -> [T; LANES] {
+    let group = &x[start..start + LANES];
+    std::array::from_fn(|l| group[l])
+}
+
+/// The `D` rows of `m` values of a component-major block.
+#[inline(always)]
+fn rows<T, const D: usize>(x: &[T], m: usize) -> [&[T]; D] {
+    std::array::from_fn(|c| &x[c * m..(c + 1) * m])
+}
+
+/// `out[k][u] += Σ_a T[a,k]·w[u]·h[a][u]` (`h`: D1·mul, `out`: D3·mul,
+/// component-major) in one pass over the copies: per group of `LANES`
+/// copies, h and w are read once and every output component is updated
+/// while they sit in registers. Products `w[u]·h[a][u]` first, then the sum
+/// over a in order.
+#[inline(always)]
+fn fwd_kernel_1pass<T: Real, const D1: usize, const D3: usize>(
+    h: &[T],
+    t: &[T],
+    w: &[T],
+    out: &mut [T],
+) {
+    let m = w.len();
+    let h: [&[T]; D1] = rows(h, m);
+    let tt: [[T; D3]; D1] = std::array::from_fn(|a| std::array::from_fn(|k| t[a * D3 + k]));
+    let full = m - m % LANES;
+    for u0 in (0..full).step_by(LANES) {
+        let wv = lanes(w, u0);
+        let wh: [[T; LANES]; D1] = std::array::from_fn(|a| {
+            let hv = lanes(h[a], u0);
+            std::array::from_fn(|l| wv[l] * hv[l])
+        });
+        for (k, o) in out.chunks_exact_mut(m).take(D3).enumerate() {
+            let o = &mut o[u0..u0 + LANES];
+            for a in 0..D1 {
+                for l in 0..LANES {
+                    o[l] += tt[a][k] * wh[a][l];
+                }
+            }
+        }
+    }
+    for u in full..m {
+        for (k, o) in out.chunks_exact_mut(m).take(D3).enumerate() {
+            for a in 0..D1 {
+                o[u] += tt[a][k] * (w[u] * h[a][u]);
+            }
+        }
+    }
+}
+
+/// The whole backward of one edge and one path in one pass over the copies
+/// u: the weight gradient `grad_w[u] = Σ_k g[k][u]·Σ_a T[a,k] h[a][u]`
+/// (overwritten), the filter gradient `gt[a,k] = Σ_u w[u] h[a][u] g[k][u]`
+/// (overwritten) and the feature gradient `gh[a][u] += w[u]·Σ_k T[a,k] g[k][u]`
+/// (accumulated). `h`, `gh`: D1·mul, `g`: D3·mul, `t`, `gt`: D1·D3, all
+/// component-major. Per group of `LANES` copies, h, g and w are read once
+/// and the D1·D3 filter-gradient sums stay in registers until the end,
+/// where [`bwd_edge_kernel`] and [`bwd_h_kernel`] make 2·D1·D3 + D1 + D3
+/// passes and write two scratch blocks. The same sums in the same order as
+/// those two kernels, the weight and feature gradients with fused
+/// multiply-adds.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn bwd_kernel_1pass<T: Real, const D1: usize, const D3: usize>(
+    h: &[T],
+    t: &[T],
+    w: &[T],
+    g: &[T],
+    grad_w: &mut [T],
+    gt: &mut [T],
+    gh: &mut [T],
+) {
+    let m = w.len();
+    let (h, g): ([&[T]; D1], [&[T]; D3]) = (rows(h, m), rows(g, m));
+    let (grad_w, gt) = (&mut grad_w[..m], &mut gt[..D1 * D3]);
+    let tt: [[T; D3]; D1] = std::array::from_fn(|a| std::array::from_fn(|k| t[a * D3 + k]));
+    let mut acc = [[[T::ZERO; LANES]; D3]; D1];
+    let full = m - m % LANES;
+    for u0 in (0..full).step_by(LANES) {
+        let wv = lanes(w, u0);
+        let hv: [[T; LANES]; D1] = std::array::from_fn(|a| lanes(h[a], u0));
+        let gv: [[T; LANES]; D3] = std::array::from_fn(|k| lanes(g[k], u0));
+        // Weight gradient.
+        let mut gw = [T::ZERO; LANES];
+        for k in 0..D3 {
+            let mut s = [T::ZERO; LANES];
+            for a in 0..D1 {
+                for l in 0..LANES {
+                    s[l] = tt[a][k].mul_add(hv[a][l], s[l]);
+                }
+            }
+            for l in 0..LANES {
+                gw[l] = s[l].mul_add(gv[k][l], gw[l]);
+            }
+        }
+        grad_w[u0..u0 + LANES].copy_from_slice(&gw);
+        // Filter gradient: LANES partial sums per (a, k), added up at the end.
+        for a in 0..D1 {
+            let wh: [T; LANES] = std::array::from_fn(|l| wv[l] * hv[a][l]);
+            for k in 0..D3 {
+                for l in 0..LANES {
+                    acc[a][k][l] += wh[l] * gv[k][l];
+                }
+            }
+        }
+        // Feature gradient.
+        let wg: [[T; LANES]; D3] =
+            std::array::from_fn(|k| std::array::from_fn(|l| wv[l] * gv[k][l]));
+        for (a, o) in gh.chunks_exact_mut(m).take(D1).enumerate() {
+            let o = &mut o[u0..u0 + LANES];
+            for k in 0..D3 {
+                for l in 0..LANES {
+                    o[l] = tt[a][k].mul_add(wg[k][l], o[l]);
+                }
+            }
+        }
+    }
+    for a in 0..D1 {
+        for k in 0..D3 {
+            let mut s = T::ZERO;
+            for v in acc[a][k] {
+                s += v;
+            }
+            for u in full..m {
+                s += (w[u] * h[a][u]) * g[k][u];
+            }
+            gt[a * D3 + k] = s;
+        }
+    }
+    for u in full..m {
+        let mut gw = T::ZERO;
+        for k in 0..D3 {
+            let mut s = T::ZERO;
+            for a in 0..D1 {
+                s = tt[a][k].mul_add(h[a][u], s);
+            }
+            gw = s.mul_add(g[k][u], gw);
+        }
+        grad_w[u] = gw;
+        for (a, o) in gh.chunks_exact_mut(m).take(D1).enumerate() {
+            for k in 0..D3 {
+                o[u] = tt[a][k].mul_add(w[u] * g[k][u], o[u]);
+            }
         }
     }
 }
@@ -561,11 +698,10 @@ fn fwd_row<T: Real>(
             dispatch!(
                 p.d1,
                 p.d3,
-                fwd_kernel,
+                fwd_kernel_1pass,
                 &hj[p.in_off..p.in_off + p.mul * p.d1],
                 &sc.t[p.t_off..p.t_off + p.d1 * p.d3],
                 &we[p.w_off..p.w_off + p.mul],
-                &mut sc.prod,
                 &mut sc.row[p.out_off..p.out_off + p.mul * p.d3]
             );
         }
@@ -654,23 +790,49 @@ fn bwd_sender_row<T: Real>(
     transpose_ranges(&paths.in_ranges, &sc.row, gh_row, false);
 }
 
-/// Whether the AVX2+FMA versions of the row kernels can run on this CPU.
-fn use_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+/// The instruction sets the row kernels are compiled for, best first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isa {
+    /// AVX-512 (F, VL) with AVX2 and FMA: 32 vector registers, which hold
+    /// the single-pass kernels' running sums without spilling.
+    Avx512,
+    /// AVX2 and FMA.
+    Avx2,
+    /// The build's baseline.
+    Base,
+}
+
+impl Isa {
+    /// The best version the running CPU supports.
+    fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("fma") {
+                return if has!("avx512f") && has!("avx512vl") {
+                    Self::Avx512
+                } else {
+                    Self::Avx2
+                };
+            }
+        }
+        Self::Base
     }
 }
 
-/// Generates a copy of a row kernel compiled for AVX2+FMA, and a dispatcher
-/// that picks it when the CPU supports it. The arithmetic is identical; only
-/// the vector width changes.
+/// Generates copies of a row kernel compiled for AVX-512 and for AVX2+FMA,
+/// and a dispatcher that picks one by [`Isa`]. The arithmetic is identical
+/// (no fused multiply-adds are formed from separate `*` and `+`); only the
+/// vector width and register count change.
 macro_rules! multiversion {
-    ($name:ident, $avx:ident, $inner:ident, ($($arg:ident : $ty:ty),*)) => {
+    ($name:ident, $avx512:ident, $avx:ident, $inner:ident, ($($arg:ident : $ty:ty),*)) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $avx512<T: Real>($($arg: $ty),*) {
+            $inner($($arg),*)
+        }
+
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx2,fma")]
         #[allow(clippy::too_many_arguments)]
@@ -680,29 +842,33 @@ macro_rules! multiversion {
 
         #[inline(always)]
         #[allow(clippy::too_many_arguments)]
-        fn $name<T: Real>(avx2: bool, $($arg: $ty),*) {
+        fn $name<T: Real>(isa: Isa, $($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
-            if avx2 {
-                // SAFETY: `avx2` is only true when use_avx2() detected AVX2
-                // and FMA on the running CPU.
-                return unsafe { $avx($($arg),*) };
+            match isa {
+                // SAFETY: Isa::detect() returns Avx512 only when the running
+                // CPU has AVX-512 F and VL, AVX2 and FMA.
+                Isa::Avx512 => return unsafe { $avx512($($arg),*) },
+                // SAFETY: Isa::detect() returns Avx2 only when the running
+                // CPU has AVX2 and FMA.
+                Isa::Avx2 => return unsafe { $avx($($arg),*) },
+                Isa::Base => {}
             }
-            let _ = avx2;
+            let _ = isa;
             $inner($($arg),*)
         }
     };
 }
 
-multiversion!(fwd_row_mv, fwd_row_avx2, fwd_row, (
+multiversion!(fwd_row_mv, fwd_row_avx512, fwd_row_avx2, fwd_row, (
     paths: &ConvPaths<T>, graph: &ConvGraph, ht: &[T], sh: &[T], w: &[T], w_pos0: Option<usize>,
     inv_den: T, i: usize,
     out_row: &mut [T], sc: &mut Scratch<T>
 ));
-multiversion!(bwd_edge_mv, bwd_edge_avx2, bwd_edge, (
+multiversion!(bwd_edge_mv, bwd_edge_avx512, bwd_edge_avx2, bwd_edge, (
     paths: &ConvPaths<T>, graph: &ConvGraph, ht: &[T], sh: &[T], w: &[T], gat: &[T], inv_den: T, e: usize,
     gw: &mut [T], gy: &mut [T], sc: &mut Scratch<T>
 ));
-multiversion!(bwd_sender_row_mv, bwd_sender_row_avx2, bwd_sender_row, (
+multiversion!(bwd_sender_row_mv, bwd_sender_row_avx512, bwd_sender_row_avx2, bwd_sender_row, (
     paths: &ConvPaths<T>, graph: &ConvGraph, sh: &[T], w: &[T], gat: &[T], inv_den: T, j: usize,
     gh_row: &mut [T], sc: &mut Scratch<T>
 ));

@@ -8,6 +8,10 @@
 //! out-of-bounds access. The op engine (`ddmlip-engine`, whose `Scalar`
 //! extends [`Real`]) and the e3nn kernels (`ddmlip-e3nn`) both use them.
 
+mod exp;
+
+pub use exp::{exp_f32, exp_f64};
+
 use std::fmt::Debug;
 use std::iter::Sum;
 use std::ops::{AddAssign, DivAssign, MulAssign, SubAssign};
@@ -36,6 +40,10 @@ pub trait Real:
     fn from_f64(v: f64) -> Self;
     /// Converts to `f64`; exact for both types.
     fn to_f64_lossless(self) -> f64;
+    /// `eˣ` without branches or library calls ([`exp_f32`], [`exp_f64`]),
+    /// so that loops over slices vectorise: within 1 ulp (`f32`) and 1.5 ulp
+    /// (`f64`) wherever the result is a normal number; NaN stays NaN.
+    fn exp_branchless(self) -> Self;
 
     /// `C = alpha·A·B + beta·C` on strided matrices (`A` m×k, `B` k×n,
     /// `C` m×n; strides in elements). When `beta == 0`, `C` is not read.
@@ -64,7 +72,7 @@ pub trait Real:
 }
 
 macro_rules! impl_real {
-    ($t:ty, $gemm:path) => {
+    ($t:ty, $gemm:path, $exp:path) => {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -75,6 +83,10 @@ macro_rules! impl_real {
             #[inline(always)]
             fn to_f64_lossless(self) -> f64 {
                 self as f64
+            }
+            #[inline(always)]
+            fn exp_branchless(self) -> Self {
+                $exp(self)
             }
             unsafe fn gemm_raw(
                 m: usize,
@@ -101,8 +113,8 @@ macro_rules! impl_real {
     };
 }
 
-impl_real!(f32, matrixmultiply::sgemm);
-impl_real!(f64, matrixmultiply::dgemm);
+impl_real!(f32, matrixmultiply::sgemm, exp_f32);
+impl_real!(f64, matrixmultiply::dgemm, exp_f64);
 
 /// `C = alpha·A·B + beta·C` with explicit row/column strides (`A` m×k,
 /// `B` k×n, `C` m×n, strides in elements, non-negative). When `beta == 0`,

@@ -138,24 +138,13 @@ fn fused_bwd_sender_row<T: Real>(
             dispatch!(
                 p.d1,
                 p.d3,
-                bwd_edge_kernel,
+                bwd_kernel_1pass,
                 &hj[p.in_off..p.in_off + p.mul * p.d1],
                 tp,
                 wp,
                 gp,
                 &mut gwe[p.w_off..p.w_off + p.mul],
                 &mut sc.gt[p.t_off..p.t_off + p.d1 * p.d3],
-                &mut sc.s,
-                &mut sc.prod
-            );
-            dispatch!(
-                p.d1,
-                p.d3,
-                bwd_h_kernel,
-                tp,
-                wp,
-                gp,
-                &mut sc.prod,
                 &mut sc.row[p.in_off..p.in_off + p.mul * p.d1]
             );
         }
@@ -165,7 +154,7 @@ fn fused_bwd_sender_row<T: Real>(
     transpose_ranges(&paths.in_ranges, &sc.row, gh_row, false);
 }
 
-multiversion!(fused_bwd_sender_row_mv, fused_bwd_sender_row_avx2, fused_bwd_sender_row, (
+multiversion!(fused_bwd_sender_row_mv, fused_bwd_sender_row_avx512, fused_bwd_sender_row_avx2, fused_bwd_sender_row, (
     paths: &ConvPaths<T>, graph: &ConvGraph, ht: &[T], sh: &[T], w: &[T], gat: &[T], inv_den: T,
     j: usize, p0: usize, gh_row: &mut [T], gw: &mut [T], gy: &mut [T], sc: &mut Scratch<T>
 ));
@@ -220,7 +209,7 @@ pub fn radial_conv_forward<T: Real>(
         return Ok(());
     }
     let ht = rows_to_cm(&paths.in_ranges, h, paths.dim_in);
-    let avx2 = use_avx2();
+    let isa = Isa::detect();
     let blocks = row_blocks(&graph.center_offsets);
     let max_edges = max_block_edges(&graph.center_offsets, &blocks);
     let pieces = split_blocks(out, blocks.iter().copied(), dm);
@@ -231,7 +220,7 @@ pub fn radial_conv_forward<T: Real>(
             block_weights(radial, &graph.center_edges, emb, p0, p1, sc);
             for (i, row) in (r0..r1).zip(piece.chunks_exact_mut(dm)) {
                 fwd_row_mv(
-                    avx2,
+                    isa,
                     paths,
                     graph,
                     &ht,
@@ -273,7 +262,7 @@ pub fn radial_conv_backward<T: Real>(
     check_len("conv grad_h", n * di, grad_h.len())?;
     check_len("conv grad_emb", ne * nb, grad_emb.len())?;
     check_len("conv grad_sh", ne * ds, grad_sh.len())?;
-    let avx2 = use_avx2();
+    let isa = Isa::detect();
     let gat = rows_to_cm(&paths.out_ranges, grad_a, dm);
     let ht = rows_to_cm(&paths.in_ranges, h, di);
     // Edge gradients by sender-CSR position, so that each block's are contiguous.
@@ -300,7 +289,7 @@ pub fn radial_conv_backward<T: Real>(
                 sc.gw[..(p1 - p0) * paths.dim_w].fill(T::ZERO);
                 for j in r0..r1 {
                     fused_bwd_sender_row_mv(
-                        avx2,
+                        isa,
                         paths,
                         graph,
                         &ht,

@@ -41,10 +41,10 @@ pub fn conv_forward<T: Real>(
         return Ok(());
     }
     let ht = rows_to_cm(&paths.in_ranges, h, paths.dim_in);
-    let avx2 = use_avx2();
+    let isa = Isa::detect();
     out.par_chunks_mut(dm).enumerate().for_each_init(
         || paths.scratch(dm),
-        |sc, (i, row)| fwd_row_mv(avx2, paths, graph, &ht, sh, w, None, inv_den, i, row, sc),
+        |sc, (i, row)| fwd_row_mv(isa, paths, graph, &ht, sh, w, None, inv_den, i, row, sc),
     );
     Ok(())
 }
@@ -72,7 +72,7 @@ pub fn conv_backward<T: Real>(
     check_len("conv grad_h", n * di, grad_h.len())?;
     check_len("conv grad_sh", ne * ds, grad_sh.len())?;
     check_len("conv grad_w", ne * dw, grad_w.len())?;
-    let avx2 = use_avx2();
+    let isa = Isa::detect();
     let gat = rows_to_cm(&paths.out_ranges, grad_a, dm);
 
     // Pass 1, over edges: weight and filter gradients (disjoint rows per edge).
@@ -87,7 +87,7 @@ pub fn conv_backward<T: Real>(
             .for_each_init(
                 || paths.scratch(0),
                 |sc, (e, (gw, gy))| {
-                    bwd_edge_mv(avx2, paths, graph, &ht, sh, w, &gat, inv_den, e, gw, gy, sc)
+                    bwd_edge_mv(isa, paths, graph, &ht, sh, w, &gat, inv_den, e, gw, gy, sc)
                 },
             );
     }
@@ -96,7 +96,7 @@ pub fn conv_backward<T: Real>(
     if di > 0 {
         grad_h.par_chunks_mut(di).enumerate().for_each_init(
             || paths.scratch(di),
-            |sc, (j, gh)| bwd_sender_row_mv(avx2, paths, graph, sh, w, &gat, inv_den, j, gh, sc),
+            |sc, (j, gh)| bwd_sender_row_mv(isa, paths, graph, sh, w, &gat, inv_den, j, gh, sc),
         );
     }
     Ok(())
