@@ -1,5 +1,5 @@
 use crate::graph::NodeSpec;
-use crate::ops::map_into;
+use crate::ops::{map_into, map_parts};
 use crate::{EngineError, Graph, RowDomain, Scalar, Tensor};
 
 /// Element-wise functions with known derivatives.
@@ -65,11 +65,11 @@ impl Unary {
     pub(crate) fn apply<T: Scalar>(&self, x: T) -> T {
         let one = T::one();
         match *self {
-            Unary::Silu => x / (one + (-x).exp()),
+            Unary::Silu => x / (one + (-x).exp_branchless()),
             Unary::Tanh => x.tanh(),
-            Unary::Sigmoid => one / (one + (-x).exp()),
+            Unary::Sigmoid => one / (one + (-x).exp_branchless()),
             Unary::ShiftedSoftplus => softplus(x) - T::from_f64(std::f64::consts::LN_2),
-            Unary::Exp => x.exp(),
+            Unary::Exp => x.exp_branchless(),
             Unary::Ln => x.ln(),
             Unary::Sqrt => x.sqrt(),
             Unary::Square => x * x,
@@ -78,7 +78,7 @@ impl Unary {
             Unary::Scale(c) => T::from_f64(c) * x,
             Unary::AddScalar(c) => x + T::from_f64(c),
             Unary::Powf(p) => power(x, p),
-            Unary::ScaledSilu(c) => T::from_f64(c) * x / (one + (-x).exp()),
+            Unary::ScaledSilu(c) => T::from_f64(c) * x / (one + (-x).exp_branchless()),
             Unary::Cos => x.cos(),
             Unary::Sin => x.sin(),
         }
@@ -111,6 +111,15 @@ impl Unary {
                 let n = p as i32;
                 each!(x => powi(x, n))
             }
+            // The activations of the imported models: branch-free `exp`
+            // inlined, so these loops vectorise.
+            Unary::Silu => each!(x => x / (one + (-x).exp_branchless())),
+            Unary::ScaledSilu(c) => {
+                let c = T::from_f64(c);
+                each!(x => c * x / (one + (-x).exp_branchless()))
+            }
+            Unary::Sigmoid => each!(x => one / (one + (-x).exp_branchless())),
+            Unary::Exp => each!(x => x.exp_branchless()),
             f => each!(x => f.apply(x)),
         }
     }
@@ -142,6 +151,19 @@ impl Unary {
                 each!(xi, _y => two * xi)
             }
             Unary::Recip => each!(_x, yi => -yi * yi),
+            Unary::Silu => each!(xi, _y => {
+                let s = T::one() / (T::one() + (-xi).exp_branchless());
+                s * (T::one() + xi * (T::one() - s))
+            }),
+            Unary::ScaledSilu(c) => {
+                let c = T::from_f64(c);
+                each!(xi, _y => {
+                    let s = T::one() / (T::one() + (-xi).exp_branchless());
+                    c * s * (T::one() + xi * (T::one() - s))
+                })
+            }
+            Unary::Sigmoid => each!(_x, yi => yi * (T::one() - yi)),
+            Unary::Exp => each!(_x, yi => yi),
             Unary::Powf(p) if p.fract() == 0.0 && p.abs() <= 16.0 && (p - 1.0).abs() <= 16.0 => {
                 let (c, n) = (T::from_f64(p), (p - 1.0) as i32);
                 each!(xi, _y => c * powi(xi, n))
@@ -156,11 +178,11 @@ impl Unary {
         let one = T::one();
         match *self {
             Unary::Silu => {
-                let s = one / (one + (-x).exp());
+                let s = one / (one + (-x).exp_branchless());
                 s * (one + x * (one - s))
             }
             Unary::ScaledSilu(c) => {
-                let s = one / (one + (-x).exp());
+                let s = one / (one + (-x).exp_branchless());
                 T::from_f64(c) * s * (one + x * (one - s))
             }
             Unary::Tanh => one - y * y,
@@ -275,7 +297,9 @@ impl<T: Scalar> Graph<T> {
         let n = &self.nodes[x.id];
         let xs = &n.value;
         let mut out = self.pool.for_overwrite(xs.len());
-        map_into(&mut out, |i| f.apply(xs[i]));
+        map_parts(&mut out, |start, part| {
+            f.apply_slice(&xs[start..start + part.len()], part)
+        });
         let spec = NodeSpec {
             op: f.name().to_string(),
             rows,
@@ -297,9 +321,20 @@ impl<T: Scalar> Graph<T> {
                 if !ctx.wants(x) {
                     return Ok(());
                 }
-                let xs = ctx.value(x);
-                let ys = ctx.value(out_id);
-                ctx.accumulate_map(x, |i| g[i] * f.derivative(xs[i], ys[i]));
+                let (xs, ys) = (ctx.value(x), ctx.value(out_id));
+                const BLOCK: usize = 1 << 12;
+                ctx.accumulate_blocks(
+                    x,
+                    BLOCK,
+                    || (),
+                    |_, b, dst, overwrite| {
+                        let r = b * BLOCK..b * BLOCK + dst.len();
+                        if overwrite {
+                            dst.fill(T::zero());
+                        }
+                        f.accumulate_derivative_slice(&xs[r.clone()], &ys[r.clone()], &g[r], dst);
+                    },
+                );
                 Ok(())
             }),
         )
