@@ -159,6 +159,20 @@ impl CudaDevice {
             .map_err(|e| CudaError::driver(format!("loading kernel {name}"), e))
     }
 
+    /// Module `name` compiled from `source` for this device (from the disk
+    /// cache when it holds it).
+    pub(crate) fn load_module(
+        &self,
+        name: &str,
+        source: &str,
+    ) -> Result<Arc<CudaModule>, CudaError> {
+        let arch = self.arch();
+        let (cubin, _) = kernels::cubin(name, source, &arch)?;
+        self.ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+            .map_err(|e| CudaError::driver(format!("loading the {name} kernels for {arch}"), e))
+    }
+
     /// Waits for all work queued on the stream.
     pub fn synchronize(&self) -> Result<(), CudaError> {
         self.stream
