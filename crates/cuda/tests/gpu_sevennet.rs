@@ -73,7 +73,10 @@ fn gpu_f64_equals_the_cpu_path_on_the_fixture_frames() {
     let cpu = cpu_reference(&frames);
     let model = GpuSevenNet::new(&dev, &weights(), None, Precision::F64).unwrap();
     let (e_cpu, f_cpu) = (cpu.energy().unwrap().to_vec(), cpu.forces().unwrap());
-    let (a_cpu, s_cpu) = (cpu.atomic_energies().unwrap().to_vec(), cpu.stress().unwrap());
+    let (a_cpu, s_cpu) = (
+        cpu.atomic_energies().unwrap().to_vec(),
+        cpu.stress().unwrap(),
+    );
     let mut offset = 0;
     let (mut worst_e, mut worst_a, mut worst_f, mut worst_s) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
     for (k, sys) in frames.iter().enumerate() {
@@ -82,13 +85,14 @@ fn gpu_f64_equals_the_cpu_path_on_the_fixture_frames() {
         let scale_e = e_cpu[k].abs().max(1.0);
         worst_e = worst_e.max((g.energy - e_cpu[k]).abs() / scale_e);
         let scale_a = max_abs(a_cpu[offset..offset + n].iter().copied()).max(1e-3);
-        worst_a = worst_a.max(
-            max_abs((0..n).map(|i| g.atomic_energies[i] - a_cpu[offset + i])) / scale_a,
-        );
+        worst_a = worst_a
+            .max(max_abs((0..n).map(|i| g.atomic_energies[i] - a_cpu[offset + i])) / scale_a);
         let scale_f = max_abs(f_cpu[offset..offset + n].iter().flatten().copied()).max(1e-3);
-        let df = max_abs((0..n).flat_map(|i| (0..3).map(move |c| (i, c))).map(|(i, c)| {
-            g.forces[i][c] - f_cpu[offset + i][c]
-        }));
+        let df = max_abs(
+            (0..n)
+                .flat_map(|i| (0..3).map(move |c| (i, c)))
+                .map(|(i, c)| g.forces[i][c] - f_cpu[offset + i][c]),
+        );
         worst_f = worst_f.max(df / scale_f);
         match (g.stress, s_cpu[k]) {
             (Some(a), Some(b)) => {
@@ -141,8 +145,14 @@ fn gpu_f32_is_within_upstreams_own_f32_gap() {
         ours_e / up_e,
         ours_f / up_f
     );
-    assert!(ours_e <= 2.0 * up_e, "f32 energy error {ours_e:e} eV/atom > 2× upstream's gap {up_e:e}");
-    assert!(ours_f <= 2.0 * up_f, "f32 force error {ours_f:e} eV/Å > 2× upstream's gap {up_f:e}");
+    assert!(
+        ours_e <= 2.0 * up_e,
+        "f32 energy error {ours_e:e} eV/atom > 2× upstream's gap {up_e:e}"
+    );
+    assert!(
+        ours_f <= 2.0 * up_f,
+        "f32 force error {ours_f:e} eV/Å > 2× upstream's gap {up_f:e}"
+    );
 }
 
 fn rattled_si(cells: usize, seed: u64) -> System {
@@ -161,10 +171,23 @@ fn a_second_run_gives_the_same_bits() {
         let a = model.evaluate(&dev, &sys).unwrap();
         let b = model.evaluate(&dev, &sys).unwrap();
         assert!(a.energy.is_finite() && a.forces.iter().flatten().all(|f| f.is_finite()));
-        assert_eq!(a.energy.to_bits(), b.energy.to_bits(), "{precision:?} energy");
-        assert!(a.forces == b.forces, "{precision:?} forces differ between runs");
-        assert!(a.stress == b.stress, "{precision:?} stress differs between runs");
-        assert!(a.atomic_energies == b.atomic_energies, "{precision:?} atomic energies");
+        assert_eq!(
+            a.energy.to_bits(),
+            b.energy.to_bits(),
+            "{precision:?} energy"
+        );
+        assert!(
+            a.forces == b.forces,
+            "{precision:?} forces differ between runs"
+        );
+        assert!(
+            a.stress == b.stress,
+            "{precision:?} stress differs between runs"
+        );
+        assert!(
+            a.atomic_energies == b.atomic_energies,
+            "{precision:?} atomic energies"
+        );
     }
 }
 

@@ -3,7 +3,9 @@
 //! a plain-Rust copy of the kernels' loops, against `ddmlip-e3nn`'s CPU
 //! kernels on a random graph), the row chunks and the memory estimate.
 
-use ddmlip_cuda::sevennet::{row_chunks, ConvTables, GateTables, HostModel, PATH_FIELDS, RANGE_FIELDS};
+use ddmlip_cuda::sevennet::{
+    row_chunks, ConvTables, GateTables, HostModel, PATH_FIELDS, RANGE_FIELDS,
+};
 use ddmlip_e3nn::conv::{radial_conv_backward, radial_conv_forward, ConvGraph};
 use ddmlip_e3nn::sevennet::{SevenNet, SevenNetWeights};
 use ddmlip_e3nn::{nsilu, Activation, Gate};
@@ -47,9 +49,15 @@ fn dense_matrices_reproduce_every_linear_of_sevennet_0() {
         let a = random(&mut rng, rows * dm);
         let mut want = vec![0.0; rows * block.gate.dim_in()];
         block.linear_2.forward(&a, rows, &mut want).unwrap();
-        assert!(max_rel(&hl.linear_2.apply(&a, rows), &want) < 1e-13, "layer {l} linear_2");
+        assert!(
+            max_rel(&hl.linear_2.apply(&a, rows), &want) < 1e-13,
+            "layer {l} linear_2"
+        );
         let types = vec![0usize; rows];
-        block.self_connection.forward(&x, &types, &mut want).unwrap();
+        block
+            .self_connection
+            .forward(&x, &types, &mut want)
+            .unwrap();
         assert!(
             max_rel(&hl.self_connection.apply(&x, rows), &want) < 1e-13,
             "layer {l} self-connection"
@@ -63,7 +71,10 @@ fn dense_matrices_reproduce_every_linear_of_sevennet_0() {
     let e = host.readout.apply(&x, rows);
     for (i, &t) in types.iter().enumerate() {
         let got = host.scale[t] * e[i] + host.shift[t];
-        assert!((got - want[i]).abs() < 1e-12 * want[i].abs().max(1.0), "readout row {i}");
+        assert!(
+            (got - want[i]).abs() < 1e-12 * want[i].abs().max(1.0),
+            "readout row {i}"
+        );
     }
     // SevenNet-0: 5 blocks, 128 scalars in, weights per edge as published.
     assert_eq!(host.layers.len(), 5);
@@ -129,8 +140,17 @@ fn path_tables_reproduce_the_cpu_convolution_forward_and_backward() {
         let emb = random(&mut rng, ne * nb);
         let sh = random(&mut rng, ne * ds);
         let mut want = vec![0.0; n * t.dim_msg];
-        radial_conv_forward(&block.conv, &block.radial, 1.0 / t.inv_den, &graph, &h, &emb, &sh, &mut want)
-            .unwrap();
+        radial_conv_forward(
+            &block.conv,
+            &block.radial,
+            1.0 / t.inv_den,
+            &graph,
+            &h,
+            &emb,
+            &sh,
+            &mut want,
+        )
+        .unwrap();
         // The kernels' loops: a thread per (path, channel), edges in receiver order.
         let w: Vec<Vec<f64>> = (0..ne)
             .map(|e| mlp(&hl.radial_widths, &hl.radial, &emb[e * nb..(e + 1) * nb]))
@@ -139,36 +159,62 @@ fn path_tables_reproduce_the_cpu_convolution_forward_and_backward() {
         for col in 0..t.dim_w {
             let p = t.col_path[col] as usize;
             let f = &t.paths[PATH_FIELDS * p..PATH_FIELDS * (p + 1)];
-            let (d1, d3, in_off, w_off, out_off) =
-                (f[0] as usize, f[1] as usize, f[3] as usize, f[4] as usize, f[5] as usize);
+            let (d1, d3, in_off, w_off, out_off) = (
+                f[0] as usize,
+                f[1] as usize,
+                f[3] as usize,
+                f[4] as usize,
+                f[5] as usize,
+            );
             let u = col - w_off;
             for e in 0..ne {
                 let (i, j) = (centers[e] as usize, nbrs[e] as usize);
                 let tm = filter(t, p, &sh[e * ds..(e + 1) * ds]);
                 for k in 0..d3 {
                     for a in 0..d1 {
-                        got[i * t.dim_msg + out_off + u * d3 + k] +=
-                            tm[a * d3 + k] * (w[e][w_off + u] * h[j * t.dim_in + in_off + u * d1 + a]);
+                        got[i * t.dim_msg + out_off + u * d3 + k] += tm[a * d3 + k]
+                            * (w[e][w_off + u] * h[j * t.dim_in + in_off + u * d1 + a]);
                     }
                 }
             }
         }
-        assert!(max_rel(&got, &want) < 1e-12, "layer {layer} forward {}", max_rel(&got, &want));
+        assert!(
+            max_rel(&got, &want) < 1e-12,
+            "layer {layer} forward {}",
+            max_rel(&got, &want)
+        );
 
         // Backward: feature gradient by (input range, channel) and SH gradient.
         let ga = random(&mut rng, n * t.dim_msg);
-        let (mut gh_want, mut gemb, mut gsh_want) =
-            (vec![0.0; n * t.dim_in], vec![0.0; ne * nb], vec![0.0; ne * ds]);
+        let (mut gh_want, mut gemb, mut gsh_want) = (
+            vec![0.0; n * t.dim_in],
+            vec![0.0; ne * nb],
+            vec![0.0; ne * ds],
+        );
         radial_conv_backward(
-            &block.conv, &block.radial, 1.0 / t.inv_den, &graph, &h, &emb, &sh, &ga, &mut gh_want,
-            &mut gemb, &mut gsh_want,
+            &block.conv,
+            &block.radial,
+            1.0 / t.inv_den,
+            &graph,
+            &h,
+            &emb,
+            &sh,
+            &ga,
+            &mut gh_want,
+            &mut gemb,
+            &mut gsh_want,
         )
         .unwrap();
         let mut gh = vec![0.0; n * t.dim_in];
         for r in 0..t.n_ranges() {
             let f = &t.ranges[RANGE_FIELDS * r..RANGE_FIELDS * (r + 1)];
-            let (in_off, mul, d1, p0, np) =
-                (f[0] as usize, f[1] as usize, f[2] as usize, f[4] as usize, f[5] as usize);
+            let (in_off, mul, d1, p0, np) = (
+                f[0] as usize,
+                f[1] as usize,
+                f[2] as usize,
+                f[4] as usize,
+                f[5] as usize,
+            );
             for u in 0..mul {
                 for e in 0..ne {
                     let (i, j) = (centers[e] as usize, nbrs[e] as usize);
@@ -187,14 +233,21 @@ fn path_tables_reproduce_the_cpu_convolution_forward_and_backward() {
                 }
             }
         }
-        assert!(max_rel(&gh, &gh_want) < 1e-12, "layer {layer} feature gradient");
+        assert!(
+            max_rel(&gh, &gh_want) < 1e-12,
+            "layer {layer} feature gradient"
+        );
         let mut gsh = vec![0.0; ne * ds];
         for e in 0..ne {
             let (i, j) = (centers[e] as usize, nbrs[e] as usize);
             for p in 0..t.n_paths {
                 let f = &t.paths[PATH_FIELDS * p..PATH_FIELDS * (p + 1)];
                 let (d1, d3, mul, in_off, w_off, out_off) = (
-                    f[0] as usize, f[1] as usize, f[2] as usize, f[3] as usize, f[4] as usize,
+                    f[0] as usize,
+                    f[1] as usize,
+                    f[2] as usize,
+                    f[3] as usize,
+                    f[4] as usize,
                     f[5] as usize,
                 );
                 let mut gt = vec![0.0; d1 * d3];
@@ -213,7 +266,10 @@ fn path_tables_reproduce_the_cpu_convolution_forward_and_backward() {
                 }
             }
         }
-        assert!(max_rel(&gsh, &gsh_want) < 1e-12, "layer {layer} SH gradient");
+        assert!(
+            max_rel(&gsh, &gsh_want) < 1e-12,
+            "layer {layer} SH gradient"
+        );
     }
 }
 
@@ -280,7 +336,10 @@ fn gate_tables_reproduce_the_gate() {
         gate_activation: Activation::Silu,
     };
     let err = GateTables::new(&relu).unwrap_err().to_string();
-    assert!(err.contains("relu") && err.contains("--device cpu"), "{err}");
+    assert!(
+        err.contains("relu") && err.contains("--device cpu"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -317,7 +376,10 @@ fn memory_estimate_fits_400k_atoms_of_silicon_in_f32_on_an_h200() {
     let per_atom = f32_bytes as f64 / atoms as f64 / 1024.0;
     eprintln!("SevenNet-0 f32 estimate: {per_atom:.1} KiB/atom at 28 edges/atom");
     assert!(per_atom <= 330.0, "{per_atom} KiB/atom");
-    assert!(f32_bytes < 139 * (1u64 << 30), "400k atoms must fit an H200");
+    assert!(
+        f32_bytes < 139 * (1u64 << 30),
+        "400k atoms must fit an H200"
+    );
     // f64 costs more, and more edges cost more.
     assert!(host.memory_bytes(atoms, edges, 8, 1 << 16) > f32_bytes);
     assert!(host.memory_bytes(atoms, 2 * edges, 4, 1 << 16) > f32_bytes);

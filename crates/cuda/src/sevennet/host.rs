@@ -210,7 +210,8 @@ impl ConvTables {
         if sorted.windows(2).any(|w| w[0].0 + w[0].1 * w[0].2 > w[1].0) {
             return Err(unsupported("paths read overlapping input blocks"));
         }
-        let (mut range_table, mut range_paths, mut slot_range) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut range_table, mut range_paths, mut slot_range) =
+            (Vec::new(), Vec::new(), Vec::new());
         for (r, ((in_off, mul, d1), members)) in ranges.iter().enumerate() {
             range_table.extend([
                 *in_off as i32,
@@ -299,7 +300,8 @@ impl GateTables {
         for &(mul, l) in &gate.gated {
             let d = 2 * l + 1;
             for _ in 0..mul {
-                backward[4 * gi..4 * gi + 4].copy_from_slice(&[1, dst as i32, src as i32, d as i32]);
+                backward[4 * gi..4 * gi + 4]
+                    .copy_from_slice(&[1, dst as i32, src as i32, d as i32]);
                 for c in 0..d {
                     let (o, i) = (dst + c, src + c);
                     forward[4 * o..4 * o + 4].copy_from_slice(&[1, i as i32, gi as i32, 0]);
@@ -385,7 +387,9 @@ impl HostModel {
         let net = SevenNet::<f64>::for_modal(weights, modal).map_err(e3nn)?;
         let cfg = &weights.config;
         if !net.normalize_sh {
-            return Err(unsupported("SH of unnormalised vectors (sevenn ≤ 0.9 checkpoints)"));
+            return Err(unsupported(
+                "SH of unnormalised vectors (sevenn ≤ 0.9 checkpoints)",
+            ));
         }
         if net.lmax_sh > MAX_LMAX_SH {
             return Err(unsupported(format!("SH degree {}", net.lmax_sh)));
@@ -439,7 +443,9 @@ impl HostModel {
                 .collect();
             let conv = ConvTables::new(&lw.paths, di, dm, cfg.lmax_sh, lw.denominator)?;
             if conv.dim_w != *widths.last().unwrap_or(&0) {
-                return Err(unsupported("radial MLP output width differs from the paths' weights"));
+                return Err(unsupported(
+                    "radial MLP output width differs from the paths' weights",
+                ));
             }
             layers.push(HostLayer {
                 self_connection,
@@ -521,13 +527,8 @@ impl HostModel {
             .sum();
         // Rows: x, sc/y, A, gx, gy, gA, gh (one of each at a time), the
         // positions and row offsets, types, forces and virials (f64), energies.
-        let per_atom = (caches + 2 * dx + 2 * dg + 2 * dm + dx + 1) * bytes
-            + 24
-            + 2 * 8
-            + 4 * 3
-            + 4
-            + 24
-            + 48;
+        let per_atom =
+            (caches + 2 * dx + 2 * dg + 2 * dm + dx + 1) * bytes + 24 + 2 * 8 + 4 * 3 + 4 + 24 + 48;
         let chunk = chunk_edges * ((2 * n_hidden + 2) * dh + 2 * dw + 2 * nb) * bytes;
         n_edges * per_edge + n_atoms * per_atom + chunk
     }

@@ -334,6 +334,19 @@ impl GpuSevenNet {
         Self::from_host(device, HostModel::new(weights, modal)?, precision)
     }
 
+    /// [`GpuSevenNet::new`] on the weights of the checkpoint at `path`
+    /// (errors name the file).
+    pub fn from_checkpoint(
+        device: &CudaDevice,
+        path: &std::path::Path,
+        modal: Option<&str>,
+        precision: Precision,
+    ) -> Result<Self, CudaError> {
+        let weights = SevenNetWeights::from_checkpoint(path)
+            .map_err(|e| CudaError::Input(format!("{}: {e}", path.display())))?;
+        Self::new(device, &weights, modal, precision)
+    }
+
     /// Puts a prepared [`HostModel`] on `device` in `precision`.
     pub fn from_host(
         device: &CudaDevice,
@@ -619,7 +632,17 @@ where
             if k + 1 == nl {
                 let mut out = s.w.slice_mut(..rows * o);
                 if k == 0 {
-                    gemm(blas, rows, i, o, input, &layer.radial[k], false, 0.0, &mut out)?;
+                    gemm(
+                        blas,
+                        rows,
+                        i,
+                        o,
+                        input,
+                        &layer.radial[k],
+                        false,
+                        0.0,
+                        &mut out,
+                    )?;
                 } else {
                     let a = s.act[k - 1].slice(..rows * i);
                     gemm(blas, rows, i, o, &a, &layer.radial[k], false, 0.0, &mut out)?;
@@ -628,7 +651,17 @@ where
                 {
                     let mut z = s.pre[k].slice_mut(..rows * o);
                     if k == 0 {
-                        gemm(blas, rows, i, o, input, &layer.radial[k], false, 0.0, &mut z)?;
+                        gemm(
+                            blas,
+                            rows,
+                            i,
+                            o,
+                            input,
+                            &layer.radial[k],
+                            false,
+                            0.0,
+                            &mut z,
+                        )?;
                     } else {
                         let a = s.act[k - 1].slice(..rows * i);
                         gemm(blas, rows, i, o, &a, &layer.radial[k], false, 0.0, &mut z)?;
@@ -660,7 +693,9 @@ where
         let mut cur = 0;
         for k in (0..nl).rev() {
             let (i, o) = (w[k], w[k + 1]);
-            let Scratch { gw, ga, gb, pre, .. } = &mut *s;
+            let Scratch {
+                gw, ga, gb, pre, ..
+            } = &mut *s;
             let (src, dst): (CudaView<'_, T>, CudaViewMut<'_, T>) = match cur {
                 0 => (gw.slice(..rows * o), ga.slice_mut(..rows * i)),
                 1 => (ga.slice(..rows * o), gb.slice_mut(..rows * i)),
@@ -668,10 +703,30 @@ where
             };
             if k == 0 {
                 let mut out = grad_in.slice_mut(..rows * i);
-                gemm(blas, rows, o, i, &src, &layer.radial[k], true, 0.0, &mut out)?;
+                gemm(
+                    blas,
+                    rows,
+                    o,
+                    i,
+                    &src,
+                    &layer.radial[k],
+                    true,
+                    0.0,
+                    &mut out,
+                )?;
             } else {
                 let mut dst = dst;
-                gemm(blas, rows, o, i, &src, &layer.radial[k], true, 0.0, &mut dst)?;
+                gemm(
+                    blas,
+                    rows,
+                    o,
+                    i,
+                    &src,
+                    &layer.radial[k],
+                    true,
+                    0.0,
+                    &mut dst,
+                )?;
                 let len = (rows * i) as u64;
                 launch!(device.stream(), &self.k.silu_backward, grid_1d(len, 256), "radial SiLU backward";
                     &pre[k - 1], &mut dst, &len)?;
@@ -744,7 +799,11 @@ where
         let max_hidden = self
             .layers
             .iter()
-            .flat_map(|l| l.radial_widths[1..l.radial_widths.len() - 1].iter().copied())
+            .flat_map(|l| {
+                l.radial_widths[1..l.radial_widths.len() - 1]
+                    .iter()
+                    .copied()
+            })
             .max()
             .unwrap_or(0);
         let n_hidden = self
@@ -789,10 +848,30 @@ where
                 layer.params.dim_msg as usize,
             );
             let mut y = zeros::<T>(device, n * dg, "allocating the gate input")?;
-            gemm(blas, n, di, dg, &x, &layer.self_connection.matrix, false, 0.0, &mut y)?;
+            gemm(
+                blas,
+                n,
+                di,
+                dg,
+                &x,
+                &layer.self_connection.matrix,
+                false,
+                0.0,
+                &mut y,
+            )?;
             self.add_bias(device, &layer.self_connection, n32, &mut y)?;
             let mut h = zeros::<T>(device, n * di, "allocating Linear_1 output")?;
-            gemm(blas, n, di, di, &x, &layer.linear_1.matrix, false, 0.0, &mut h)?;
+            gemm(
+                blas,
+                n,
+                di,
+                di,
+                &x,
+                &layer.linear_1.matrix,
+                false,
+                0.0,
+                &mut h,
+            )?;
             self.add_bias(device, &layer.linear_1, n32, &mut h)?;
             let mut a = zeros::<T>(device, n * dm, "allocating the messages")?;
             for &(r0, r1, p0, p1) in &recv_chunks {
@@ -805,7 +884,17 @@ where
                     &layer.paths, &layer.nz_idx, &layer.nz_coef, &layer.col_path, &h, &sh, &s.w,
                     &list.row_start, &list.neighbors, &layer.params, &r0, &r1, &p0, &mut a)?;
             }
-            gemm(blas, n, dm, dg, &a, &layer.linear_2.matrix, false, 1.0, &mut y)?;
+            gemm(
+                blas,
+                n,
+                dm,
+                dg,
+                &a,
+                &layer.linear_2.matrix,
+                false,
+                1.0,
+                &mut y,
+            )?;
             self.add_bias(device, &layer.linear_2, n32, &mut y)?;
             drop(a);
             let dout = layer.dim_out as u32;
@@ -849,7 +938,17 @@ where
                 "the gate backward"; y, &gx, &layer.gate_backward, &n32, &dg32, &dout,
                 &layer.gate_activation, &mut gy)?;
             let mut ga = zeros::<T>(device, n * dm, "allocating message gradients")?;
-            gemm(blas, n, dg, dm, &gy, &layer.linear_2.matrix, true, 0.0, &mut ga)?;
+            gemm(
+                blas,
+                n,
+                dg,
+                dm,
+                &gy,
+                &layer.linear_2.matrix,
+                true,
+                0.0,
+                &mut ga,
+            )?;
             let mut gh = zeros::<T>(device, n * di, "allocating Linear_1 gradients")?;
             for &(r0, r1, q0, q1) in &send_chunks {
                 let rows = (q1 - q0) as usize;
@@ -879,8 +978,28 @@ where
             }
             drop(ga);
             let mut gx_new = zeros::<T>(device, n * di, "allocating feature gradients")?;
-            gemm(blas, n, di, di, &gh, &layer.linear_1.matrix, true, 0.0, &mut gx_new)?;
-            gemm(blas, n, dg, di, &gy, &layer.self_connection.matrix, true, 1.0, &mut gx_new)?;
+            gemm(
+                blas,
+                n,
+                di,
+                di,
+                &gh,
+                &layer.linear_1.matrix,
+                true,
+                0.0,
+                &mut gx_new,
+            )?;
+            gemm(
+                blas,
+                n,
+                dg,
+                di,
+                &gy,
+                &layer.self_connection.matrix,
+                true,
+                1.0,
+                &mut gx_new,
+            )?;
             gx = gx_new;
             if li + 1 == self.layers.len() {
                 sample(device)?;
