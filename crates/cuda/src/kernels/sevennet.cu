@@ -20,7 +20,8 @@ typedef unsigned long long u64;
 // Path tables (built on the host, see `sevennet/tables.rs`).
 //
 // paths: N_PATH_FIELDS ints per path: d1, d3, mul, in_off, w_off, out_off,
-//        nz_begin, nz_end, l2sq (unused here), range (input range index).
+//        nz_begin, nz_end, t_off (offset of the path's d1 x d3 filter in a
+//        per-edge filter row of t_size values), range (input range index).
 // nz_idx: per nonzero CG entry, (a * d3 + k) and the global SH column b.
 // nz_coef: per nonzero CG entry, alpha * C (in T).
 // col_path: per weight column t (0..dim_w), its path.
@@ -41,6 +42,7 @@ struct ConvParams {
     u32 dim_sh;
     u32 n_ranges;
     u32 n_range_slots;
+    u32 t_size;
     double inv_den;
 };
 
@@ -54,35 +56,7 @@ __device__ __forceinline__ void path_filter(const int* nz_idx, const T* nz_coef,
     for (int q = 0; q < D1 * D3; ++q) t[q] *= inv_den;
 }
 
-// ---------------------------------------------------------------------------
-// Forward convolution: one block per receiver row i, threads over weight
-// columns t = (path p, channel u). For each edge e of the row (receiver CSR,
-// positions row_start[i]..row_start[i+1], weights at w[(e - p0) * dim_w]):
-//   A[i][out_off + u*d3 + k] += sum_a T_e[a,k] * (w_e[t] * h_j[in_off + u*d1 + a]).
-// ---------------------------------------------------------------------------
-template <typename T, int D1, int D3>
-__device__ __forceinline__ void conv_fwd_col(const int* path, const int* nz_idx, const T* nz_coef,
-                                             const T* h, const T* sh, const T* w, const u64* row_start,
-                                             const u32* nbr, ConvParams c, u64 p0, u32 i, int u, T* out) {
-    const T inv_den = (T)c.inv_den;
-    const int in_off = path[3], w_off = path[4], out_off = path[5];
-    T acc[D3];
-    for (int k = 0; k < D3; ++k) acc[k] = (T)0;
-    T t[D1 * D3];
-    for (u64 e = row_start[i]; e < row_start[i + 1]; ++e) {
-        const u32 j = nbr[e];
-        path_filter<T, D1, D3>(nz_idx, nz_coef, path[6], path[7], sh + e * c.dim_sh, inv_den, t);
-        const T we = w[(e - p0) * c.dim_w + w_off + u];
-        const T* hj = h + (u64)j * c.dim_in + in_off + u * D1;
-        T wh[D1];
-        for (int a = 0; a < D1; ++a) wh[a] = we * hj[a];
-        for (int k = 0; k < D3; ++k)
-            for (int a = 0; a < D1; ++a) acc[k] += t[a * D3 + k] * wh[a];
-    }
-    T* o = out + (u64)i * c.dim_msg + out_off + u * D3;
-    for (int k = 0; k < D3; ++k) o[k] = acc[k];
-}
-
+// Calls F<T, D1, D3>(...) for the runtime degrees (d1, d3), each of 1, 3, 5, 7.
 #define DISPATCH_D1D3(d1, d3, F, ...)                     \
     switch ((d1) * 8 + (d3)) {                            \
         case 1 * 8 + 1: F<T, 1, 1>(__VA_ARGS__); break;   \
@@ -104,19 +78,68 @@ __device__ __forceinline__ void conv_fwd_col(const int* path, const int* nz_idx,
         default: break;                                   \
     }
 
+// Filter rows of a chunk: for positions q in q0..q1 (edge e = idx[q] when
+// use_idx, else q) and every path p, T_e,p into filt[(q - q0) * t_size + t_off].
+template <typename T, int D1, int D3>
+__device__ __forceinline__ void filter_path(const int* path, const int* nz_idx, const T* nz_coef, const T* y,
+                                            T inv_den, T* out) {
+    T t[D1 * D3];
+    path_filter<T, D1, D3>(nz_idx, nz_coef, path[6], path[7], y, inv_den, t);
+    for (int q = 0; q < D1 * D3; ++q) out[q] = t[q];
+}
+
+template <typename T>
+__device__ void filters(const int* paths, const int* nz_idx, const T* nz_coef, const T* sh, const u32* idx,
+                        int use_idx, ConvParams c, u64 q0, u64 q1, T* filt) {
+    const u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= (q1 - q0) * c.n_paths) return;
+    const u64 r = k / c.n_paths;
+    const u32 p = (u32)(k % c.n_paths);
+    const u64 e = use_idx ? (u64)idx[q0 + r] : q0 + r;
+    const int* path = paths + N_PATH_FIELDS * p;
+    T* out = filt + r * c.t_size + path[8];
+    DISPATCH_D1D3(path[0], path[1], filter_path, path, nz_idx, nz_coef, sh + e * c.dim_sh, (T)c.inv_den, out);
+}
+
+// ---------------------------------------------------------------------------
+// Forward convolution: one block per receiver row i, threads over weight
+// columns t = (path p, channel u). For each edge e of the row (receiver CSR,
+// positions row_start[i]..row_start[i+1], weights at w[(e - p0) * dim_w]):
+//   A[i][out_off + u*d3 + k] += sum_a T_e[a,k] * (w_e[t] * h_j[in_off + u*d1 + a]).
+// ---------------------------------------------------------------------------
+template <typename T, int D1, int D3>
+__device__ __forceinline__ void conv_fwd_col(const int* path, const T* filt, const T* h, const T* w,
+                                             const u64* row_start, const u32* nbr, ConvParams c, u64 p0,
+                                             u32 i, int u, T* out) {
+    const int in_off = path[3], w_off = path[4], out_off = path[5];
+    T acc[D3];
+    for (int k = 0; k < D3; ++k) acc[k] = (T)0;
+    for (u64 e = row_start[i]; e < row_start[i + 1]; ++e) {
+        const u32 j = nbr[e];
+        const T* t = filt + (e - p0) * c.t_size + path[8];
+        const T we = w[(e - p0) * c.dim_w + w_off + u];
+        const T* hj = h + (u64)j * c.dim_in + in_off + u * D1;
+        T wh[D1];
+        for (int a = 0; a < D1; ++a) wh[a] = we * hj[a];
+        for (int k = 0; k < D3; ++k)
+            for (int a = 0; a < D1; ++a) acc[k] += t[a * D3 + k] * wh[a];
+    }
+    T* o = out + (u64)i * c.dim_msg + out_off + u * D3;
+    for (int k = 0; k < D3; ++k) o[k] = acc[k];
+}
+
 // Rows r0 + blockIdx.x of the chunk whose edges start at p0.
 template <typename T>
-__device__ void conv_fwd(const int* paths, const int* nz_idx, const T* nz_coef, const int* col_path,
-                         const T* h, const T* sh, const T* w, const u64* row_start, const u32* nbr,
-                         ConvParams c, u32 r0, u32 r1, u64 p0, T* out) {
+__device__ void conv_fwd(const int* paths, const T* filt, const int* col_path, const T* h, const T* w,
+                         const u64* row_start, const u32* nbr, ConvParams c, u32 r0, u32 r1, u64 p0,
+                         T* out) {
     const u32 i = r0 + blockIdx.x;
     if (i >= r1) return;
     for (u32 t = threadIdx.x; t < c.dim_w; t += blockDim.x) {
         const int p = col_path[t];
         const int* path = paths + N_PATH_FIELDS * p;
         const int u = (int)t - path[4];
-        DISPATCH_D1D3(path[0], path[1], conv_fwd_col, path, nz_idx, nz_coef, h, sh, w, row_start, nbr,
-                      c, p0, i, u, out);
+        DISPATCH_D1D3(path[0], path[1], conv_fwd_col, path, filt, h, w, row_start, nbr, c, p0, i, u, out);
     }
 }
 
@@ -130,11 +153,10 @@ __device__ void conv_fwd(const int* paths, const int* nz_idx, const T* nz_coef, 
 // ---------------------------------------------------------------------------
 template <typename T, int D1, int D3>
 __device__ __forceinline__ void conv_bwd_edge_path(const int* path, const int* nz_idx, const T* nz_coef,
-                                                   const T* hj, const T* ga, const T* y, const T* we,
-                                                   T* gwe, T inv_den, int lane, T* gy) {
+                                                   const T* hj, const T* ga, const T* frow, const T* we,
+                                                   T* gwe, int lane, T* gy) {
     const int mul = path[2], in_off = path[3], w_off = path[4], out_off = path[5];
-    T t[D1 * D3];
-    path_filter<T, D1, D3>(nz_idx, nz_coef, path[6], path[7], y, inv_den, t);
+    const T* t = frow + path[8];
     T gt[D1 * D3];
     for (int q = 0; q < D1 * D3; ++q) gt[q] = (T)0;
     for (int u = lane; u < mul; u += 32) {
@@ -159,7 +181,7 @@ __device__ __forceinline__ void conv_bwd_edge_path(const int* path, const int* n
 }
 
 template <typename T>
-__device__ void conv_bwd_edge(const int* paths, const int* nz_idx, const T* nz_coef, const T* h, const T* sh,
+__device__ void conv_bwd_edge(const int* paths, const int* nz_idx, const T* nz_coef, const T* h, const T* filt,
                               const T* w, const T* grad_a, const u32* sender_edges, const u32* centers,
                               const u32* nbr, ConvParams c, u64 q0, u64 q1, T* gw, T* grad_sh) {
     const u64 q = q0 + ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32;
@@ -168,7 +190,7 @@ __device__ void conv_bwd_edge(const int* paths, const int* nz_idx, const T* nz_c
     const u32 e = sender_edges[q];
     const u32 i = centers[e], j = nbr[e];
     const T inv_den = (T)c.inv_den;
-    const T* y = sh + (u64)e * c.dim_sh;
+    const T* frow = filt + (q - q0) * c.t_size;
     const T* hj = h + (u64)j * c.dim_in;
     const T* ga = grad_a + (u64)i * c.dim_msg;
     const T* we = w + (q - q0) * c.dim_w;
@@ -177,8 +199,8 @@ __device__ void conv_bwd_edge(const int* paths, const int* nz_idx, const T* nz_c
     for (int b = 0; b < MAX_SH; ++b) gy[b] = (T)0;
     for (u32 p = 0; p < c.n_paths; ++p) {
         const int* path = paths + N_PATH_FIELDS * p;
-        DISPATCH_D1D3(path[0], path[1], conv_bwd_edge_path, path, nz_idx, nz_coef, hj, ga, y, we, gwe,
-                      inv_den, lane, gy);
+        DISPATCH_D1D3(path[0], path[1], conv_bwd_edge_path, path, nz_idx, nz_coef, hj, ga, frow, we, gwe,
+                      lane, gy);
     }
     // Fixed tree over the 32 lanes: the same bits every run.
     for (u32 b = 0; b < c.dim_sh; ++b) {
@@ -194,11 +216,9 @@ __device__ void conv_bwd_edge(const int* paths, const int* nz_idx, const T* nz_c
 //   gh_j[in_off + u*d1 + a] += sum_k T_e[a,k] * (w_e[w_off + u] * gA_i[out_off + u*d3 + k]).
 // ---------------------------------------------------------------------------
 template <typename T, int D1, int D3>
-__device__ __forceinline__ void conv_bwd_h_path(const int* path, const int* nz_idx, const T* nz_coef,
-                                                const T* y, const T* we, const T* ga, T inv_den, int u,
+__device__ __forceinline__ void conv_bwd_h_path(const int* path, const T* frow, const T* we, const T* ga, int u,
                                                 T* acc) {
-    T t[D1 * D3];
-    path_filter<T, D1, D3>(nz_idx, nz_coef, path[6], path[7], y, inv_den, t);
+    const T* t = frow + path[8];
     const T wu = we[path[4] + u];
     T wg[D3];
     for (int k = 0; k < D3; ++k) wg[k] = wu * ga[path[5] + u * D3 + k];
@@ -207,13 +227,12 @@ __device__ __forceinline__ void conv_bwd_h_path(const int* path, const int* nz_i
 }
 
 template <typename T>
-__device__ void conv_bwd_h(const int* paths, const int* nz_idx, const T* nz_coef, const int* ranges,
-                           const int* range_paths, const int* slot_range, const T* sh, const T* w,
-                           const T* grad_a, const u64* sender_start, const u32* sender_edges,
-                           const u32* centers, ConvParams c, u32 r0, u32 r1, u64 q0, T* grad_h) {
+__device__ void conv_bwd_h(const int* paths, const T* filt, const int* ranges, const int* range_paths,
+                           const int* slot_range, const T* w, const T* grad_a, const u64* sender_start,
+                           const u32* sender_edges, const u32* centers, ConvParams c, u32 r0, u32 r1, u64 q0,
+                           T* grad_h) {
     const u32 j = r0 + blockIdx.x;
     if (j >= r1) return;
-    const T inv_den = (T)c.inv_den;
     for (u32 s = threadIdx.x; s < c.n_range_slots; s += blockDim.x) {
         const int r = slot_range[s];
         const int* range = ranges + N_RANGE_FIELDS * r;
@@ -223,13 +242,12 @@ __device__ void conv_bwd_h(const int* paths, const int* nz_idx, const T* nz_coef
         T acc[7] = {0, 0, 0, 0, 0, 0, 0};
         for (u64 q = sender_start[j]; q < sender_start[j + 1]; ++q) {
             const u32 e = sender_edges[q];
-            const T* y = sh + (u64)e * c.dim_sh;
+            const T* frow = filt + (q - q0) * c.t_size;
             const T* we = w + (q - q0) * c.dim_w;
             const T* ga = grad_a + (u64)centers[e] * c.dim_msg;
             for (int m = 0; m < n_paths; ++m) {
                 const int* path = paths + N_PATH_FIELDS * range_paths[path0 + m];
-                DISPATCH_D1D3(path[0], path[1], conv_bwd_h_path, path, nz_idx, nz_coef, y, we, ga, inv_den,
-                              u, acc);
+                DISPATCH_D1D3(path[0], path[1], conv_bwd_h_path, path, frow, we, ga, u, acc);
             }
         }
         T* o = grad_h + (u64)j * c.dim_in + in_off + u * d1;
@@ -376,26 +394,31 @@ __device__ void readout_bwd(const T* v, const int* types, const T* scale, u32 n_
 }
 
 #define INSTANTIATE(T, SUF)                                                                                  \
-    extern "C" __global__ void sn_conv_fwd_##SUF(const int* paths, const int* nz_idx, const T* nz_coef,      \
-                                                 const int* col_path, const T* h, const T* sh, const T* w,   \
-                                                 const u64* row_start, const u32* nbr, ConvParams c, u32 r0, \
-                                                 u32 r1, u64 p0, T* out) {                                   \
-        conv_fwd<T>(paths, nz_idx, nz_coef, col_path, h, sh, w, row_start, nbr, c, r0, r1, p0, out);       \
+    extern "C" __global__ void sn_filters_##SUF(const int* paths, const int* nz_idx, const T* nz_coef,       \
+                                                const T* sh, const u32* idx, int use_idx, ConvParams c,      \
+                                                u64 q0, u64 q1, T* filt) {                                   \
+        filters<T>(paths, nz_idx, nz_coef, sh, idx, use_idx, c, q0, q1, filt);                               \
+    }                                                                                                        \
+    extern "C" __global__ void sn_conv_fwd_##SUF(const int* paths, const T* filt, const int* col_path,      \
+                                                 const T* h, const T* w, const u64* row_start,               \
+                                                 const u32* nbr, ConvParams c, u32 r0, u32 r1, u64 p0,       \
+                                                 T* out) {                                                   \
+        conv_fwd<T>(paths, filt, col_path, h, w, row_start, nbr, c, r0, r1, p0, out);                       \
     }                                                                                                        \
     extern "C" __global__ void sn_conv_bwd_edge_##SUF(const int* paths, const int* nz_idx, const T* nz_coef, \
-                                                      const T* h, const T* sh, const T* w, const T* grad_a,  \
-                                                      const u32* sender_edges, const u32* centers,           \
-                                                      const u32* nbr, ConvParams c, u64 q0, u64 q1, T* gw,   \
-                                                      T* grad_sh) {                                          \
-        conv_bwd_edge<T>(paths, nz_idx, nz_coef, h, sh, w, grad_a, sender_edges, centers, nbr, c, q0, q1,  \
+                                                      const T* h, const T* filt, const T* w,                 \
+                                                      const T* grad_a, const u32* sender_edges,              \
+                                                      const u32* centers, const u32* nbr, ConvParams c,      \
+                                                      u64 q0, u64 q1, T* gw, T* grad_sh) {                   \
+        conv_bwd_edge<T>(paths, nz_idx, nz_coef, h, filt, w, grad_a, sender_edges, centers, nbr, c, q0, q1,\
                          gw, grad_sh);                                                                       \
     }                                                                                                        \
     extern "C" __global__ void sn_conv_bwd_h_##SUF(                                                          \
-        const int* paths, const int* nz_idx, const T* nz_coef, const int* ranges, const int* range_paths,   \
-        const int* slot_range, const T* sh, const T* w, const T* grad_a, const u64* sender_start,           \
-        const u32* sender_edges, const u32* centers, ConvParams c, u32 r0, u32 r1, u64 q0, T* grad_h) {     \
-        conv_bwd_h<T>(paths, nz_idx, nz_coef, ranges, range_paths, slot_range, sh, w, grad_a, sender_start, \
-                      sender_edges, centers, c, r0, r1, q0, grad_h);                                         \
+        const int* paths, const T* filt, const int* ranges, const int* range_paths, const int* slot_range,  \
+        const T* w, const T* grad_a, const u64* sender_start, const u32* sender_edges, const u32* centers,  \
+        ConvParams c, u32 r0, u32 r1, u64 q0, T* grad_h) {                                                   \
+        conv_bwd_h<T>(paths, filt, ranges, range_paths, slot_range, w, grad_a, sender_start, sender_edges,  \
+                      centers, c, r0, r1, q0, grad_h);                                                       \
     }                                                                                                        \
     extern "C" __global__ void sn_silu_copy_##SUF(const T* z, T* out, u64 n) { silu_copy<T>(z, out, n); }   \
     extern "C" __global__ void sn_silu_backward_##SUF(const T* z, T* g, u64 n) { silu_backward<T>(z, g, n); } \

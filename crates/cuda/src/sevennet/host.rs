@@ -108,7 +108,8 @@ pub struct ConvTables {
     /// Width of the SH rows.
     pub dim_sh: usize,
     /// [`PATH_FIELDS`] ints per path: d1, d3, mul, in_off, w_off, out_off,
-    /// first and end nonzero, l2, input range.
+    /// first and end nonzero, offset of its `d1 × d3` filter in a per-edge
+    /// filter row, input range.
     pub paths: Vec<i32>,
     /// Per nonzero CG entry: `a·d3 + k` and the SH column `l2² + b`.
     pub nz_idx: Vec<i32>,
@@ -123,6 +124,8 @@ pub struct ConvTables {
     pub range_paths: Vec<i32>,
     /// Per (input block, channel) slot: its input block.
     pub slot_range: Vec<i32>,
+    /// Filter values per edge (Σ d1·d3 over the paths).
+    pub t_size: usize,
     /// `1 / denominator`.
     pub inv_den: f64,
 }
@@ -149,6 +152,7 @@ impl ConvTables {
         // Distinct input blocks (in_off, mul, d1), each with its paths.
         let mut ranges: Vec<((usize, usize, usize), Vec<usize>)> = Vec::new();
         let mut outs: Vec<(usize, usize)> = Vec::new();
+        let mut t_size = 0;
         for (n, p) in paths.iter().enumerate() {
             let bad = |why: String| unsupported(format!("tensor-product path {n}: {why}"));
             if p.l1.max(p.l2).max(p.l3) > MAX_LMAX_SH || p.l2 > lmax_sh {
@@ -197,9 +201,10 @@ impl ConvTables {
                 p.out_offset as i32,
                 nz0 as i32,
                 nz_coef.len() as i32,
-                p.l2 as i32,
+                t_size as i32,
                 range as i32,
             ]);
+            t_size += d1 * d3;
         }
         outs.sort_unstable();
         if outs.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
@@ -237,6 +242,7 @@ impl ConvTables {
             ranges: range_table,
             range_paths,
             slot_range,
+            t_size,
             inv_den: 1.0 / denominator,
         })
     }
@@ -529,7 +535,8 @@ impl HostModel {
         // positions and row offsets, types, forces and virials (f64), energies.
         let per_atom =
             (caches + 2 * dx + 2 * dg + 2 * dm + dx + 1) * bytes + 24 + 2 * 8 + 4 * 3 + 4 + 24 + 48;
-        let chunk = chunk_edges * ((2 * n_hidden + 2) * dh + 2 * dw + 2 * nb) * bytes;
+        let dt = self.layers.iter().map(|l| l.conv.t_size).max().unwrap_or(0) as u64;
+        let chunk = chunk_edges * ((2 * n_hidden + 2) * dh + 2 * dw + 2 * nb + dt) * bytes;
         n_edges * per_edge + n_atoms * per_atom + chunk
     }
 }

@@ -77,7 +77,7 @@ struct ConvParams {
     dim_sh: u32,
     n_ranges: u32,
     n_range_slots: u32,
-    _pad: u32,
+    t_size: u32,
     inv_den: f64,
 }
 
@@ -157,6 +157,7 @@ struct DeviceLayer<T> {
 }
 
 struct Kernels {
+    filters: CudaFunction,
     conv_fwd: CudaFunction,
     conv_bwd_edge: CudaFunction,
     conv_bwd_h: CudaFunction,
@@ -478,6 +479,8 @@ struct Scratch<T> {
     gw: CudaSlice<T>,
     ga: CudaSlice<T>,
     gb: CudaSlice<T>,
+    /// Filter rows (chunk positions × t_size).
+    filt: CudaSlice<T>,
 }
 
 impl<T: GpuFloat> DeviceNet<T>
@@ -498,6 +501,7 @@ where
                 .map_err(|e| CudaError::driver(format!("loading kernel {name}"), e))
         };
         let k = Kernels {
+            filters: f("sn_filters")?,
             conv_fwd: f("sn_conv_fwd")?,
             conv_bwd_edge: f("sn_conv_bwd_edge")?,
             conv_bwd_h: f("sn_conv_bwd_h")?,
@@ -558,7 +562,7 @@ where
                     dim_sh: u(c.dim_sh),
                     n_ranges: u(c.n_ranges()),
                     n_range_slots: u(c.slot_range.len()),
-                    _pad: 0,
+                    t_size: u(c.t_size),
                     inv_den: c.inv_den,
                 },
                 gate_forward: upload(device, &l.gate.forward)?,
@@ -818,6 +822,12 @@ where
             .map(|l| l.params.dim_w as usize)
             .max()
             .unwrap_or(0);
+        let max_t = self
+            .layers
+            .iter()
+            .map(|l| l.params.t_size as usize)
+            .max()
+            .unwrap_or(0);
         let buf = |len: usize| zeros::<T>(device, len, "allocating the radial MLP scratch");
         let mut s = Scratch {
             pre: (0..n_hidden)
@@ -830,6 +840,7 @@ where
             gw: buf(cap_us * max_w)?,
             ga: buf(cap_us * max_hidden.max(nb))?,
             gb: buf(cap_us * max_hidden.max(nb))?,
+            filt: buf(cap_us * max_t)?,
         };
         let mut emb_chunk = buf(cap_us * nb)?;
         let mut gemb_chunk = buf(cap_us * nb)?;
@@ -879,9 +890,13 @@ where
                 if rows > 0 {
                     let input = emb.slice(p0 as usize * nb..p1 as usize * nb);
                     self.mlp_forward(device, layer, &input, rows, &mut s)?;
+                    let (jobs, no_idx) = (rows as u64 * u64::from(layer.params.n_paths), 0i32);
+                    launch!(stream, &self.k.filters, grid_1d(jobs, 128), "the filters";
+                        &layer.paths, &layer.nz_idx, &layer.nz_coef, &sh, &list.neighbors, &no_idx,
+                        &layer.params, &p0, &p1, &mut s.filt)?;
                 }
                 launch!(stream, &self.k.conv_fwd, per_row(r1 - r0, 128), "the convolution";
-                    &layer.paths, &layer.nz_idx, &layer.nz_coef, &layer.col_path, &h, &sh, &s.w,
+                    &layer.paths, &s.filt, &layer.col_path, &h, &s.w,
                     &list.row_start, &list.neighbors, &layer.params, &r0, &r1, &p0, &mut a)?;
             }
             gemm(
@@ -958,15 +973,19 @@ where
                         "gathering embeddings"; &emb, &sender_edges, &q0, &q1, &nb32, &mut emb_chunk)?;
                     let input = emb_chunk.slice(..rows * nb);
                     self.mlp_forward(device, layer, &input, rows, &mut s)?;
+                    let (jobs, by_idx) = (rows as u64 * u64::from(layer.params.n_paths), 1i32);
+                    launch!(stream, &self.k.filters, grid_1d(jobs, 128), "the filters";
+                        &layer.paths, &layer.nz_idx, &layer.nz_coef, &sh, &sender_edges, &by_idx,
+                        &layer.params, &q0, &q1, &mut s.filt)?;
                     launch!(stream, &self.k.conv_bwd_edge, grid_1d(rows as u64 * 32, 256),
                         "the convolution backward (edges)";
-                        &layer.paths, &layer.nz_idx, &layer.nz_coef, h, &sh, &s.w, &ga, &sender_edges,
+                        &layer.paths, &layer.nz_idx, &layer.nz_coef, h, &s.filt, &s.w, &ga, &sender_edges,
                         &centers, &list.neighbors, &layer.params, &q0, &q1, &mut s.gw, &mut grad_sh)?;
                 }
                 launch!(stream, &self.k.conv_bwd_h, per_row(r1 - r0, 128),
                     "the convolution backward (features)";
-                    &layer.paths, &layer.nz_idx, &layer.nz_coef, &layer.ranges, &layer.range_paths,
-                    &layer.slot_range, &sh, &s.w, &ga, &sender_start, &sender_edges, &centers,
+                    &layer.paths, &s.filt, &layer.ranges, &layer.range_paths,
+                    &layer.slot_range, &s.w, &ga, &sender_start, &sender_edges, &centers,
                     &layer.params, &r0, &r1, &q0, &mut gh)?;
                 if rows > 0 {
                     self.mlp_backward(device, layer, rows, &mut s, &mut gemb_chunk)?;
