@@ -531,10 +531,11 @@ impl HostModel {
             .iter()
             .map(|l| (l.linear_1.dim_in + l.gate.dim_in) as u64)
             .sum();
-        // Rows: x, sc/y, A, gx, gy, gA, gh (one of each at a time), the
-        // positions and row offsets, types, forces and virials (f64), energies.
-        let per_atom =
-            (caches + 2 * dx + 2 * dg + 2 * dm + dx + 1) * bytes + 24 + 2 * 8 + 4 * 3 + 4 + 24 + 48;
+        // Working rows besides the caches: the forward holds x, A and the
+        // block output, the backward gx, gy, gA, gh and the next gx (the
+        // larger set); then energies, positions and row offsets, types,
+        // forces and virials (f64).
+        let per_atom = (caches + 3 * dx + dg + dm + 1) * bytes + 24 + 2 * 8 + 4 * 3 + 4 + 24 + 48;
         let dt = self.layers.iter().map(|l| l.conv.t_size).max().unwrap_or(0) as u64;
         let chunk = chunk_edges * ((2 * n_hidden + 2) * dh + 2 * dw + 2 * nb + dt) * bytes;
         n_edges * per_edge + n_atoms * per_atom + chunk

@@ -413,6 +413,9 @@ impl GpuSevenNet {
         if types.is_empty() {
             return Err(CudaError::Input("the system has no atoms".into()));
         }
+        // Freed buffers of earlier work return to the driver at a
+        // synchronisation: only then does the free memory tell what is usable.
+        device.synchronize()?;
         let (free_before, _) = device.memory()?;
         let start = Instant::now();
         let list = GpuNeighborList::build(device, system, self.cutoff())?;
