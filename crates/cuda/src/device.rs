@@ -80,6 +80,11 @@ impl CudaDevice {
         }
         let ctx =
             CudaContext::new(index).map_err(|e| CudaError::driver("creating a context", e))?;
+        // SAFETY: every buffer of this crate is allocated, used and freed on
+        // the one stream below (cuBLAS is bound to it too), so cudarc's
+        // cross-stream event tracking (two events recorded per argument of
+        // every launch) has nothing to order.
+        unsafe { ctx.disable_event_tracking() };
         let name = ctx
             .name()
             .map_err(|e| CudaError::driver("cuDeviceGetName", e))?;
