@@ -1,6 +1,7 @@
 //! SevenNet on the GPU: energy, per-atom energies, forces and stress in f64
 //! or f32, everything on the device between the upload of the positions and
-//! the download of the results.
+//! the download of the results (the host reads the receiver and sender CSR
+//! row offsets once, to cut the edge chunks).
 //!
 //! Per evaluation: the neighbour list ([`GpuNeighborList`]); per edge the
 //! vector, the radial embedding and the spherical harmonics (in f64, rounded
