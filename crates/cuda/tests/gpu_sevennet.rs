@@ -7,7 +7,9 @@
 //!
 //! Inputs found through the environment on the GPU machine:
 //! `DDMLIP_SEVENNET_CHECKPOINT` (the SevenNet-0 checkpoint) and
-//! `DDMLIP_FIXTURE_XYZ` (the fixture frames).
+//! `DDMLIP_FIXTURE_XYZ` (the fixture frames). `DDMLIP_SEVENNET_TIMING_CELLS`
+//! (default `5,10,16`) lists the crystal repeats the timing test runs
+//! (8·n³ atoms each).
 
 use ddmlip::{evaluate, EvalOptions, EvalResult};
 use ddmlip_atoms::{Column, InfoValue, System};
