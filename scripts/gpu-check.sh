@@ -28,7 +28,7 @@ for exe in "$dir"/*; do
     out=$("$exe" --test-threads=1 --nocapture 2>&1)
     # What each test measured, and every panic with its message line.
     echo "$out" | awk '/panicked at/ {print; if ((getline line) > 0) print "    " line; next}
-        /^test |lj (f64|f32) case|TIMING|systems, |SKIPPED/ {print}'
+        /^test |lj (f64|f32) case|sevennet f(64|32) GPU|TIMING|systems, |SKIPPED/ {print}'
 
     counts=$(echo "$out" | sed -n 's/^test result: [a-zA-Z]*\. \([0-9]*\) passed; \([0-9]*\) failed.*/\1 \2/p')
     p=${counts% *} f=${counts#* }
@@ -59,6 +59,14 @@ PY
     check "device index out of range" 2 "does not exist" "$cli" eval --model lj --structure "$xyz" --device cuda:99
     check "model without a CUDA path" 2 "has no CUDA path" "$cli" eval --model schnet-demo --structure "$xyz" --device cuda
     check "bench model lj on cuda" 0 "µs/atom/step" "$cli" bench model --model lj --crystal cu --repeat 4 --device cuda
+    # SevenNet-0 (needs the checkpoint: DDMLIP_SEVENNET_CHECKPOINT or the cache).
+    si=$(mktemp --suffix=.xyz)
+    printf '2\nLattice="5.43 0 0 0 5.43 0 0 0 5.43" Properties=species:S:1:pos:R:3 pbc="T T T"\nSi 0.02 0 0\nSi 1.36 1.33 1.37\n' > "$si"
+    check "eval sevennet-0 on cuda" 0 '"device":"cuda:' "$cli" eval --model sevennet-0 --structure "$si" --device cuda --json
+    check "eval sevennet-0 on cuda f32" 0 '"dtype":"f32"' "$cli" eval --model sevennet-0 --structure "$si" --device cuda --dtype f32 --json
+    check "bench model sevennet-0 on cuda" 0 "peak GPU memory" "$cli" bench model --model sevennet-0 --crystal si --repeat 10 --dtype f32 --device cuda --repeats 3
+    check "sevennet-0 too large for the GPU" 2 "atoms of this system would fit" "$cli" bench model --model sevennet-0 --crystal si --repeat 150 --dtype f64 --device cuda --repeats 1
+    rm -f "$si"
     rm -f "$xyz" "$log"
 fi
 echo "gpu-check summary: $passed passed, $failed failed${failures[*]:+ (${failures[*]})}"

@@ -7,7 +7,40 @@ use anyhow::anyhow;
 use std::str::FromStr;
 
 /// Models with a CUDA path, for messages.
-pub const CUDA_MODELS: &str = "lj (and Lennard-Jones model files, kind = \"lennard-jones\")";
+pub const CUDA_MODELS: &str = "lj (and Lennard-Jones model files, kind = \"lennard-jones\"), \
+     the SevenNet checkpoints (sevennet-0, the other pretrained names, or a .pth file)";
+
+/// A model on its CUDA path, resolved from `--model`.
+#[derive(Debug)]
+// Without the `cuda` feature the model is only resolved (to refuse it).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub enum CudaModel {
+    /// Lennard-Jones with these parameters.
+    Lj(ddmlip_models::LennardJones),
+    /// A SevenNet checkpoint file.
+    SevenNet(std::path::PathBuf),
+}
+
+/// The model `model_arg` names, when it has a CUDA path (`lj`, a
+/// Lennard-Jones TOML file, a pretrained SevenNet name or a SevenNet
+/// checkpoint file); exit 2 naming the models that have one otherwise.
+pub fn cuda_model(model_arg: &str) -> Result<CudaModel, CliError> {
+    if let Some(p) = ddmlip_models::PRETRAINED_SEVENNETS
+        .iter()
+        .find(|p| p.name == model_arg)
+    {
+        let path = ddmlip_models::pretrained_sevennet_path(p).map_err(CliError::input)?;
+        return Ok(CudaModel::SevenNet(path));
+    }
+    let path = std::path::Path::new(model_arg);
+    if path.extension().is_some_and(|e| e == "pth" || e == "pt") {
+        if !path.is_file() {
+            return Err(CliError::input(anyhow!("{model_arg}: no such file")));
+        }
+        return Ok(CudaModel::SevenNet(path.to_path_buf()));
+    }
+    lj_parameters(model_arg).map(CudaModel::Lj)
+}
 
 /// Where a command evaluates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,7 +120,7 @@ pub use gpu::{bench_model, eval};
 #[cfg(not(feature = "cuda"))]
 /// `eval --device cuda` in a build without CUDA: exit 2 (after the model check).
 pub fn eval(a: &crate::args::EvalArgs, _index: usize) -> Result<u8, CliError> {
-    lj_parameters(&a.model)?;
+    cuda_model(&a.model)?;
     Err(no_cuda_build())
 }
 
@@ -101,34 +134,33 @@ pub fn bench_model(
     _json: bool,
     _index: usize,
 ) -> Result<u8, CliError> {
-    lj_parameters(model)?;
+    cuda_model(model)?;
     Err(no_cuda_build())
 }
 
 #[cfg(feature = "cuda")]
 mod gpu {
-    use super::lj_parameters;
+    use super::{cuda_model, CudaModel};
     use crate::args::{EvalArgs, Precision as PrecisionArg};
     use crate::error::CliError;
     use crate::input::read_structure;
     use anyhow::anyhow;
-    use ddmlip_cuda::{evaluate_lj, CudaDevice, LjParameters, Precision};
+    use ddmlip_cuda::{
+        evaluate_lj, CudaDevice, CudaError, GpuSevenNet, GpuTimings, LjParameters, Precision,
+    };
     use serde_json::json;
-
-    fn params(model_arg: &str) -> Result<LjParameters, CliError> {
-        let lj = lj_parameters(model_arg)?;
-        Ok(LjParameters {
-            epsilon: lj.epsilon,
-            sigma: lj.sigma,
-            cutoff: lj.cutoff,
-            shift: lj.shift,
-        })
-    }
 
     fn precision(p: PrecisionArg) -> Precision {
         match p {
             PrecisionArg::F64 => Precision::F64,
             PrecisionArg::F32 => Precision::F32,
+        }
+    }
+
+    fn dtype_name(p: PrecisionArg) -> &'static str {
+        match p {
+            PrecisionArg::F64 => "f64",
+            PrecisionArg::F32 => "f32",
         }
     }
 
@@ -150,12 +182,90 @@ mod gpu {
         )
     }
 
-    fn gpu_error(e: ddmlip_cuda::CudaError) -> CliError {
+    fn gpu_error(e: CudaError) -> CliError {
         match e {
-            ddmlip_cuda::CudaError::Driver { .. } | ddmlip_cuda::CudaError::Compile { .. } => {
-                CliError::failed(e)
-            }
+            CudaError::Driver { .. } | CudaError::Compile { .. } => CliError::failed(e),
             _ => CliError::input(e),
+        }
+    }
+
+    /// A model loaded for the GPU.
+    enum GpuModel {
+        Lj(LjParameters),
+        SevenNet(Box<GpuSevenNet>),
+    }
+
+    /// What one GPU evaluation gives, whatever the model.
+    struct Output {
+        energy: f64,
+        forces: Vec<[f64; 3]>,
+        stress: Option<[f64; 6]>,
+        atomic_energies: Vec<f64>,
+        n_pairs: usize,
+        timings: GpuTimings,
+        /// Device memory the evaluation held (SevenNet), bytes.
+        peak_bytes: Option<u64>,
+    }
+
+    impl GpuModel {
+        fn load(
+            model: CudaModel,
+            dev: &CudaDevice,
+            p: Precision,
+            modal: Option<&str>,
+        ) -> Result<Self, CliError> {
+            match model {
+                CudaModel::Lj(lj) => {
+                    if let Some(m) = modal {
+                        return Err(CliError::input(anyhow!(
+                            "--modal {m} does not apply to a Lennard-Jones model (only multi-fidelity SevenNet checkpoints have modalities)"
+                        )));
+                    }
+                    Ok(Self::Lj(LjParameters {
+                        epsilon: lj.epsilon,
+                        sigma: lj.sigma,
+                        cutoff: lj.cutoff,
+                        shift: lj.shift,
+                    }))
+                }
+                CudaModel::SevenNet(path) => GpuSevenNet::from_checkpoint(dev, &path, modal, p)
+                    .map(|m| Self::SevenNet(Box::new(m)))
+                    .map_err(gpu_error),
+            }
+        }
+
+        fn evaluate(
+            &self,
+            dev: &CudaDevice,
+            sys: &ddmlip::System,
+            p: Precision,
+        ) -> Result<Output, CliError> {
+            match self {
+                Self::Lj(params) => {
+                    let r = evaluate_lj(dev, sys, params, p).map_err(gpu_error)?;
+                    Ok(Output {
+                        energy: r.energy,
+                        forces: r.forces,
+                        stress: r.stress,
+                        atomic_energies: r.atomic_energies,
+                        n_pairs: r.n_pairs,
+                        timings: r.timings,
+                        peak_bytes: None,
+                    })
+                }
+                Self::SevenNet(m) => {
+                    let r = m.evaluate(dev, sys).map_err(gpu_error)?;
+                    Ok(Output {
+                        energy: r.energy,
+                        forces: r.forces,
+                        stress: r.stress,
+                        atomic_energies: r.atomic_energies,
+                        n_pairs: r.n_pairs,
+                        timings: r.timings,
+                        peak_bytes: Some(r.peak_bytes),
+                    })
+                }
+            }
         }
     }
 
@@ -167,23 +277,17 @@ mod gpu {
                  supported with it yet"
             )));
         }
-        if a.modal.is_some() {
-            return Err(CliError::input(anyhow!(
-                "--modal does not apply to `{}`",
-                a.model
-            )));
-        }
-        let params = params(&a.model)?;
+        let resolved = cuda_model(&a.model)?;
         let dev = open(index)?;
+        let p = precision(a.dtype);
+        let model = GpuModel::load(resolved, &dev, p, a.modal.as_deref())?;
         let mut frames = read_structure(&a.structure)?;
-        let dtype = match a.dtype {
-            PrecisionArg::F64 => "f64",
-            PrecisionArg::F32 => "f32",
-        };
+        let dtype = dtype_name(a.dtype);
         let mut results = Vec::with_capacity(frames.len());
         for (k, sys) in frames.iter().enumerate() {
-            let r = evaluate_lj(&dev, sys, &params, precision(a.dtype))
-                .map_err(|e| gpu_error(e).context_frame(k))?;
+            let r = model
+                .evaluate(&dev, sys, p)
+                .map_err(|e| e.context_frame(k))?;
             results.push(r);
         }
         if let Some(out) = &a.output {
@@ -201,7 +305,7 @@ mod gpu {
         let device = describe(&dev);
         if a.json {
             let value = json!({
-                "model": "lj",
+                "model": a.model,
                 "device": device,
                 "dtype": dtype,
                 "units": {"energy": "eV", "forces": "eV/Å", "stress": "eV/Å³ (ASE sign, Voigt xx yy zz yz xz xy)", "atomic_energies": "eV"},
@@ -216,11 +320,12 @@ mod gpu {
                     "stress": r.stress,
                     "neighbors_s": r.timings.neighbors_s,
                     "model_s": r.timings.model_s,
+                    "peak_gpu_bytes": r.peak_bytes,
                 })).collect::<Vec<_>>(),
             });
             println!("{value}");
         } else {
-            println!("model lj on {device}, {dtype}");
+            println!("model {} on {device}, {dtype}", a.model);
             for (k, r) in results.iter().enumerate() {
                 let fmax = r
                     .forces
@@ -249,51 +354,61 @@ mod gpu {
     }
 
     /// `bench model --device cuda:N`: median wall time of full GPU
-    /// evaluations (neighbour list + model + copy back) after one warm-up.
+    /// evaluations (neighbour list + model + copy back) after one warm-up,
+    /// and (SevenNet) the device memory an evaluation holds.
     pub fn bench_model(
-        model: &str,
+        model_arg: &str,
         system: impl FnOnce() -> Result<(ddmlip::System, String), CliError>,
         dtype: PrecisionArg,
         repeats: usize,
         json: bool,
         index: usize,
     ) -> Result<u8, CliError> {
-        let params = params(model)?;
+        let resolved = cuda_model(model_arg)?;
         let dev = open(index)?;
-        let (sys, what) = system()?;
         let p = precision(dtype);
-        let warm = evaluate_lj(&dev, &sys, &params, p).map_err(gpu_error)?;
+        let model = GpuModel::load(resolved, &dev, p, None)?;
+        let (sys, what) = system()?;
+        let warm = model.evaluate(&dev, &sys, p)?;
         let mut runs = Vec::with_capacity(repeats);
+        let mut peak = warm.peak_bytes;
         for _ in 0..repeats {
             let start = std::time::Instant::now();
-            let r = evaluate_lj(&dev, &sys, &params, p).map_err(gpu_error)?;
+            let r = model.evaluate(&dev, &sys, p)?;
             runs.push((start.elapsed().as_secs_f64(), r.timings));
+            peak = peak.max(r.peak_bytes);
         }
         runs.sort_by(|x, y| x.0.total_cmp(&y.0));
         let (median, timings) = runs[runs.len() / 2];
         let atoms = sys.positions.len();
         let us = median * 1e6 / atoms as f64;
         let device = describe(&dev);
-        let dtype = match dtype {
-            PrecisionArg::F64 => "f64",
-            PrecisionArg::F32 => "f32",
-        };
+        let dtype = dtype_name(dtype);
         if json {
             println!(
                 "{}",
                 json!({
-                    "model": "lj", "device": device, "dtype": dtype, "structure": what,
+                    "model": model_arg, "device": device, "dtype": dtype, "structure": what,
                     "atoms": atoms, "pairs": warm.n_pairs, "median_s": median,
                     "neighbors_s": timings.neighbors_s, "model_s": timings.model_s,
                     "us_per_atom_step": us, "warmup_s": warm.timings.neighbors_s + warm.timings.model_s,
-                    "repeats": repeats,
+                    "repeats": repeats, "peak_gpu_bytes": peak,
                 })
             );
         } else {
+            let memory = peak
+                .map(|b| {
+                    format!(
+                        "\n  peak GPU memory {:.0} MiB ({:.1} KiB/atom)",
+                        b as f64 / (1u64 << 20) as f64,
+                        b as f64 / 1024.0 / atoms as f64
+                    )
+                })
+                .unwrap_or_default();
             println!(
-                "lj {dtype} on {device}: {what}, {atoms} atoms, {} pairs\n  median {:.3} ms per \
+                "{model_arg} {dtype} on {device}: {what}, {atoms} atoms, {} pairs\n  median {:.3} ms per \
                  evaluation ({us:.4} µs/atom/step) of {}: neighbour list {:.3} ms, model + copy \
-                 back {:.3} ms",
+                 back {:.3} ms{memory}",
                 warm.n_pairs,
                 median * 1e3,
                 repeats,

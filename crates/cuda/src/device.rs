@@ -80,6 +80,11 @@ impl CudaDevice {
         }
         let ctx =
             CudaContext::new(index).map_err(|e| CudaError::driver("creating a context", e))?;
+        // SAFETY: every buffer of this crate is allocated, used and freed on
+        // the one stream below (cuBLAS is bound to it too), so cudarc's
+        // cross-stream event tracking (two events recorded per argument of
+        // every launch) has nothing to order.
+        unsafe { ctx.disable_event_tracking() };
         let name = ctx
             .name()
             .map_err(|e| CudaError::driver("cuDeviceGetName", e))?;
@@ -157,6 +162,20 @@ impl CudaDevice {
         self.module
             .load_function(name)
             .map_err(|e| CudaError::driver(format!("loading kernel {name}"), e))
+    }
+
+    /// Module `name` compiled from `source` for this device (from the disk
+    /// cache when it holds it).
+    pub(crate) fn load_module(
+        &self,
+        name: &str,
+        source: &str,
+    ) -> Result<Arc<CudaModule>, CudaError> {
+        let arch = self.arch();
+        let (cubin, _) = kernels::cubin(name, source, &arch)?;
+        self.ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+            .map_err(|e| CudaError::driver(format!("loading the {name} kernels for {arch}"), e))
     }
 
     /// Waits for all work queued on the stream.

@@ -14,6 +14,10 @@ use std::path::{Path, PathBuf};
 /// The kernels of this crate (neighbour list, Lennard-Jones, reductions).
 pub const DDMLIP_KERNELS: &str = include_str!("kernels/ddmlip.cu");
 
+/// The SevenNet kernels (edge features, fused convolution forward and
+/// backward, gate, readout, forces and virial), for f64 and f32.
+pub const SEVENNET_KERNELS: &str = include_str!("kernels/sevennet.cu");
+
 /// Options every kernel module is compiled with. `--fmad=false`: no fused
 /// multiply-adds, so pair vectors and cutoff decisions round exactly as on
 /// the CPU.

@@ -2,7 +2,9 @@
 //! handle), kernels in CUDA C compiled by NVRTC for the device's own
 //! architecture and cached on disk ([`kernels`]), the neighbour list built
 //! on the GPU ([`GpuNeighborList`]) and the first model on the GPU, the
-//! Lennard-Jones pair potential ([`evaluate_lj`]).
+//! Lennard-Jones pair potential ([`evaluate_lj`]), and SevenNet
+//! ([`GpuSevenNet`]: energy, forces and stress with the whole forward and
+//! backward on the device).
 //!
 //! The CUDA libraries are loaded at run time (`cudarc` with dynamic
 //! loading): this crate builds and its CPU-side tests pass on machines
@@ -18,11 +20,13 @@ mod error;
 pub mod kernels;
 mod lj;
 mod neighbors;
+pub mod sevennet;
 
 pub use device::{arch_name, check_libraries, device_count, CudaDevice};
 pub use error::CudaError;
 pub use lj::{evaluate_lj, LjParameters, LjResult, Precision};
 pub use neighbors::{GpuNeighborList, GpuTimings};
+pub use sevennet::{GpuSevenNet, SevenNetResult};
 
 /// `bytes` as GiB with two decimals (for messages).
 pub(crate) fn format_gib(bytes: u64) -> String {
