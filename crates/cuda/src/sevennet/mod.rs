@@ -652,44 +652,24 @@ where
         let w = &layer.radial_widths;
         for k in 0..nl {
             let (i, o) = (w[k], w[k + 1]);
-            if k + 1 == nl {
-                let mut out = s.w.slice_mut(..rows * o);
-                if k == 0 {
-                    gemm(
-                        blas,
-                        rows,
-                        i,
-                        o,
-                        input,
-                        &layer.radial[k],
-                        false,
-                        0.0,
-                        &mut out,
-                    )?;
+            let last = k + 1 == nl;
+            {
+                let previous;
+                let a: &CudaView<'_, T> = if k == 0 {
+                    input
                 } else {
-                    let a = s.act[k - 1].slice(..rows * i);
-                    gemm(blas, rows, i, o, &a, &layer.radial[k], false, 0.0, &mut out)?;
-                }
-            } else {
-                {
-                    let mut z = s.pre[k].slice_mut(..rows * o);
-                    if k == 0 {
-                        gemm(
-                            blas,
-                            rows,
-                            i,
-                            o,
-                            input,
-                            &layer.radial[k],
-                            false,
-                            0.0,
-                            &mut z,
-                        )?;
-                    } else {
-                        let a = s.act[k - 1].slice(..rows * i);
-                        gemm(blas, rows, i, o, &a, &layer.radial[k], false, 0.0, &mut z)?;
-                    }
-                }
+                    previous = s.act[k - 1].slice(..rows * i);
+                    &previous
+                };
+                // The last layer writes the weights; hidden ones their pre-activations.
+                let mut out = if last {
+                    s.w.slice_mut(..rows * o)
+                } else {
+                    s.pre[k].slice_mut(..rows * o)
+                };
+                gemm(blas, rows, i, o, a, &layer.radial[k], false, 0.0, &mut out)?;
+            }
+            if !last {
                 let len = (rows * o) as u64;
                 launch!(device.stream(), &self.k.silu_copy, grid_1d(len, 256), "radial SiLU";
                     &s.pre[k], &mut s.act[k], &len)?;
