@@ -203,6 +203,7 @@ impl CudaDevice {
                 device: self.index,
                 needed_bytes,
                 free_bytes: free,
+                reserved_bytes: free - usable,
                 atoms_that_fit: Some(fit),
             });
         }

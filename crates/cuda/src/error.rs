@@ -29,9 +29,16 @@ pub enum CudaError {
     },
     /// The device has too little free memory for the request.
     #[error(
-        "{what} needs {} of GPU memory but device {device} has {} free{}",
+        "{what} needs {} of GPU memory but device {device} has {} free{}{}",
         crate::format_gib(*.needed_bytes),
         crate::format_gib(*.free_bytes),
+        match .reserved_bytes {
+            0 => String::new(),
+            r => format!(
+                ", of which {} stay in reserve for the allocator's pool",
+                crate::format_gib(*r)
+            ),
+        },
         match .atoms_that_fit {
             Some(n) => format!("; about {n} atoms of this system would fit"),
             None => String::new(),
@@ -46,6 +53,9 @@ pub enum CudaError {
         needed_bytes: u64,
         /// Bytes free on the device.
         free_bytes: u64,
+        /// Bytes of `free_bytes` kept back (freed blocks the allocator's pool
+        /// holds until the next synchronisation); 0 when none.
+        reserved_bytes: u64,
         /// How many atoms of the same density would fit, when the caller can say.
         atoms_that_fit: Option<u64>,
     },

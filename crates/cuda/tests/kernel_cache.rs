@@ -101,6 +101,7 @@ fn out_of_memory_says_how_many_atoms_would_fit() {
         device: 0,
         needed_bytes: 200 << 30,
         free_bytes: 100 << 30,
+        reserved_bytes: 20 << 30,
         atoms_that_fit: Some(512_000),
     };
     let msg = e.to_string();
@@ -108,5 +109,8 @@ fn out_of_memory_says_how_many_atoms_would_fit() {
         msg.contains("200.00 GiB") && msg.contains("100.00 GiB"),
         "{msg}"
     );
+    // What is free but kept back is said, so "needs 114 GiB, 139 GiB free" is
+    // not read as a contradiction.
+    assert!(msg.contains("20.00 GiB stay in reserve"), "{msg}");
     assert!(msg.contains("about 512000 atoms"), "{msg}");
 }

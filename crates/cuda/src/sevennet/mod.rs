@@ -440,6 +440,7 @@ impl GpuSevenNet {
             device: device.index(),
             needed_bytes: estimated,
             free_bytes: free_before,
+            reserved_bytes: free_before - usable,
             atoms_that_fit: Some(fit),
         };
         let fit = (n as f64 * usable as f64 / estimated as f64).floor() as u64;
