@@ -10,40 +10,14 @@ use ddmlip_cuda::{evaluate_lj, CudaDevice, GpuNeighborList, LjParameters, Precis
 use ddmlip_models::LennardJones;
 use ddmlip_neighbors::{neighbor_list, NeighborOptions};
 use ddmlip_testkit::build::{self, SplitMix64};
-use std::path::PathBuf;
+
+mod common;
+use common::{fixture_frames, gpu};
 
 /// f32 tolerances against the CPU f64 run, relative to the largest
 /// magnitude of each quantity: energies 1e-5, forces and stress 1e-4.
 const F32_ENERGY_TOL: f64 = 1e-5;
 const F32_FORCE_TOL: f64 = 1e-4;
-
-fn gpu() -> Option<CudaDevice> {
-    if std::env::var("DDMLIP_GPU_TESTS").as_deref() != Ok("1") {
-        eprintln!("SKIPPED: GPU tests run with DDMLIP_GPU_TESTS=1 (scripts/gpu-check.sh)");
-        return None;
-    }
-    let index = std::env::var("DDMLIP_GPU_INDEX")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    Some(CudaDevice::open(index).unwrap_or_else(|e| panic!("DDMLIP_GPU_TESTS=1 but: {e}")))
-}
-
-/// The SevenNet-0 fixture structures (bulk, slab, molecule, …).
-fn fixture_frames() -> Vec<System> {
-    let path = std::env::var_os("DDMLIP_FIXTURE_XYZ")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../../shared/fixtures/sevennet0/sevennet0_public.extxyz"
-            ))
-        });
-    let frames = ddmlip::read_structure(&path)
-        .unwrap_or_else(|e| panic!("fixture {}: {e} (set DDMLIP_FIXTURE_XYZ)", path.display()));
-    assert!(!frames.is_empty());
-    frames
-}
 
 /// Random systems: triclinic and skewed cells, cells smaller than the
 /// cutoff, slabs, wires and open clusters, positions outside the cell.

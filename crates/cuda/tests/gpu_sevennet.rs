@@ -14,42 +14,17 @@
 use ddmlip::{evaluate, EvalOptions, EvalResult};
 use ddmlip_atoms::{Column, InfoValue, System};
 use ddmlip_cuda::sevennet::GpuSevenNet;
-use ddmlip_cuda::{CudaDevice, Precision};
+use ddmlip_cuda::Precision;
 use ddmlip_e3nn::sevennet::SevenNetWeights;
 use ddmlip_testkit::build;
-use std::path::PathBuf;
 use std::time::Instant;
 
-fn gpu() -> Option<CudaDevice> {
-    if std::env::var("DDMLIP_GPU_TESTS").as_deref() != Ok("1") {
-        eprintln!("SKIPPED: GPU tests run with DDMLIP_GPU_TESTS=1 (scripts/gpu-check.sh)");
-        return None;
-    }
-    let index = std::env::var("DDMLIP_GPU_INDEX")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    Some(CudaDevice::open(index).unwrap_or_else(|e| panic!("DDMLIP_GPU_TESTS=1 but: {e}")))
-}
+mod common;
+use common::{fixture_frames, gpu};
 
 fn weights() -> SevenNetWeights {
     SevenNetWeights::from_checkpoint(ddmlip_testkit::sevennet_checkpoint())
         .expect("read the SevenNet-0 checkpoint")
-}
-
-fn fixture_frames() -> Vec<System> {
-    let path = std::env::var_os("DDMLIP_FIXTURE_XYZ")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../../shared/fixtures/sevennet0/sevennet0_public.extxyz"
-            ))
-        });
-    let frames = ddmlip::read_structure(&path)
-        .unwrap_or_else(|e| panic!("fixture {}: {e} (set DDMLIP_FIXTURE_XYZ)", path.display()));
-    assert!(!frames.is_empty());
-    frames
 }
 
 fn cpu_reference(frames: &[System]) -> EvalResult {
