@@ -42,6 +42,8 @@ fn device_cuda_without_a_usable_gpu_is_exit_2_saying_why() {
         eprintln!("SKIPPED: this machine has a GPU; scripts/gpu-check.sh covers it");
         return;
     }
+    // The SevenNet cases resolve the checkpoint before the device.
+    ddmlip_testkit::sevennet_checkpoint();
     let dir = tempfile::tempdir().unwrap();
     let xyz = structure(&dir);
     let xyz = xyz.to_str().unwrap();
@@ -66,6 +68,27 @@ fn device_cuda_without_a_usable_gpu_is_exit_2_saying_why() {
         ],
         vec![
             "bench", "model", "--model", "lj", "--repeat", "1", "--device", "cuda",
+        ],
+        vec![
+            "eval",
+            "--model",
+            "sevennet-0",
+            "--structure",
+            xyz,
+            "--device",
+            "cuda",
+        ],
+        vec![
+            "bench",
+            "model",
+            "--model",
+            "sevennet-0",
+            "--crystal",
+            "si",
+            "--repeat",
+            "1",
+            "--device",
+            "cuda",
         ],
     ] {
         let (code, _, err) = run(&args);
