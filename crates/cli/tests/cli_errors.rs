@@ -637,16 +637,36 @@ fn more_ranks_than_the_system_can_use_run_and_warn() {
 /// quietly with the SIGPIPE status, not a panic and a backtrace.
 #[test]
 fn closed_stdout_ends_quietly() {
+    // 2,048 atoms: the JSON is far larger than a pipe's buffer, so the
+    // binary's write meets the closed pipe whenever the read end goes.
+    let mut xyz = String::from(
+        "2048\nLattice=\"42.08 0.0 0.0 0.0 42.08 0.0 0.0 0.0 42.08\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\n",
+    );
+    let a = 5.26;
+    for (i, j, k) in (0..8).flat_map(|i| (0..8).flat_map(move |j| (0..8).map(move |k| (i, j, k)))) {
+        for b in [
+            [0.0, 0.0, 0.0],
+            [0.0, 0.5, 0.5],
+            [0.5, 0.0, 0.5],
+            [0.5, 0.5, 0.0],
+        ] {
+            let p = [
+                (i as f64 + b[0]) * a,
+                (j as f64 + b[1]) * a,
+                (k as f64 + b[2]) * a,
+            ];
+            xyz.push_str(&format!("Ar {} {} {}\n", p[0], p[1], p[2]));
+        }
+    }
     let case = Case::new();
-    let good = case.good();
+    let file = case.file("ar2048.xyz", &xyz);
     let mut child = Command::new(BIN)
         .args(["eval", "--model", "lj", "--json", "--structure"])
-        .arg(&good)
+        .arg(&file)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Close the read end before the binary has computed anything to print.
     drop(child.stdout.take());
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
