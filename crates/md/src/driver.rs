@@ -5,6 +5,7 @@ use crate::checkpoint::{Checkpoint, CHECKPOINT_FORMAT, CHECKPOINT_VERSION};
 use crate::collective::{gather_rows, periodic_volume, reduce, stress_voigt};
 use crate::config::{CellDof, Ensemble, MdConfig, StartState, ThermostatState};
 use crate::mat3::invert3;
+use crate::phases::{lap, DriverPhases, StepPhases};
 use crate::process::Counters;
 use crate::progress::StepProgress;
 use crate::rank_eval::{RankEvaluator, RankForces};
@@ -56,6 +57,8 @@ struct Run<'a> {
     first_step: u64,
     eval_s: f64,
     ahead: Ahead,
+    /// Sums of the driver's phases since the steady window began.
+    phases: DriverPhases,
 }
 
 impl Run<'_> {
@@ -151,16 +154,20 @@ impl Run<'_> {
             sums.extend_from_slice(&forces.strain_gradient);
         }
         let look = !last && Self::advances_ahead(&self.config.ensemble);
+        let mut clock = Instant::now();
         let displacement2 = if look {
             self.look_ahead(state, step + 1)
         } else {
             0.0
         };
+        // The look-ahead is the next step's integration.
+        self.phases.integrate += lap(&mut clock);
         let (s, m) = reduce(
             state.comm()?,
             &sums,
             &[if stop { 1.0 } else { 0.0 }, displacement2],
         )?;
+        self.phases.reduce += lap(&mut clock);
         let mut k = 4;
         if forces.energy_partial {
             forces.energy = s[k];
@@ -696,6 +703,7 @@ pub fn run_rank(
         first_step: start.step,
         eval_s: 0.0,
         ahead: Ahead::default(),
+        phases: DriverPhases::default(),
     };
     // The energy and virial sums over ranks ride on the step reduction.
     evaluator.defer_global_sums(true);
@@ -719,6 +727,8 @@ pub fn run_rank(
     // memory later steps reuse) to the end of the run; the whole loop for a
     // one-step run.
     let mut steady = (Instant::now(), Counters::now(), config.steps);
+    run.phases = DriverPhases::default();
+    evaluator.reset_phases();
     let mut temperature_sum = 0.0;
     let skin_half2 = 0.25 * config.skin * config.skin;
     let mut step = start.step;
@@ -726,6 +736,7 @@ pub fn run_rank(
         step += 1;
         let before = state.comm()?.stats();
         let rebuilds_before = state.rebuilds;
+        let mut clock = Instant::now();
         let advanced = run.take_ahead(&mut state);
         match config.ensemble {
             Ensemble::Nve | Ensemble::Langevin { .. } => {
@@ -756,6 +767,7 @@ pub fn run_rank(
         // Rebuild when any atom anywhere moved more than skin/2 (known from
         // the last reduction when the step was advanced ahead), and after
         // every cell change (the ghost images and domains depend on the cell).
+        run.phases.integrate += lap(&mut clock);
         let rebuild = match (advanced, red.next_displacement2) {
             _ if matches!(config.ensemble, Ensemble::Npt { .. }) => true,
             (true, Some(d2)) => d2 > skin_half2,
@@ -763,14 +775,19 @@ pub fn run_rank(
         };
         if rebuild {
             state = state.rebuild(topology, &run.opts)?;
+            run.phases.rebuild += lap(&mut clock);
         } else {
             state.refresh_ghosts()?;
+            run.phases.ghost_refresh += lap(&mut clock);
         }
         forces = run.evaluate(&mut state, &mut evaluator)?;
+        // The evaluator times its own phases.
+        lap(&mut clock);
         run.half_kick(&mut state);
         if let Ensemble::NoseHoover { .. } = config.ensemble {
             run.chain_half_step(&mut state, None)?;
         }
+        run.phases.integrate += lap(&mut clock);
         red = run.reduce_step(&mut state, &mut forces, step, step == last_step)?;
         traffic.add(
             &state.comm()?.stats().since(&before),
@@ -803,6 +820,8 @@ pub fn run_rank(
         }
         if step == start.step + 1 && config.steps > 1 {
             steady = (Instant::now(), Counters::now(), config.steps - 1);
+            run.phases = DriverPhases::default();
+            evaluator.reset_phases();
         }
         if red.stop {
             if config.final_frame {
@@ -816,6 +835,7 @@ pub fn run_rank(
     let step_s = steady_start.elapsed().as_secs_f64() / steady_steps.max(1) as f64;
     let (cpu_s_per_step, faults_per_step) =
         steady_counters.per_step(&Counters::now(), steady_steps);
+    let phase_s = StepPhases::from_sums(&run.phases, &evaluator.phases(), steady_steps, step_s);
     if config.final_frame {
         let frame = run.frame(step, &state, &forces)?;
         emit(&state, &mut sink, |s| s.frame(&frame, true))?;
@@ -847,6 +867,7 @@ pub fn run_rank(
         step_s,
         cpu_s_per_step,
         faults_per_step,
+        phase_s,
         traffic,
         repartitions: state.repartitions,
     }))

@@ -18,6 +18,7 @@ mod collective;
 mod config;
 mod driver;
 mod mat3;
+mod phases;
 pub mod process;
 mod progress;
 pub mod rank_eval;
@@ -34,6 +35,7 @@ pub use config::{
     DEFAULT_MAX_IMBALANCE, DEFAULT_REPARTITION_EVERY,
 };
 pub use driver::run_rank;
+pub use phases::{EvalPhases, StepPhases};
 pub use progress::{StepObserver, StepProgress};
 pub use rank_eval::{LocalRows, RankEvaluator, RankForces};
 pub use relax::{relax_rank, CellRelax, RelaxConfig, RelaxSummary};

@@ -2,6 +2,7 @@
 //! and the closing summary.
 
 use crate::checkpoint::Checkpoint;
+use crate::phases::StepPhases;
 use crate::MdError;
 use ddmlip_atoms::{Cell, Column, InfoValue, System};
 use serde::Serialize;
@@ -153,6 +154,9 @@ pub struct MdSummary {
     /// process mapped fresh. A step that reuses its pair list reuses its
     /// memory too, so this counts mostly the new lists of rebuild steps.
     pub faults_per_step: Option<f64>,
+    /// Where rank 0's steady steps spent their time (mean seconds per
+    /// step, the same steps as `step_s`).
+    pub phase_s: StepPhases,
     /// Rank 0's communication per kind of step.
     pub traffic: StepTraffic,
     /// Full (collective) partitions in this call, the initial build
