@@ -11,7 +11,10 @@
 # with the median over the rounds, next to the minor page faults per step
 # and the ceiling `ddmlip bench cores --threads RANKS` measures on this
 # machine (identical work per thread, meeting every step: what no split
-# run can beat here).
+# run can beat here). Then rank 0's steady step phase by phase (`phase_s`
+# of `md --json`, medians over the rounds) for both runs, with each phase's
+# own efficiency (1-rank time / (RANKS × RANKS-rank time)): where the
+# parallel run loses its time.
 #
 #   bash bench/md_scaling.sh target/release/ddmlip [STEPS]
 #
@@ -89,6 +92,13 @@ print(f"median: 1 rank {med([o['step_s'] for o, _, _ in rows]):.4f} s/step, "
 print("ceiling (bench cores --threads %d): " % ranks + ", ".join(
     f"{k} {100 * c['ceiling']:.1f} % (balanced {100 * c['balanced_ceiling']:.1f} %)"
     for k, c in cores.items()))
+if all("phase_s" in o and "phase_s" in m for o, m, _ in rows):
+    print(f"rank 0's steady step by phase, ms (median over rounds): 1 rank | {ranks} ranks | phase efficiency")
+    for name in rows[0][0]["phase_s"]:
+        one_ms = 1e3 * med([o["phase_s"][name] for o, _, _ in rows])
+        many_ms = 1e3 * med([m["phase_s"][name] for _, m, _ in rows])
+        eff = f"{100 * one_ms / (ranks * many_ms):.1f} %" if many_ms > 0 else "-"
+        print(f"  {name:<13} {one_ms:10.2f} | {many_ms:10.2f} | {eff}")
 same = {(o["total_energy"], m["total_energy"]) for o, m, _ in rows}
 if any(abs(a - b) > 1e-10 * abs(a) for a, b in same):
     print(f"warning: 1-rank and {ranks}-rank total energies differ: {sorted(same)}")

@@ -77,6 +77,8 @@ pub struct RankEvaluator<'m> {
     numbers: Arc<Vec<u32>>,
     /// Where the force calls since the last reset spent their time.
     phases: EvalPhases,
+    /// Zeros, one per edge of the last call: every edge's system.
+    edge_system: Arc<Vec<u32>>,
 }
 
 impl<'m> RankEvaluator<'m> {
@@ -92,6 +94,7 @@ impl<'m> RankEvaluator<'m> {
             defer_sums: false,
             numbers: Arc::default(),
             phases: EvalPhases::default(),
+            edge_system: Arc::default(),
         }
     }
 
@@ -240,15 +243,10 @@ impl<'m> RankEvaluator<'m> {
         let n_local = rows.positions.len();
         let n_owned = rows.n_owned;
         let with_graph = model.uses_runtime_graph();
-        // The three per-edge index arrays take the largest recycled ones
+        // The two per-edge index arrays take the largest recycled ones
         // (`take_indices` hands out the largest first), the per-atom one after.
         let mut centers = g.take_indices();
         let mut neighbors = g.take_indices();
-        let mut edge_system = if with_graph {
-            g.take_indices()
-        } else {
-            Vec::new()
-        };
         if with_graph {
             keep_within_cutoff(rows, model.cutoff(), &mut centers, &mut neighbors);
         }
@@ -293,7 +291,10 @@ impl<'m> RankEvaluator<'m> {
         let pos_s = g.apply_strain(pos, strain, atom_system)?;
         let cell_s = g.apply_strain(cell, strain, cell_system)?;
         let edges = if with_graph {
-            edge_system.resize(n_pairs, 0);
+            // Every edge is in system 0: the evaluator's own array of
+            // zeros, which the graph hands back unshared when it ends, so
+            // a step writes only the zeros its pair count grew by.
+            Arc::make_mut(&mut self.edge_system).resize(n_pairs, 0);
             let c = g.index(
                 Arc::new(centers),
                 RowDomain::Edge,
@@ -309,7 +310,7 @@ impl<'m> RankEvaluator<'m> {
                 "edge_neighbor",
             )?;
             let es = g.index(
-                Arc::new(edge_system),
+                Arc::clone(&self.edge_system),
                 RowDomain::Edge,
                 RowDomain::System,
                 1,
