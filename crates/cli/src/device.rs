@@ -115,7 +115,44 @@ pub fn no_cuda_build() -> CliError {
 }
 
 #[cfg(feature = "cuda")]
-pub use gpu::{bench_model, eval};
+pub use gpu::{bench_model, eval, force_field};
+
+/// Refuses `--device cuda` together with what runs on the CPU engine only:
+/// `--ranks` > 1, `--backend mpi`, or `what_else` (a flag name) when set.
+pub fn one_gpu_only(
+    command: &str,
+    ranks: Option<usize>,
+    mpi: bool,
+    what_else: Option<&str>,
+) -> Result<(), CliError> {
+    let refused = if ranks.is_some_and(|r| r > 1) {
+        Some("--ranks > 1")
+    } else if mpi {
+        Some("--backend mpi")
+    } else {
+        what_else
+    };
+    match refused {
+        Some(flag) => Err(CliError::input(anyhow!(
+            "`{command} --device cuda` runs one rank on one GPU: {flag} is not supported with \
+             it yet (use --device cpu)"
+        ))),
+        None => Ok(()),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+/// `md|relax --device cuda` in a build without CUDA: exit 2 (after the
+/// model check).
+pub fn force_field(
+    model: &str,
+    _modal: Option<&str>,
+    _dtype: crate::args::Precision,
+    _index: usize,
+) -> Result<Box<dyn ddmlip_md::SystemForceField>, CliError> {
+    cuda_model(model)?;
+    Err(no_cuda_build())
+}
 
 #[cfg(not(feature = "cuda"))]
 /// `eval --device cuda` in a build without CUDA: exit 2 (after the model check).
@@ -267,6 +304,83 @@ mod gpu {
                 }
             }
         }
+    }
+
+    /// A GPU model as the MD driver's whole-system force field.
+    struct GpuForceField {
+        dev: CudaDevice,
+        model: GpuModel,
+        precision: Precision,
+        /// The system handed to the model, its memory reused every step.
+        system: ddmlip::System,
+    }
+
+    impl ddmlip_md::SystemForceField for GpuForceField {
+        fn evaluate(
+            &mut self,
+            positions: &[[f64; 3]],
+            numbers: &[u32],
+            cell: &ddmlip_atoms::Cell,
+            pbc: [bool; 3],
+            forces: &mut [[f64; 3]],
+        ) -> Result<ddmlip_md::SystemEnergy, ddmlip_md::MdError> {
+            use ddmlip_md::MdError;
+            let sys = &mut self.system;
+            sys.positions.clear();
+            sys.positions.extend_from_slice(positions);
+            sys.numbers.clear();
+            sys.numbers.extend_from_slice(numbers);
+            sys.cell = pbc.iter().any(|&p| p).then_some(*cell);
+            sys.pbc = pbc;
+            let out = self
+                .model
+                .evaluate(&self.dev, sys, self.precision)
+                .map_err(|e| {
+                    let text = format!("{:#}", e.error);
+                    if e.status == crate::error::EXIT_BAD_INPUT {
+                        MdError::Input(text)
+                    } else {
+                        MdError::ForceField(text)
+                    }
+                })?;
+            if out.forces.len() != forces.len() {
+                return Err(MdError::Internal(format!(
+                    "the GPU returned {} forces for {} atoms",
+                    out.forces.len(),
+                    forces.len()
+                )));
+            }
+            forces.copy_from_slice(&out.forces);
+            let strain_gradient = match out.stress {
+                Some(stress) => ddmlip_md::strain_gradient_of_stress(&stress, cell.volume()),
+                None => [0.0; 9],
+            };
+            Ok(ddmlip_md::SystemEnergy {
+                energy: out.energy,
+                strain_gradient,
+                pairs: out.n_pairs,
+            })
+        }
+    }
+
+    /// The GPU force field `md` and `relax` use with `--device cuda:N`.
+    pub fn force_field(
+        model: &str,
+        modal: Option<&str>,
+        dtype: PrecisionArg,
+        index: usize,
+    ) -> Result<Box<dyn ddmlip_md::SystemForceField>, CliError> {
+        let resolved = cuda_model(model)?;
+        let dev = open(index)?;
+        let p = precision(dtype);
+        let model = GpuModel::load(resolved, &dev, p, modal)?;
+        eprintln!("forces from {}", describe(&dev));
+        Ok(Box::new(GpuForceField {
+            dev,
+            model,
+            precision: p,
+            system: ddmlip::System::default(),
+        }))
     }
 
     /// `eval --device cuda:N`: every frame on the GPU, one after another.

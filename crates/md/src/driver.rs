@@ -4,10 +4,11 @@
 use crate::checkpoint::{Checkpoint, CHECKPOINT_FORMAT, CHECKPOINT_VERSION};
 use crate::collective::{gather_rows, periodic_volume, reduce, stress_voigt};
 use crate::config::{CellDof, Ensemble, MdConfig, StartState, ThermostatState};
+use crate::force_field::{RankForceSource, SystemForceField};
 use crate::mat3::invert3;
 use crate::process::Counters;
 use crate::progress::StepProgress;
-use crate::rank_eval::{RankEvaluator, RankForces};
+use crate::rank_eval::RankForces;
 use crate::rng::gaussian3;
 use crate::sink::{Frame, MdSink, MdSummary, StepTraffic, ThermoRow};
 use crate::state::{BuildOptions, RankState, Topology};
@@ -62,10 +63,10 @@ impl Run<'_> {
     fn evaluate(
         &mut self,
         state: &mut RankState,
-        evaluator: &mut RankEvaluator<'_>,
+        source: &mut RankForceSource<'_, '_>,
     ) -> Result<RankForces, MdError> {
         let clock = Instant::now();
-        let out = evaluator.evaluate_state(state)?;
+        let out = source.evaluate(state)?;
         self.eval_s += clock.elapsed().as_secs_f64();
         Ok(out)
     }
@@ -612,7 +613,46 @@ pub fn run_rank(
     start: &StartState,
     config: &MdConfig,
     comm: Box<dyn Communicator>,
+    sink: Option<&mut dyn MdSink>,
+) -> Result<Option<MdSummary>, MdError> {
+    run_rank_with(model, topology, start, config, comm, sink, None)
+}
+
+/// Runs `config.steps` MD steps on one rank with the forces of `field`
+/// (the whole system per call, e.g. a GPU model) in place of the engine's.
+/// `model` still gives the cutoff of the rank's skin list and is never
+/// evaluated. Everything else is [`run_rank`]'s: ensembles, checkpoints
+/// and restarts, the sink and the summary.
+pub fn run_with_force_field(
+    model: &dyn Model,
+    topology: &Topology,
+    start: &StartState,
+    config: &MdConfig,
+    field: &mut dyn SystemForceField,
+    sink: &mut dyn MdSink,
+) -> Result<MdSummary, MdError> {
+    config.check()?;
+    let comm = crate::threads::single_rank_comm()?;
+    run_rank_with(
+        model,
+        topology,
+        start,
+        config,
+        comm,
+        Some(sink),
+        Some(field),
+    )?
+    .ok_or_else(|| MdError::Internal("the one rank returned no result".into()))
+}
+
+fn run_rank_with(
+    model: &dyn Model,
+    topology: &Topology,
+    start: &StartState,
+    config: &MdConfig,
+    comm: Box<dyn Communicator>,
     mut sink: Option<&mut dyn MdSink>,
+    field: Option<&mut dyn SystemForceField>,
 ) -> Result<Option<MdSummary>, MdError> {
     config.check()?;
     let n_atoms = topology.len();
@@ -699,9 +739,16 @@ pub fn run_rank(
     };
     // The energy and virial sums over ranks ride on the step reduction.
     evaluator.defer_global_sums(true);
+    let mut source = match field {
+        Some(field) => RankForceSource::System {
+            field,
+            pbc: topology.pbc,
+        },
+        None => RankForceSource::Engine(Box::new(evaluator)),
+    };
     let last_step = start.step + config.steps;
     let mut traffic = StepTraffic::default();
-    let mut forces = run.evaluate(&mut state, &mut evaluator)?;
+    let mut forces = run.evaluate(&mut state, &mut source)?;
     let mut red = run.reduce_step(&mut state, &mut forces, start.step, config.steps == 0)?;
     Run::check_finite(start.step, &forces, &red)?;
     if !start.restarted {
@@ -766,7 +813,7 @@ pub fn run_rank(
         } else {
             state.refresh_ghosts()?;
         }
-        forces = run.evaluate(&mut state, &mut evaluator)?;
+        forces = run.evaluate(&mut state, &mut source)?;
         run.half_kick(&mut state);
         if let Ensemble::NoseHoover { .. } = config.ensemble {
             run.chain_half_step(&mut state, None)?;
