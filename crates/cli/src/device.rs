@@ -10,36 +10,18 @@ use std::str::FromStr;
 pub const CUDA_MODELS: &str = "lj (and Lennard-Jones model files, kind = \"lennard-jones\"), \
      the SevenNet checkpoints (sevennet-0, the other pretrained names, or a .pth file)";
 
-/// A model on its CUDA path, resolved from `--model`.
-#[derive(Debug)]
-// Without the `cuda` feature the model is only resolved (to refuse it).
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub enum CudaModel {
-    /// Lennard-Jones with these parameters.
-    Lj(ddmlip_models::LennardJones),
-    /// A SevenNet checkpoint file.
-    SevenNet(std::path::PathBuf),
-}
-
 /// The model `model_arg` names, when it has a CUDA path (`lj`, a
 /// Lennard-Jones TOML file, a pretrained SevenNet name or a SevenNet
 /// checkpoint file); exit 2 naming the models that have one otherwise.
-pub fn cuda_model(model_arg: &str) -> Result<CudaModel, CliError> {
-    if let Some(p) = ddmlip_models::PRETRAINED_SEVENNETS
-        .iter()
-        .find(|p| p.name == model_arg)
-    {
-        let path = ddmlip_models::pretrained_sevennet_path(p).map_err(CliError::input)?;
-        return Ok(CudaModel::SevenNet(path));
-    }
-    let path = std::path::Path::new(model_arg);
-    if path.extension().is_some_and(|e| e == "pth" || e == "pt") {
-        if !path.is_file() {
-            return Err(CliError::input(anyhow!("{model_arg}: no such file")));
-        }
-        return Ok(CudaModel::SevenNet(path.to_path_buf()));
-    }
-    lj_parameters(model_arg).map(CudaModel::Lj)
+pub fn cuda_model(model_arg: &str) -> Result<ddmlip_models::ModelSource, CliError> {
+    ddmlip_models::model_source(model_arg)
+        .map_err(CliError::input)?
+        .ok_or_else(|| {
+            CliError::input(anyhow!(
+                "model `{model_arg}` has no CUDA path yet; models with one: {CUDA_MODELS}. \
+                 Use --device cpu for it"
+            ))
+        })
 }
 
 /// Where a command evaluates.
@@ -75,34 +57,6 @@ impl std::fmt::Display for Device {
             Self::Cuda(n) => write!(f, "cuda:{n}"),
         }
     }
-}
-
-/// The Lennard-Jones parameters of `model_arg` when it names a model with a
-/// CUDA path (`lj` or a Lennard-Jones TOML file); exit 2 naming the models
-/// that have one otherwise.
-pub fn lj_parameters(model_arg: &str) -> Result<ddmlip_models::LennardJones, CliError> {
-    let model = crate::input::load_model(model_arg, None)?;
-    let no_path = || {
-        CliError::input(anyhow!(
-            "model `{model_arg}` has no CUDA path yet; models with one: {CUDA_MODELS}. \
-             Use --device cpu for it"
-        ))
-    };
-    if model.name() != "lj" {
-        return Err(no_path());
-    }
-    if model_arg == "lj" {
-        return Ok(ddmlip_models::LennardJones::argon());
-    }
-    // A Lennard-Jones model file (already validated by load_model).
-    let text = std::fs::read_to_string(model_arg)
-        .map_err(|e| CliError::input(anyhow!("{model_arg}: {e}")))?;
-    let mut table: toml::Table =
-        toml::from_str(&text).map_err(|e| CliError::input(anyhow!("{model_arg}: {e}")))?;
-    table.remove("kind");
-    table
-        .try_into()
-        .map_err(|e: toml::de::Error| CliError::input(anyhow!("{model_arg}: {e}")))
 }
 
 /// Refuses `--device cuda` in a build without the `cuda` feature.
@@ -177,14 +131,13 @@ pub fn bench_model(
 
 #[cfg(feature = "cuda")]
 mod gpu {
-    use super::{cuda_model, CudaModel};
+    use super::cuda_model;
     use crate::args::{EvalArgs, Precision as PrecisionArg};
     use crate::error::CliError;
     use crate::input::read_structure;
     use anyhow::anyhow;
-    use ddmlip_cuda::{
-        evaluate_lj, CudaDevice, CudaError, GpuSevenNet, GpuTimings, LjParameters, Precision,
-    };
+    use ddmlip_cuda::{CudaDevice, CudaError, GpuModel, LjParameters, Precision};
+    use ddmlip_models::ModelSource;
     use serde_json::json;
 
     fn precision(p: PrecisionArg) -> Precision {
@@ -220,88 +173,36 @@ mod gpu {
     }
 
     fn gpu_error(e: CudaError) -> CliError {
-        match e {
-            CudaError::Driver { .. } | CudaError::Compile { .. } => CliError::failed(e),
-            _ => CliError::input(e),
+        if e.is_input() {
+            CliError::input(e)
+        } else {
+            CliError::failed(e)
         }
     }
 
-    /// A model loaded for the GPU.
-    enum GpuModel {
-        Lj(LjParameters),
-        SevenNet(Box<GpuSevenNet>),
-    }
-
-    /// What one GPU evaluation gives, whatever the model.
-    struct Output {
-        energy: f64,
-        forces: Vec<[f64; 3]>,
-        stress: Option<[f64; 6]>,
-        atomic_energies: Vec<f64>,
-        n_pairs: usize,
-        timings: GpuTimings,
-        /// Device memory the evaluation held (SevenNet), bytes.
-        peak_bytes: Option<u64>,
-    }
-
-    impl GpuModel {
-        fn load(
-            model: CudaModel,
-            dev: &CudaDevice,
-            p: Precision,
-            modal: Option<&str>,
-        ) -> Result<Self, CliError> {
-            match model {
-                CudaModel::Lj(lj) => {
-                    if let Some(m) = modal {
-                        return Err(CliError::input(anyhow!(
-                            "--modal {m} does not apply to a Lennard-Jones model (only multi-fidelity SevenNet checkpoints have modalities)"
-                        )));
-                    }
-                    Ok(Self::Lj(LjParameters {
-                        epsilon: lj.epsilon,
-                        sigma: lj.sigma,
-                        cutoff: lj.cutoff,
-                        shift: lj.shift,
-                    }))
+    /// Loads a resolved model on `dev`.
+    fn load(
+        model: ModelSource,
+        dev: &CudaDevice,
+        p: Precision,
+        modal: Option<&str>,
+    ) -> Result<GpuModel, CliError> {
+        match model {
+            ModelSource::LennardJones(lj) => {
+                if let Some(m) = modal {
+                    return Err(CliError::input(anyhow!(
+                        "--modal {m} does not apply to a Lennard-Jones model (only multi-fidelity SevenNet checkpoints have modalities)"
+                    )));
                 }
-                CudaModel::SevenNet(path) => GpuSevenNet::from_checkpoint(dev, &path, modal, p)
-                    .map(|m| Self::SevenNet(Box::new(m)))
-                    .map_err(gpu_error),
+                Ok(GpuModel::Lj(LjParameters {
+                    epsilon: lj.epsilon,
+                    sigma: lj.sigma,
+                    cutoff: lj.cutoff,
+                    shift: lj.shift,
+                }))
             }
-        }
-
-        fn evaluate(
-            &self,
-            dev: &CudaDevice,
-            sys: &ddmlip::System,
-            p: Precision,
-        ) -> Result<Output, CliError> {
-            match self {
-                Self::Lj(params) => {
-                    let r = evaluate_lj(dev, sys, params, p).map_err(gpu_error)?;
-                    Ok(Output {
-                        energy: r.energy,
-                        forces: r.forces,
-                        stress: r.stress,
-                        atomic_energies: r.atomic_energies,
-                        n_pairs: r.n_pairs,
-                        timings: r.timings,
-                        peak_bytes: None,
-                    })
-                }
-                Self::SevenNet(m) => {
-                    let r = m.evaluate(dev, sys).map_err(gpu_error)?;
-                    Ok(Output {
-                        energy: r.energy,
-                        forces: r.forces,
-                        stress: r.stress,
-                        atomic_energies: r.atomic_energies,
-                        n_pairs: r.n_pairs,
-                        timings: r.timings,
-                        peak_bytes: Some(r.peak_bytes),
-                    })
-                }
+            ModelSource::SevenNetCheckpoint(path) => {
+                GpuModel::sevennet(dev, &path, modal, p).map_err(gpu_error)
             }
         }
     }
@@ -336,11 +237,10 @@ mod gpu {
                 .model
                 .evaluate(&self.dev, sys, self.precision)
                 .map_err(|e| {
-                    let text = format!("{:#}", e.error);
-                    if e.status == crate::error::EXIT_BAD_INPUT {
-                        MdError::Input(text)
+                    if e.is_input() {
+                        MdError::Input(e.to_string())
                     } else {
-                        MdError::ForceField(text)
+                        MdError::ForceField(e.to_string())
                     }
                 })?;
             if out.forces.len() != forces.len() {
@@ -373,7 +273,7 @@ mod gpu {
         let resolved = cuda_model(model)?;
         let dev = open(index)?;
         let p = precision(dtype);
-        let model = GpuModel::load(resolved, &dev, p, modal)?;
+        let model = load(resolved, &dev, p, modal)?;
         eprintln!("forces from {}", describe(&dev));
         Ok(Box::new(GpuForceField {
             dev,
@@ -394,13 +294,14 @@ mod gpu {
         let resolved = cuda_model(&a.model)?;
         let dev = open(index)?;
         let p = precision(a.dtype);
-        let model = GpuModel::load(resolved, &dev, p, a.modal.as_deref())?;
+        let model = load(resolved, &dev, p, a.modal.as_deref())?;
         let mut frames = read_structure(&a.structure)?;
         let dtype = dtype_name(a.dtype);
         let mut results = Vec::with_capacity(frames.len());
         for (k, sys) in frames.iter().enumerate() {
             let r = model
                 .evaluate(&dev, sys, p)
+                .map_err(gpu_error)
                 .map_err(|e| e.context_frame(k))?;
             results.push(r);
         }
@@ -481,14 +382,14 @@ mod gpu {
         let resolved = cuda_model(model_arg)?;
         let dev = open(index)?;
         let p = precision(dtype);
-        let model = GpuModel::load(resolved, &dev, p, None)?;
+        let model = load(resolved, &dev, p, None)?;
         let (sys, what) = system()?;
-        let warm = model.evaluate(&dev, &sys, p)?;
+        let warm = model.evaluate(&dev, &sys, p).map_err(gpu_error)?;
         let mut runs = Vec::with_capacity(repeats);
         let mut peak = warm.peak_bytes;
         for _ in 0..repeats {
             let start = std::time::Instant::now();
-            let r = model.evaluate(&dev, &sys, p)?;
+            let r = model.evaluate(&dev, &sys, p).map_err(gpu_error)?;
             runs.push((start.elapsed().as_secs_f64(), r.timings));
             peak = peak.max(r.peak_bytes);
         }
