@@ -67,6 +67,62 @@ PY
     check "bench model sevennet-0 on cuda" 0 "peak GPU memory" "$cli" bench model --model sevennet-0 --crystal si --repeat 10 --dtype f32 --device cuda --repeats 3
     check "sevennet-0 too large for the GPU" 2 "atoms of this system would fit" "$cli" bench model --model sevennet-0 --crystal si --repeat 150 --dtype f64 --device cuda --repeats 1
     rm -f "$si"
+    # MD and FIRE with GPU forces follow the same runs with CPU forces (f64):
+    # final positions within 1e-8 Å (40 NVE steps of a hot crystal; a short
+    # relaxation). Argon 4x4x4 FCC for lj, silicon 2x2x2 diamond for SevenNet-0.
+    ar=$(mktemp --suffix=.xyz) si64=$(mktemp --suffix=.xyz)
+    python3 - "$ar" "$si64" <<'PY'
+import sys
+def crystal(path, symbol, a, n, basis):
+    rows = []
+    for i in range(n):
+        for j in range(n):
+            for k in range(n):
+                for b in basis:
+                    # a small deterministic rattle
+                    d = ((len(rows) * 37) % 11 - 5) * 0.01
+                    rows.append((a * (i + b[0]) + d, a * (j + b[1]) - d, a * (k + b[2]) + 0.5 * d))
+    L = a * n
+    with open(path, "w") as f:
+        f.write(f"{len(rows)}\nLattice=\"{L} 0 0 0 {L} 0 0 0 {L}\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\n")
+        for r in rows:
+            f.write(f"{symbol} {r[0]:.10f} {r[1]:.10f} {r[2]:.10f}\n")
+fcc = [(0, 0, 0), (0.5, 0.5, 0), (0.5, 0, 0.5), (0, 0.5, 0.5)]
+diamond = fcc + [(x + 0.25, y + 0.25, z + 0.25) for x, y, z in fcc]
+crystal(sys.argv[1], "Ar", 5.26, 4, fcc)
+crystal(sys.argv[2], "Si", 5.43, 2, diamond)
+PY
+    same_final() { # name, the two output files: the last frames' positions agree to 1e-8 Å
+        python3 - "$2" "$3" <<'PY' >"$log" 2>&1
+import sys
+def last_positions(path):
+    lines = open(path).read().split("\n")
+    i, frame = 0, None
+    while i < len(lines) and lines[i].strip():
+        n = int(lines[i]); frame = [list(map(float, l.split()[1:4])) for l in lines[i + 2:i + 2 + n]]; i += n + 2
+    return frame
+a, b = last_positions(sys.argv[1]), last_positions(sys.argv[2])
+d = max(abs(x - y) for p, q in zip(a, b) for x, y in zip(p, q)) if a and b and len(a) == len(b) else float("inf")
+print(f"largest position difference {d:.3e} A over {len(a or [])} atoms")
+sys.exit(0 if d < 1e-8 else 1)
+PY
+        if [[ $? == 0 ]]; then passed=$((passed + 1)); echo "cli $1 ok"; else failed=$((failed + 1)); failures+=("cli $1"); echo "cli $1 FAILED"; fi
+        sed 's/^/    /' "$log"
+    }
+    gpu=$(mktemp --suffix=.xyz) cpu=$(mktemp --suffix=.xyz)
+    for case in "lj $ar" "sevennet-0 $si64"; do
+        set -- $case
+        md=(md --model "$1" --structure "$2" --ensemble nve --dt 1 --steps 40 --init-temperature 900 --seed 3 --json)
+        check "md $1 on cuda" 0 '"ensemble"' "$cli" "${md[@]}" --device cuda --output "$gpu"
+        "$cli" "${md[@]}" --output "$cpu" >/dev/null 2>&1
+        same_final "md $1 on cuda follows the cpu run" "$gpu" "$cpu"
+        rl=(relax --model "$1" --structure "$2" --fmax 0.01 --max-steps 300 --json)
+        check "relax $1 on cuda" 0 '"converged":true' "$cli" "${rl[@]}" --device cuda --output "$gpu"
+        "$cli" "${rl[@]}" --output "$cpu" >/dev/null 2>&1
+        same_final "relax $1 on cuda follows the cpu run" "$gpu" "$cpu"
+    done
+    check "md on cuda refuses --ranks 2" 2 "--ranks > 1" "$cli" md --model lj --structure "$ar" --ensemble nve --dt 1 --steps 1 --ranks 2 --device cuda
+    rm -f "$ar" "$si64" "$gpu" "$cpu"
     rm -f "$xyz" "$log"
 fi
 echo "gpu-check summary: $passed passed, $failed failed${failures[*]:+ (${failures[*]})}"

@@ -26,6 +26,7 @@ class Engine:
         threads_per_rank: int = 0,
         work_sharing: bool = True,
         timeout: float = 120.0,
+        device: str = "cpu",
     ) -> None: ...
     @property
     def model_name(self) -> str: ...

@@ -25,7 +25,10 @@ class Calculator(_AseCalculator):
     JSON text; default the model's own), ``balance`` (``"geometric"`` or
     ``"atoms"``), ``threads_per_rank`` (0: cores / ranks), ``work_sharing``
     (idle ranks run pieces of busy ones; same bits), ``timeout`` (s, of
-    every blocking communication call).
+    every blocking communication call), ``device`` (``"cpu"``, or
+    ``"cuda"`` / ``"cuda:N"`` for an NVIDIA GPU: ``lj`` and the SevenNet
+    checkpoints, one rank; without a GPU or driver it raises ``ValueError``
+    saying which).
 
     Properties (ASE units): ``energy`` and ``free_energy`` (eV), ``forces``
     (eV/Å), ``stress`` (eV/Å³, ASE's sign, Voigt ``xx yy zz yz xz xy``;
@@ -54,6 +57,7 @@ class Calculator(_AseCalculator):
         threads_per_rank: int = 0,
         work_sharing: bool = True,
         timeout: float = 120.0,
+        device: str = "cpu",
         atoms: Any = None,
         label: Optional[str] = None,
         directory: str = ".",
@@ -75,6 +79,7 @@ class Calculator(_AseCalculator):
             threads_per_rank=int(threads_per_rank),
             work_sharing=bool(work_sharing),
             timeout=float(timeout),
+            device=device,
         )
         super().__init__(atoms=atoms, label=label, directory=directory)
         self.parameters.update(
@@ -86,6 +91,7 @@ class Calculator(_AseCalculator):
             threads_per_rank=int(threads_per_rank),
             work_sharing=bool(work_sharing),
             timeout=float(timeout),
+            device=device,
         )
 
     @property

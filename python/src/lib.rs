@@ -26,6 +26,7 @@ use pyo3::types::PyDict;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+mod gpu;
 mod md;
 
 self_cell::self_cell!(
@@ -201,12 +202,15 @@ struct Engine {
     /// the array conversions around it): the per-call overhead is a call's
     /// time minus this.
     last_seconds: Mutex<f64>,
+    /// The model on a GPU (`device="cuda[:N]"`): calls go there, and the
+    /// CPU evaluator above only gives the name and cutoff.
+    gpu: Option<Mutex<gpu::GpuEngine>>,
 }
 
 #[pymethods]
 impl Engine {
     #[new]
-    #[pyo3(signature = (model, ranks=1, dtype="float64", spec_json=None, balance="geometric", threads_per_rank=0, work_sharing=true, timeout=120.0))]
+    #[pyo3(signature = (model, ranks=1, dtype="float64", spec_json=None, balance="geometric", threads_per_rank=0, work_sharing=true, timeout=120.0, device="cpu"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -218,7 +222,9 @@ impl Engine {
         threads_per_rank: usize,
         work_sharing: bool,
         timeout: f64,
+        device: &str,
     ) -> PyResult<Self> {
+        let device = gpu::parse_device(device)?;
         let opts = EvalOptions {
             dtype: parse_dtype(dtype)?,
             ranks,
@@ -232,6 +238,23 @@ impl Engine {
         if ranks == 0 {
             return Err(PyValueError::new_err("ranks must be at least 1"));
         }
+        let gpu = match device {
+            gpu::Device::Cpu => None,
+            gpu::Device::Cuda(index) => {
+                if ranks > 1 || opts.spec.is_some() {
+                    return Err(PyValueError::new_err(
+                        "device=\"cuda\" runs one rank on one GPU: ranks > 1 and spec are not \
+                         supported with it yet",
+                    ));
+                }
+                let precision = match opts.dtype {
+                    DType::F32 => ddmlip_cuda::Precision::F32,
+                    _ => ddmlip_cuda::Precision::F64,
+                };
+                let engine = py.detach(|| gpu::GpuEngine::new(model, index, precision))?;
+                Some(Mutex::new(engine))
+            }
+        };
         let model = load_model(py, model)?;
         let (model_name, cutoff) = (model.name(), model.cutoff());
         let loaded = LoadedEvaluator::new(model, |m| Evaluator::new(m.as_ref(), opts.clone()));
@@ -242,6 +265,7 @@ impl Engine {
             model_name,
             cutoff,
             last_seconds: Mutex::new(0.0),
+            gpu,
         })
     }
 
@@ -290,6 +314,28 @@ impl Engine {
     ) -> PyResult<Bound<'py, PyDict>> {
         let batch = [system(positions, numbers, cell, pbc)?];
         let n = batch[0].len();
+        if let Some(gpu) = &self.gpu {
+            let started = Instant::now();
+            let r = py.detach(|| {
+                let engine = gpu
+                    .lock()
+                    .map_err(|_| PyRuntimeError::new_err("a previous evaluation panicked"))?;
+                engine.evaluate(&batch[0])
+            })?;
+            if let Ok(mut seconds) = self.last_seconds.lock() {
+                *seconds = started.elapsed().as_secs_f64();
+            }
+            let out = PyDict::new(py);
+            out.set_item("energy", r.energy)?;
+            out.set_item(
+                "stress",
+                r.stress.map(|s| PyArray1::from_vec(py, s.to_vec())),
+            )?;
+            let forces = r.forces.into_iter().flatten().collect();
+            out.set_item("forces", array2(py, forces, n, 3)?)?;
+            out.set_item("energies", PyArray1::from_vec(py, r.atomic_energies))?;
+            return Ok(out);
+        }
         let mut result = py.detach(|| self.run(&batch))?;
         let out = PyDict::new(py);
         out.set_item("energy", result.energy().and_then(|e| e.first().copied()))?;

@@ -10,36 +10,18 @@ use std::str::FromStr;
 pub const CUDA_MODELS: &str = "lj (and Lennard-Jones model files, kind = \"lennard-jones\"), \
      the SevenNet checkpoints (sevennet-0, the other pretrained names, or a .pth file)";
 
-/// A model on its CUDA path, resolved from `--model`.
-#[derive(Debug)]
-// Without the `cuda` feature the model is only resolved (to refuse it).
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub enum CudaModel {
-    /// Lennard-Jones with these parameters.
-    Lj(ddmlip_models::LennardJones),
-    /// A SevenNet checkpoint file.
-    SevenNet(std::path::PathBuf),
-}
-
 /// The model `model_arg` names, when it has a CUDA path (`lj`, a
 /// Lennard-Jones TOML file, a pretrained SevenNet name or a SevenNet
 /// checkpoint file); exit 2 naming the models that have one otherwise.
-pub fn cuda_model(model_arg: &str) -> Result<CudaModel, CliError> {
-    if let Some(p) = ddmlip_models::PRETRAINED_SEVENNETS
-        .iter()
-        .find(|p| p.name == model_arg)
-    {
-        let path = ddmlip_models::pretrained_sevennet_path(p).map_err(CliError::input)?;
-        return Ok(CudaModel::SevenNet(path));
-    }
-    let path = std::path::Path::new(model_arg);
-    if path.extension().is_some_and(|e| e == "pth" || e == "pt") {
-        if !path.is_file() {
-            return Err(CliError::input(anyhow!("{model_arg}: no such file")));
-        }
-        return Ok(CudaModel::SevenNet(path.to_path_buf()));
-    }
-    lj_parameters(model_arg).map(CudaModel::Lj)
+pub fn cuda_model(model_arg: &str) -> Result<ddmlip_models::ModelSource, CliError> {
+    ddmlip_models::model_source(model_arg)
+        .map_err(CliError::input)?
+        .ok_or_else(|| {
+            CliError::input(anyhow!(
+                "model `{model_arg}` has no CUDA path yet; models with one: {CUDA_MODELS}. \
+                 Use --device cpu for it"
+            ))
+        })
 }
 
 /// Where a command evaluates.
@@ -77,34 +59,6 @@ impl std::fmt::Display for Device {
     }
 }
 
-/// The Lennard-Jones parameters of `model_arg` when it names a model with a
-/// CUDA path (`lj` or a Lennard-Jones TOML file); exit 2 naming the models
-/// that have one otherwise.
-pub fn lj_parameters(model_arg: &str) -> Result<ddmlip_models::LennardJones, CliError> {
-    let model = crate::input::load_model(model_arg, None)?;
-    let no_path = || {
-        CliError::input(anyhow!(
-            "model `{model_arg}` has no CUDA path yet; models with one: {CUDA_MODELS}. \
-             Use --device cpu for it"
-        ))
-    };
-    if model.name() != "lj" {
-        return Err(no_path());
-    }
-    if model_arg == "lj" {
-        return Ok(ddmlip_models::LennardJones::argon());
-    }
-    // A Lennard-Jones model file (already validated by load_model).
-    let text = std::fs::read_to_string(model_arg)
-        .map_err(|e| CliError::input(anyhow!("{model_arg}: {e}")))?;
-    let mut table: toml::Table =
-        toml::from_str(&text).map_err(|e| CliError::input(anyhow!("{model_arg}: {e}")))?;
-    table.remove("kind");
-    table
-        .try_into()
-        .map_err(|e: toml::de::Error| CliError::input(anyhow!("{model_arg}: {e}")))
-}
-
 /// Refuses `--device cuda` in a build without the `cuda` feature.
 #[cfg(not(feature = "cuda"))]
 pub fn no_cuda_build() -> CliError {
@@ -115,7 +69,44 @@ pub fn no_cuda_build() -> CliError {
 }
 
 #[cfg(feature = "cuda")]
-pub use gpu::{bench_model, eval};
+pub use gpu::{bench_model, eval, force_field};
+
+/// Refuses `--device cuda` together with what runs on the CPU engine only:
+/// `--ranks` > 1, `--backend mpi`, or `what_else` (a flag name) when set.
+pub fn one_gpu_only(
+    command: &str,
+    ranks: Option<usize>,
+    mpi: bool,
+    what_else: Option<&str>,
+) -> Result<(), CliError> {
+    let refused = if ranks.is_some_and(|r| r > 1) {
+        Some("--ranks > 1")
+    } else if mpi {
+        Some("--backend mpi")
+    } else {
+        what_else
+    };
+    match refused {
+        Some(flag) => Err(CliError::input(anyhow!(
+            "`{command} --device cuda` runs one rank on one GPU: {flag} is not supported with \
+             it yet (use --device cpu)"
+        ))),
+        None => Ok(()),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+/// `md|relax --device cuda` in a build without CUDA: exit 2 (after the
+/// model check).
+pub fn force_field(
+    model: &str,
+    _modal: Option<&str>,
+    _dtype: crate::args::Precision,
+    _index: usize,
+) -> Result<Box<dyn ddmlip_md::SystemForceField>, CliError> {
+    cuda_model(model)?;
+    Err(no_cuda_build())
+}
 
 #[cfg(not(feature = "cuda"))]
 /// `eval --device cuda` in a build without CUDA: exit 2 (after the model check).
@@ -140,14 +131,13 @@ pub fn bench_model(
 
 #[cfg(feature = "cuda")]
 mod gpu {
-    use super::{cuda_model, CudaModel};
+    use super::cuda_model;
     use crate::args::{EvalArgs, Precision as PrecisionArg};
     use crate::error::CliError;
     use crate::input::read_structure;
     use anyhow::anyhow;
-    use ddmlip_cuda::{
-        evaluate_lj, CudaDevice, CudaError, GpuSevenNet, GpuTimings, LjParameters, Precision,
-    };
+    use ddmlip_cuda::{CudaDevice, CudaError, GpuModel, LjParameters, Precision};
+    use ddmlip_models::ModelSource;
     use serde_json::json;
 
     fn precision(p: PrecisionArg) -> Precision {
@@ -183,90 +173,114 @@ mod gpu {
     }
 
     fn gpu_error(e: CudaError) -> CliError {
-        match e {
-            CudaError::Driver { .. } | CudaError::Compile { .. } => CliError::failed(e),
-            _ => CliError::input(e),
+        if e.is_input() {
+            CliError::input(e)
+        } else {
+            CliError::failed(e)
         }
     }
 
-    /// A model loaded for the GPU.
-    enum GpuModel {
-        Lj(LjParameters),
-        SevenNet(Box<GpuSevenNet>),
-    }
-
-    /// What one GPU evaluation gives, whatever the model.
-    struct Output {
-        energy: f64,
-        forces: Vec<[f64; 3]>,
-        stress: Option<[f64; 6]>,
-        atomic_energies: Vec<f64>,
-        n_pairs: usize,
-        timings: GpuTimings,
-        /// Device memory the evaluation held (SevenNet), bytes.
-        peak_bytes: Option<u64>,
-    }
-
-    impl GpuModel {
-        fn load(
-            model: CudaModel,
-            dev: &CudaDevice,
-            p: Precision,
-            modal: Option<&str>,
-        ) -> Result<Self, CliError> {
-            match model {
-                CudaModel::Lj(lj) => {
-                    if let Some(m) = modal {
-                        return Err(CliError::input(anyhow!(
-                            "--modal {m} does not apply to a Lennard-Jones model (only multi-fidelity SevenNet checkpoints have modalities)"
-                        )));
-                    }
-                    Ok(Self::Lj(LjParameters {
-                        epsilon: lj.epsilon,
-                        sigma: lj.sigma,
-                        cutoff: lj.cutoff,
-                        shift: lj.shift,
-                    }))
+    /// Loads a resolved model on `dev`.
+    fn load(
+        model: ModelSource,
+        dev: &CudaDevice,
+        p: Precision,
+        modal: Option<&str>,
+    ) -> Result<GpuModel, CliError> {
+        match model {
+            ModelSource::LennardJones(lj) => {
+                if let Some(m) = modal {
+                    return Err(CliError::input(anyhow!(
+                        "--modal {m} does not apply to a Lennard-Jones model (only multi-fidelity SevenNet checkpoints have modalities)"
+                    )));
                 }
-                CudaModel::SevenNet(path) => GpuSevenNet::from_checkpoint(dev, &path, modal, p)
-                    .map(|m| Self::SevenNet(Box::new(m)))
-                    .map_err(gpu_error),
+                Ok(GpuModel::Lj(LjParameters {
+                    epsilon: lj.epsilon,
+                    sigma: lj.sigma,
+                    cutoff: lj.cutoff,
+                    shift: lj.shift,
+                }))
+            }
+            ModelSource::SevenNetCheckpoint(path) => {
+                GpuModel::sevennet(dev, &path, modal, p).map_err(gpu_error)
             }
         }
+    }
 
+    /// A GPU model as the MD driver's whole-system force field.
+    struct GpuForceField {
+        dev: CudaDevice,
+        model: GpuModel,
+        precision: Precision,
+        /// The system handed to the model, its memory reused every step.
+        system: ddmlip::System,
+    }
+
+    impl ddmlip_md::SystemForceField for GpuForceField {
         fn evaluate(
-            &self,
-            dev: &CudaDevice,
-            sys: &ddmlip::System,
-            p: Precision,
-        ) -> Result<Output, CliError> {
-            match self {
-                Self::Lj(params) => {
-                    let r = evaluate_lj(dev, sys, params, p).map_err(gpu_error)?;
-                    Ok(Output {
-                        energy: r.energy,
-                        forces: r.forces,
-                        stress: r.stress,
-                        atomic_energies: r.atomic_energies,
-                        n_pairs: r.n_pairs,
-                        timings: r.timings,
-                        peak_bytes: None,
-                    })
-                }
-                Self::SevenNet(m) => {
-                    let r = m.evaluate(dev, sys).map_err(gpu_error)?;
-                    Ok(Output {
-                        energy: r.energy,
-                        forces: r.forces,
-                        stress: r.stress,
-                        atomic_energies: r.atomic_energies,
-                        n_pairs: r.n_pairs,
-                        timings: r.timings,
-                        peak_bytes: Some(r.peak_bytes),
-                    })
-                }
+            &mut self,
+            positions: &[[f64; 3]],
+            numbers: &[u32],
+            cell: &ddmlip_atoms::Cell,
+            pbc: [bool; 3],
+            forces: &mut [[f64; 3]],
+        ) -> Result<ddmlip_md::SystemEnergy, ddmlip_md::MdError> {
+            use ddmlip_md::MdError;
+            let sys = &mut self.system;
+            sys.positions.clear();
+            sys.positions.extend_from_slice(positions);
+            sys.numbers.clear();
+            sys.numbers.extend_from_slice(numbers);
+            sys.cell = pbc.iter().any(|&p| p).then_some(*cell);
+            sys.pbc = pbc;
+            let out = self
+                .model
+                .evaluate(&self.dev, sys, self.precision)
+                .map_err(|e| {
+                    if e.is_input() {
+                        MdError::Input(e.to_string())
+                    } else {
+                        MdError::ForceField(e.to_string())
+                    }
+                })?;
+            if out.forces.len() != forces.len() {
+                return Err(MdError::Internal(format!(
+                    "the GPU returned {} forces for {} atoms",
+                    out.forces.len(),
+                    forces.len()
+                )));
             }
+            forces.copy_from_slice(&out.forces);
+            let strain_gradient = match out.stress {
+                Some(stress) => ddmlip_md::strain_gradient_of_stress(&stress, cell.volume()),
+                None => [0.0; 9],
+            };
+            Ok(ddmlip_md::SystemEnergy {
+                energy: out.energy,
+                strain_gradient,
+                pairs: out.n_pairs,
+            })
         }
+    }
+
+    /// The GPU force field `md` and `relax` use with `--device cuda:N`.
+    pub fn force_field(
+        model: &str,
+        modal: Option<&str>,
+        dtype: PrecisionArg,
+        index: usize,
+    ) -> Result<Box<dyn ddmlip_md::SystemForceField>, CliError> {
+        let resolved = cuda_model(model)?;
+        let dev = open(index)?;
+        let p = precision(dtype);
+        let model = load(resolved, &dev, p, modal)?;
+        eprintln!("forces from {}", describe(&dev));
+        Ok(Box::new(GpuForceField {
+            dev,
+            model,
+            precision: p,
+            system: ddmlip::System::default(),
+        }))
     }
 
     /// `eval --device cuda:N`: every frame on the GPU, one after another.
@@ -280,13 +294,14 @@ mod gpu {
         let resolved = cuda_model(&a.model)?;
         let dev = open(index)?;
         let p = precision(a.dtype);
-        let model = GpuModel::load(resolved, &dev, p, a.modal.as_deref())?;
+        let model = load(resolved, &dev, p, a.modal.as_deref())?;
         let mut frames = read_structure(&a.structure)?;
         let dtype = dtype_name(a.dtype);
         let mut results = Vec::with_capacity(frames.len());
         for (k, sys) in frames.iter().enumerate() {
             let r = model
                 .evaluate(&dev, sys, p)
+                .map_err(gpu_error)
                 .map_err(|e| e.context_frame(k))?;
             results.push(r);
         }
@@ -367,14 +382,14 @@ mod gpu {
         let resolved = cuda_model(model_arg)?;
         let dev = open(index)?;
         let p = precision(dtype);
-        let model = GpuModel::load(resolved, &dev, p, None)?;
+        let model = load(resolved, &dev, p, None)?;
         let (sys, what) = system()?;
-        let warm = model.evaluate(&dev, &sys, p)?;
+        let warm = model.evaluate(&dev, &sys, p).map_err(gpu_error)?;
         let mut runs = Vec::with_capacity(repeats);
         let mut peak = warm.peak_bytes;
         for _ in 0..repeats {
             let start = std::time::Instant::now();
-            let r = model.evaluate(&dev, &sys, p)?;
+            let r = model.evaluate(&dev, &sys, p).map_err(gpu_error)?;
             runs.push((start.elapsed().as_secs_f64(), r.timings));
             peak = peak.max(r.peak_bytes);
         }

@@ -47,6 +47,9 @@ fn device_cuda_without_a_usable_gpu_is_exit_2_saying_why() {
     let dir = tempfile::tempdir().unwrap();
     let xyz = structure(&dir);
     let xyz = xyz.to_str().unwrap();
+    let xyz_si = dir.path().join("si.xyz");
+    std::fs::write(&xyz_si, SI_XYZ).unwrap();
+    let xyz_si = xyz_si.to_str().unwrap();
     for args in [
         vec![
             "eval",
@@ -87,6 +90,30 @@ fn device_cuda_without_a_usable_gpu_is_exit_2_saying_why() {
             "si",
             "--repeat",
             "1",
+            "--device",
+            "cuda",
+        ],
+        vec![
+            "md",
+            "--model",
+            "lj",
+            "--structure",
+            xyz,
+            "--ensemble",
+            "nve",
+            "--dt",
+            "1",
+            "--steps",
+            "2",
+            "--device",
+            "cuda",
+        ],
+        vec![
+            "relax",
+            "--model",
+            "sevennet-0",
+            "--structure",
+            xyz_si,
             "--device",
             "cuda",
         ],
@@ -150,4 +177,50 @@ fn device_names_are_checked_and_cpu_is_the_default() {
     ]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(default, cpu);
+}
+
+/// Two silicon atoms in a diamond cell (SevenNet-0 knows Si).
+const SI_XYZ: &str = "2\nLattice=\"5.43 0 0 0 5.43 0 0 0 5.43\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\nSi 0.02 0 0\nSi 1.36 1.33 1.37\n";
+
+/// `md`/`relax --device cuda` run one rank on one GPU: split runs, MPI and
+/// trajectory validation are refused naming the flag, before any device is
+/// opened (so the answer is the same with and without a GPU).
+#[test]
+fn md_and_relax_on_a_gpu_refuse_what_needs_the_cpu_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let xyz = structure(&dir);
+    let xyz = xyz.to_str().unwrap();
+    let md = [
+        "md",
+        "--model",
+        "lj",
+        "--structure",
+        xyz,
+        "--ensemble",
+        "nve",
+        "--dt",
+        "1",
+        "--steps",
+        "2",
+    ];
+    let relax = ["relax", "--model", "lj", "--structure", xyz];
+    for (base, extra, flag) in [
+        (&md[..], &["--ranks", "2"][..], "--ranks > 1"),
+        (&md[..], &["--backend", "mpi"][..], "--backend mpi"),
+        (&md[..], &["--validate", "--ranks", "1"][..], "--validate"),
+        (&relax[..], &["--ranks", "3"][..], "--ranks > 1"),
+    ] {
+        let args: Vec<&str> = base
+            .iter()
+            .chain(extra)
+            .chain(&["--device", "cuda"])
+            .copied()
+            .collect();
+        let (code, _, err) = run(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(
+            err.contains(flag) && err.contains("one rank on one GPU") && !err.contains("panicked"),
+            "{args:?}: {err}"
+        );
+    }
 }

@@ -94,3 +94,13 @@ impl CudaError {
         }
     }
 }
+
+impl CudaError {
+    /// Whether the user can fix this by changing the input or the machine
+    /// (no library or device, a bad index, too large a system, bad input):
+    /// exit status 2 in the command line, `ValueError` in Python. Driver
+    /// and kernel-compilation failures are not.
+    pub fn is_input(&self) -> bool {
+        !matches!(self, Self::Driver { .. } | Self::Compile { .. })
+    }
+}

@@ -19,12 +19,14 @@ mod device;
 mod error;
 pub mod kernels;
 mod lj;
+mod model;
 mod neighbors;
 pub mod sevennet;
 
 pub use device::{arch_name, check_libraries, device_count, CudaDevice};
 pub use error::CudaError;
 pub use lj::{evaluate_lj, LjParameters, LjResult, Precision};
+pub use model::{GpuModel, GpuOutput};
 pub use neighbors::{GpuNeighborList, GpuTimings};
 pub use sevennet::{GpuSevenNet, SevenNetResult};
 

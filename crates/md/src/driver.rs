@@ -4,11 +4,12 @@
 use crate::checkpoint::{Checkpoint, CHECKPOINT_FORMAT, CHECKPOINT_VERSION};
 use crate::collective::{gather_rows, periodic_volume, reduce, stress_voigt};
 use crate::config::{CellDof, Ensemble, MdConfig, StartState, ThermostatState};
+use crate::force_field::{RankForceSource, SystemForceField};
 use crate::mat3::invert3;
 use crate::phases::{lap, DriverPhases, StepPhases};
 use crate::process::Counters;
 use crate::progress::StepProgress;
-use crate::rank_eval::{RankEvaluator, RankForces};
+use crate::rank_eval::RankForces;
 use crate::rng::gaussian3;
 use crate::sink::{Frame, MdSink, MdSummary, StepTraffic, ThermoRow};
 use crate::state::{BuildOptions, RankState, Topology};
@@ -65,10 +66,10 @@ impl Run<'_> {
     fn evaluate(
         &mut self,
         state: &mut RankState,
-        evaluator: &mut RankEvaluator<'_>,
+        source: &mut RankForceSource<'_, '_>,
     ) -> Result<RankForces, MdError> {
         let clock = Instant::now();
-        let out = evaluator.evaluate_state(state)?;
+        let out = source.evaluate(state)?;
         self.eval_s += clock.elapsed().as_secs_f64();
         Ok(out)
     }
@@ -619,7 +620,46 @@ pub fn run_rank(
     start: &StartState,
     config: &MdConfig,
     comm: Box<dyn Communicator>,
+    sink: Option<&mut dyn MdSink>,
+) -> Result<Option<MdSummary>, MdError> {
+    run_rank_with(model, topology, start, config, comm, sink, None)
+}
+
+/// Runs `config.steps` MD steps on one rank with the forces of `field`
+/// (the whole system per call, e.g. a GPU model) in place of the engine's.
+/// `model` still gives the cutoff of the rank's skin list and is never
+/// evaluated. Everything else is [`run_rank`]'s: ensembles, checkpoints
+/// and restarts, the sink and the summary.
+pub fn run_with_force_field(
+    model: &dyn Model,
+    topology: &Topology,
+    start: &StartState,
+    config: &MdConfig,
+    field: &mut dyn SystemForceField,
+    sink: &mut dyn MdSink,
+) -> Result<MdSummary, MdError> {
+    config.check()?;
+    let comm = crate::threads::single_rank_comm()?;
+    run_rank_with(
+        model,
+        topology,
+        start,
+        config,
+        comm,
+        Some(sink),
+        Some(field),
+    )?
+    .ok_or_else(|| MdError::Internal("the one rank returned no result".into()))
+}
+
+fn run_rank_with(
+    model: &dyn Model,
+    topology: &Topology,
+    start: &StartState,
+    config: &MdConfig,
+    comm: Box<dyn Communicator>,
     mut sink: Option<&mut dyn MdSink>,
+    field: Option<&mut dyn SystemForceField>,
 ) -> Result<Option<MdSummary>, MdError> {
     config.check()?;
     let n_atoms = topology.len();
@@ -707,9 +747,17 @@ pub fn run_rank(
     };
     // The energy and virial sums over ranks ride on the step reduction.
     evaluator.defer_global_sums(true);
+    let mut source = match field {
+        Some(field) => RankForceSource::System {
+            field,
+            pbc: topology.pbc,
+            phases: Default::default(),
+        },
+        None => RankForceSource::Engine(Box::new(evaluator)),
+    };
     let last_step = start.step + config.steps;
     let mut traffic = StepTraffic::default();
-    let mut forces = run.evaluate(&mut state, &mut evaluator)?;
+    let mut forces = run.evaluate(&mut state, &mut source)?;
     let mut red = run.reduce_step(&mut state, &mut forces, start.step, config.steps == 0)?;
     Run::check_finite(start.step, &forces, &red)?;
     if !start.restarted {
@@ -728,7 +776,7 @@ pub fn run_rank(
     // one-step run.
     let mut steady = (Instant::now(), Counters::now(), config.steps);
     run.phases = DriverPhases::default();
-    evaluator.reset_phases();
+    source.reset_phases();
     let mut temperature_sum = 0.0;
     let skin_half2 = 0.25 * config.skin * config.skin;
     let mut step = start.step;
@@ -780,7 +828,7 @@ pub fn run_rank(
             state.refresh_ghosts()?;
             run.phases.ghost_refresh += lap(&mut clock);
         }
-        forces = run.evaluate(&mut state, &mut evaluator)?;
+        forces = run.evaluate(&mut state, &mut source)?;
         // The evaluator times its own phases.
         lap(&mut clock);
         run.half_kick(&mut state);
@@ -821,7 +869,7 @@ pub fn run_rank(
         if step == start.step + 1 && config.steps > 1 {
             steady = (Instant::now(), Counters::now(), config.steps - 1);
             run.phases = DriverPhases::default();
-            evaluator.reset_phases();
+            source.reset_phases();
         }
         if red.stop {
             if config.final_frame {
@@ -835,7 +883,7 @@ pub fn run_rank(
     let step_s = steady_start.elapsed().as_secs_f64() / steady_steps.max(1) as f64;
     let (cpu_s_per_step, faults_per_step) =
         steady_counters.per_step(&Counters::now(), steady_steps);
-    let phase_s = StepPhases::from_sums(&run.phases, &evaluator.phases(), steady_steps, step_s);
+    let phase_s = StepPhases::from_sums(&run.phases, &source.phases(), steady_steps, step_s);
     if config.final_frame {
         let frame = run.frame(step, &state, &forces)?;
         emit(&state, &mut sink, |s| s.frame(&frame, true))?;

@@ -17,6 +17,7 @@ mod checkpoint;
 mod collective;
 mod config;
 mod driver;
+mod force_field;
 mod mat3;
 mod phases;
 pub mod process;
@@ -34,11 +35,12 @@ pub use config::{
     maxwell_boltzmann, CellDof, Ensemble, MdConfig, StartState, ThermostatState,
     DEFAULT_MAX_IMBALANCE, DEFAULT_REPARTITION_EVERY,
 };
-pub use driver::run_rank;
+pub use driver::{run_rank, run_with_force_field};
+pub use force_field::{strain_gradient_of_stress, SystemEnergy, SystemForceField};
 pub use phases::{EvalPhases, StepPhases};
 pub use progress::{StepObserver, StepProgress};
 pub use rank_eval::{LocalRows, RankEvaluator, RankForces};
-pub use relax::{relax_rank, CellRelax, RelaxConfig, RelaxSummary};
+pub use relax::{relax_rank, relax_with_force_field, CellRelax, RelaxConfig, RelaxSummary};
 pub use sink::{Frame, MdSink, MdSummary, StepTraffic, ThermoRow};
 pub use state::{gather_by_gid, BuildOptions, RankState, Rows, Share, Topology};
 pub use threads::{relax_threads, run_threads};
@@ -90,6 +92,9 @@ pub enum MdError {
         /// Its error, as it reported it.
         message: String,
     },
+    /// A whole-system force field (e.g. a GPU model) failed.
+    #[error("force field: {0}")]
+    ForceField(String),
     /// Broken internal invariant.
     #[error("internal error: {0}")]
     Internal(String),

@@ -20,6 +20,7 @@
 //! rebuilds the decomposition.
 
 use crate::collective::{gather_rows, periodic_volume, reduce, stress_voigt};
+use crate::force_field::{RankForceSource, SystemForceField};
 use crate::mat3::{invert3, mul3, row_times, transpose3, Mat3, IDENTITY};
 use crate::progress::{StepObserver, StepProgress};
 use crate::rank_eval::RankForces;
@@ -353,6 +354,36 @@ pub fn relax_rank(
     config: &RelaxConfig,
     comm: Box<dyn Communicator>,
 ) -> Result<Option<RelaxSummary>, MdError> {
+    relax_rank_with(model, topology, cell, positions, config, comm, None)
+}
+
+/// Relaxes on one rank with the forces of `field` (the whole system per
+/// call, e.g. a GPU model) in place of the engine's; `model` gives the
+/// cutoff of the rank's skin list and is never evaluated. Otherwise as
+/// [`relax_rank`].
+pub fn relax_with_force_field(
+    model: &dyn Model,
+    topology: &Topology,
+    cell: Cell,
+    positions: &[[f64; 3]],
+    config: &RelaxConfig,
+    field: &mut dyn SystemForceField,
+) -> Result<RelaxSummary, MdError> {
+    config.check()?;
+    let comm = crate::threads::single_rank_comm()?;
+    relax_rank_with(model, topology, cell, positions, config, comm, Some(field))?
+        .ok_or_else(|| MdError::Internal("the one rank returned no result".into()))
+}
+
+fn relax_rank_with(
+    model: &dyn Model,
+    topology: &Topology,
+    cell: Cell,
+    positions: &[[f64; 3]],
+    config: &RelaxConfig,
+    comm: Box<dyn Communicator>,
+    field: Option<&mut dyn SystemForceField>,
+) -> Result<Option<RelaxSummary>, MdError> {
     config.check()?;
     let started = std::time::Instant::now();
     let n = topology.len();
@@ -377,7 +408,7 @@ pub fn relax_rank(
     };
     // The FIRE velocities live in the momenta slot, so they migrate.
     let zeros = vec![[0.0; 3]; n];
-    let (mut state, opts, mut ev) = crate::state::decompose(
+    let (mut state, opts, ev) = crate::state::decompose(
         model,
         config.spec.clone(),
         config.skin,
@@ -395,7 +426,15 @@ pub fn relax_rank(
         ),
         comm,
     )?;
-    let mut out = ev.evaluate_state(&mut state)?;
+    let mut ev = match field {
+        Some(field) => RankForceSource::System {
+            field,
+            pbc: topology.pbc,
+            phases: Default::default(),
+        },
+        None => RankForceSource::Engine(Box::new(ev)),
+    };
+    let mut out = ev.evaluate(&mut state)?;
     let initial_energy = out.energy;
     let mut fire = Fire::new(config.dt);
     let skin_half2 = 0.25 * config.skin * config.skin;
@@ -500,7 +539,7 @@ pub fn relax_rank(
         } else {
             state.refresh_ghosts()?;
         }
-        out = ev.evaluate_state(&mut state)?;
+        out = ev.evaluate(&mut state)?;
         steps += 1;
     };
     summary(

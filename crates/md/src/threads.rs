@@ -125,3 +125,19 @@ pub fn relax_threads(
         relax_rank(model, topology, cell, positions, config, comm)
     })
 }
+
+/// The communicator of a one-rank world (a run whose forces come from a
+/// whole-system force field).
+pub(crate) fn single_rank_comm() -> Result<Box<dyn Communicator>, MdError> {
+    let comm = thread_world(
+        1,
+        ThreadsConfig {
+            timeout: DEFAULT_TIMEOUT,
+            idle: None,
+        },
+    )
+    .map_err(|e| MdError::Input(format!("cannot start one rank: {e}")))?
+    .pop()
+    .ok_or_else(|| MdError::Internal("a one-rank world without its rank".into()))?;
+    Ok(Box::new(comm))
+}

@@ -16,7 +16,7 @@ pub use demo::{BpDemo, EamDemo, QeqDemo, SchNetDemo};
 pub use lj::{LennardJones, LennardJonesError};
 pub use rebuild::RebuildDemo;
 pub use registry::{
-    load_model, load_model_with_modal, model_names, pretrained_sevennet_path, ModelError,
-    PretrainedSevenNet, PRETRAINED_SEVENNETS, SEVENNET_NAME,
+    load_model, load_model_with_modal, model_names, model_source, pretrained_sevennet_path,
+    ModelError, ModelSource, PretrainedSevenNet, PRETRAINED_SEVENNETS, SEVENNET_NAME,
 };
 pub use sevennet::SevenNetModel;

@@ -252,6 +252,63 @@ pub fn load_model_with_modal(
 }
 
 fn load_toml(path: &Path) -> Result<Box<dyn Model>, ModelError> {
+    lennard_jones_file(path).map(|lj| Box::new(lj) as Box<dyn Model>)
+}
+
+/// A model's parameters in the form a backend with its own kernels (the
+/// GPU) takes them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelSource {
+    /// Lennard-Jones parameters (`lj`, or a model file of kind
+    /// `lennard-jones`).
+    LennardJones(LennardJones),
+    /// A SevenNet checkpoint file (a pretrained name resolved, or a `.pth`).
+    SevenNetCheckpoint(std::path::PathBuf),
+}
+
+/// The parameters of the model `name_or_path` names (resolved as
+/// [`load_model`] does) when it has a [`ModelSource`] form; `Ok(None)` for
+/// the other models (the demo models, `.pt2` archives). Errors as
+/// [`load_model`]'s: an unknown name, a missing or invalid file.
+pub fn model_source(name_or_path: &str) -> Result<Option<ModelSource>, ModelError> {
+    if name_or_path == "lj" {
+        return Ok(Some(ModelSource::LennardJones(LennardJones::argon())));
+    }
+    if builtin().iter().any(|m| m.name() == name_or_path) {
+        return Ok(None);
+    }
+    if let Some(p) = PRETRAINED_SEVENNETS.iter().find(|p| p.name == name_or_path) {
+        return pretrained_sevennet_path(p).map(|path| Some(ModelSource::SevenNetCheckpoint(path)));
+    }
+    let path = Path::new(name_or_path);
+    if path.extension().is_some_and(|e| e == "pt2") {
+        return Ok(None);
+    }
+    if path.extension().is_some_and(|e| e == "pth" || e == "pt") {
+        if !path.is_file() {
+            return Err(ModelError::Io {
+                path: name_or_path.to_string(),
+                message: "no such file".into(),
+            });
+        }
+        return Ok(Some(ModelSource::SevenNetCheckpoint(path.to_path_buf())));
+    }
+    if path.extension().is_some_and(|e| e == "toml") || path.exists() {
+        return lennard_jones_file(path).map(|lj| Some(ModelSource::LennardJones(lj)));
+    }
+    Err(ModelError::Unknown {
+        name: name_or_path.to_string(),
+        known: model_names()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect::<Vec<_>>()
+            .join(", "),
+    })
+}
+
+/// The Lennard-Jones parameters of a model file (the only kind of model
+/// file there is).
+fn lennard_jones_file(path: &Path) -> Result<LennardJones, ModelError> {
     let shown = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| ModelError::Io {
         path: shown.clone(),
@@ -275,7 +332,7 @@ fn load_toml(path: &Path) -> Result<Box<dyn Model>, ModelError> {
                 .try_into()
                 .map_err(|e: toml::de::Error| invalid(e.message().to_string()))?;
             lj.check().map_err(|e| invalid(e.to_string()))?;
-            Ok(Box::new(lj))
+            Ok(lj)
         }
         other => Err(invalid(format!(
             "unknown kind `{other}`; supported kinds: lennard-jones"

@@ -108,6 +108,10 @@ pub struct MdArgs {
     backend: Backend,
     #[arg(long, value_enum, default_value_t = Precision::F64)]
     dtype: Precision,
+    /// Where forces are evaluated: cpu, or cuda[:N] (one rank on one GPU;
+    /// build with --features cuda; models with a CUDA path: lj, SevenNet).
+    #[arg(long, default_value = "cpu")]
+    device: crate::device::Device,
     #[arg(long, value_enum, default_value_t = BalanceArg::Geometric)]
     balance: BalanceArg,
     /// Rebuilds between full (collective) repartitions that re-place the
@@ -551,6 +555,26 @@ pub fn md(a: MdArgs) -> Result<u8, CliError> {
         .flatten();
     config.on_step = bar.as_ref().map(|(_, observer)| observer.clone());
     let clear = bar.map(|(bar, _)| ClearOnDrop(bar));
+    if let crate::device::Device::Cuda(index) = a.device {
+        crate::device::one_gpu_only(
+            "md",
+            a.ranks,
+            a.backend == Backend::Mpi,
+            a.validate.then_some("--validate"),
+        )?;
+        let mut field = crate::device::force_field(&a.model, a.modal.as_deref(), a.dtype, index)?;
+        let mut sink = FileSink::new(&a, &prepared)?;
+        let out = ddmlip_md::run_with_force_field(
+            prepared.model.as_ref(),
+            &prepared.topology,
+            &prepared.start,
+            &config,
+            field.as_mut(),
+            &mut sink,
+        );
+        drop(clear);
+        return finish(&a, out, &sink);
+    }
     if a.validate {
         return super::md_validate::validate_trajectory(
             &a.model,

@@ -46,6 +46,10 @@ pub struct RelaxArgs {
     backend: Backend,
     #[arg(long, value_enum, default_value_t = Precision::F64)]
     dtype: Precision,
+    /// Where forces are evaluated: cpu, or cuda[:N] (one rank on one GPU;
+    /// build with --features cuda; models with a CUDA path: lj, SevenNet).
+    #[arg(long, default_value = "cpu")]
+    device: crate::device::Device,
     #[arg(long, value_enum, default_value_t = BalanceArg::Geometric)]
     balance: BalanceArg,
     /// The relaxed structure with energy, forces and stress (extended XYZ).
@@ -102,8 +106,22 @@ pub fn relax(a: RelaxArgs) -> Result<u8, CliError> {
         ..config
     };
     let clear = bar.map(|(bar, _)| super::md::ClearOnDrop(bar));
-    let s = match a.backend {
-        Backend::Threads => ddmlip_md::relax_threads(
+    let s = match (a.device, a.backend) {
+        (crate::device::Device::Cuda(index), backend) => {
+            crate::device::one_gpu_only("relax", a.ranks, backend == Backend::Mpi, None)?;
+            let mut field =
+                crate::device::force_field(&a.model, a.modal.as_deref(), a.dtype, index)?;
+            ddmlip_md::relax_with_force_field(
+                model.as_ref(),
+                &topology,
+                cell,
+                &system.positions,
+                &config,
+                field.as_mut(),
+            )
+            .map_err(md_error)?
+        }
+        (_, Backend::Threads) => ddmlip_md::relax_threads(
             model.as_ref(),
             &topology,
             cell,
@@ -112,7 +130,7 @@ pub fn relax(a: RelaxArgs) -> Result<u8, CliError> {
             a.ranks.unwrap_or(1),
         )
         .map_err(md_error)?,
-        Backend::Mpi => {
+        (_, Backend::Mpi) => {
             match relax_mpi(model.as_ref(), &topology, cell, &system.positions, &config)? {
                 Some(s) => s,
                 // Ranks other than 0 report nothing.

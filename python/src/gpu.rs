@@ -1,0 +1,91 @@
+//! `device="cuda[:N]"`: models with a GPU path evaluated on an NVIDIA GPU
+//! (the CUDA libraries are loaded at run time; without them the calculator
+//! raises `ValueError` saying so).
+
+use ddmlip::System;
+use ddmlip_cuda::{CudaDevice, CudaError, GpuModel, GpuOutput, LjParameters, Precision};
+use ddmlip_models::ModelSource;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::PyErr;
+
+/// Where an [`crate::Engine`] evaluates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Device {
+    /// The CPU engine.
+    Cpu,
+    /// CUDA device N.
+    Cuda(usize),
+}
+
+/// `cpu`, `cuda` or `cuda:N`.
+pub(crate) fn parse_device(device: &str) -> Result<Device, PyErr> {
+    match device {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => Ok(Device::Cuda(0)),
+        _ => device
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .map(Device::Cuda)
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "unknown device `{device}`: expected \"cpu\", \"cuda\" or \"cuda:N\" (N = device index)"
+                ))
+            }),
+    }
+}
+
+/// `ValueError` for what the user can change (no driver, a bad index, too
+/// large a system, an element the model lacks), `RuntimeError` otherwise.
+pub(crate) fn gpu_error(e: CudaError) -> PyErr {
+    if e.is_input() {
+        PyValueError::new_err(format!("{e}; use device=\"cpu\""))
+    } else {
+        PyRuntimeError::new_err(e.to_string())
+    }
+}
+
+/// A model on a GPU with its device.
+pub(crate) struct GpuEngine {
+    device: CudaDevice,
+    model: GpuModel,
+    precision: Precision,
+}
+
+impl GpuEngine {
+    /// Loads `model` (a name or path with a GPU path: `lj`, a Lennard-Jones
+    /// model file, a SevenNet name or checkpoint) on CUDA device `index`.
+    pub(crate) fn new(model: &str, index: usize, precision: Precision) -> Result<Self, PyErr> {
+        let source = ddmlip_models::model_source(model)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "model `{model}` has no CUDA path yet; models with one: lj, Lennard-Jones \
+                     model files, the SevenNet checkpoints. Use device=\"cpu\" for it"
+                ))
+            })?;
+        let device = CudaDevice::open(index).map_err(gpu_error)?;
+        let model = match source {
+            ModelSource::LennardJones(lj) => GpuModel::Lj(LjParameters {
+                epsilon: lj.epsilon,
+                sigma: lj.sigma,
+                cutoff: lj.cutoff,
+                shift: lj.shift,
+            }),
+            ModelSource::SevenNetCheckpoint(path) => {
+                GpuModel::sevennet(&device, &path, None, precision).map_err(gpu_error)?
+            }
+        };
+        Ok(Self {
+            device,
+            model,
+            precision,
+        })
+    }
+
+    /// Energy, forces, stress and per-atom energies of `system`.
+    pub(crate) fn evaluate(&self, system: &System) -> Result<GpuOutput, PyErr> {
+        self.model
+            .evaluate(&self.device, system, self.precision)
+            .map_err(gpu_error)
+    }
+}

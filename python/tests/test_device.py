@@ -1,0 +1,60 @@
+"""`Calculator(device=...)`: the device is checked, GPU runs are one rank,
+models without a GPU path and machines without a GPU are refused with a
+`ValueError` that says which. On a GPU machine (``DDMLIP_GPU_TESTS=1``)
+the GPU results equal the CPU's in float64."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from ase.build import bulk
+from ase.io import read
+
+import ddmlip
+from conftest import max_rel
+
+GPU = os.environ.get("DDMLIP_GPU_TESTS") == "1" and os.path.exists("/dev/nvidia0")
+
+
+def test_device_names_are_checked():
+    for bad in ["gpu", "cuda:", "cuda:x", "CPU"]:
+        with pytest.raises(ValueError, match="unknown device"):
+            ddmlip.Calculator("lj", device=bad)
+
+
+def test_a_gpu_runs_one_rank():
+    with pytest.raises(ValueError, match="one rank on one GPU"):
+        ddmlip.Calculator("lj", ranks=2, device="cuda")
+
+
+def test_a_model_without_a_gpu_path_is_refused():
+    with pytest.raises(ValueError, match="schnet-demo.*has no CUDA path"):
+        ddmlip.Calculator("schnet-demo", device="cuda")
+
+
+@pytest.mark.skipif(os.path.exists("/dev/nvidia0"), reason="this machine has a GPU")
+def test_no_gpu_says_so():
+    with pytest.raises(ValueError) as err:
+        ddmlip.Calculator("lj", device="cuda")
+    assert "no CUDA driver library found" in str(err.value)
+    assert 'device="cpu"' in str(err.value)
+
+
+@pytest.mark.skipif(not GPU, reason="needs a GPU and DDMLIP_GPU_TESTS=1")
+def test_gpu_equals_cpu_in_float64(sevennet_fixtures, sevennet_available):
+    rng = np.random.default_rng(3)
+    ar = bulk("Ar", "fcc", a=5.26, cubic=True).repeat((4, 4, 4))
+    ar.positions += rng.normal(scale=0.05, size=ar.positions.shape)
+    cases = [("lj", [ar]), ("sevennet-0", read(sevennet_fixtures, ":"))]
+    for model, frames in cases:
+        cpu = ddmlip.Calculator(model)
+        gpu = ddmlip.Calculator(model, device="cuda")
+        for atoms in frames:
+            a, b = atoms.copy(), atoms.copy()
+            a.calc, b.calc = cpu, gpu
+            e_cpu, e_gpu = a.get_potential_energy(), b.get_potential_energy()
+            assert abs(e_gpu - e_cpu) <= 1e-10 * max(1.0, abs(e_cpu)), (model, e_gpu, e_cpu)
+            assert max_rel(b.get_forces(), a.get_forces()) <= 1e-10, model
+            assert max_rel(b.get_stress(), a.get_stress()) <= 1e-10, model
