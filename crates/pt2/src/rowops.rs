@@ -408,6 +408,11 @@ impl<T: Scalar> OpaqueKernel<T> for RowGather {
         Ok(())
     }
 
+    /// The backward routes the output gradient back: it reads no value.
+    fn backward_reads(&self, _input: usize) -> bool {
+        false
+    }
+
     fn backward(
         &self,
         _inputs: &[&[T]],
