@@ -31,10 +31,12 @@ pub trait OpaqueKernel<T: Scalar>: Send + Sync {
         None
     }
     /// Whether [`OpaqueKernel::backward`] reads the values of input
-    /// `input` (all by default). Inputs it does not read may be released
-    /// after their last forward use; `backward` then sees an empty slice
-    /// for them (their shapes are still given).
-    fn backward_reads(&self, _input: usize) -> bool {
+    /// `input` (all by default), given which inputs need a gradient
+    /// (`wants`, one flag per input). Inputs it does not read may be
+    /// released after their last forward use; `backward` then sees an
+    /// empty slice for them (their shapes are still given) and must not
+    /// read them: it may skip the gradients nobody wants.
+    fn backward_reads(&self, _input: usize, _wants: &[bool]) -> bool {
         true
     }
 }
@@ -142,11 +144,15 @@ impl<T: Scalar> Graph<T> {
             replicated: row_local && ins.iter().all(|t| self.nodes[t.id].replicated),
         };
         let ins_b = ins.to_vec();
+        let wants: Vec<bool> = ins.iter().map(|t| self.nodes[t.id].requires_grad).collect();
+        let read: Vec<bool> = (0..ins.len())
+            .map(|pos| kernel.backward_reads(pos, &wants))
+            .collect();
         let reads: Vec<Tensor> = ins
             .iter()
-            .enumerate()
-            .filter(|&(pos, _)| kernel.backward_reads(pos))
-            .map(|(_, &t)| t)
+            .zip(&read)
+            .filter(|&(_, &r)| r)
+            .map(|(&t, _)| t)
             .collect();
         let k = kernel.clone();
         self.push_op_reading(
@@ -159,13 +165,7 @@ impl<T: Scalar> Graph<T> {
                 let slices: Vec<&[T]> = ins_b
                     .iter()
                     .enumerate()
-                    .map(|(pos, &t)| {
-                        if k.backward_reads(pos) {
-                            ctx.value(t)
-                        } else {
-                            &[]
-                        }
-                    })
+                    .map(|(pos, &t)| if read[pos] { ctx.value(t) } else { &[] })
                     .collect();
                 // Kernels may add into their gradients: start from zero.
                 let mut grads: Vec<Vec<T>> =
