@@ -301,7 +301,7 @@ impl<T: Scalar> Graph<T> {
         }
         let value = std::mem::take(&mut node.value);
         node.released = true;
-        self.live_bytes -= value.len() * std::mem::size_of::<T>();
+        self.live_bytes = (self.live_bytes).saturating_sub(value.len() * std::mem::size_of::<T>());
         self.pool.give(value);
     }
 
@@ -950,7 +950,7 @@ fn release_passed<T: Scalar>(
     if node.release_after_backward && !node.released {
         let value = std::mem::take(&mut node.value);
         node.released = true;
-        *live_bytes -= value.len() * std::mem::size_of::<T>();
+        *live_bytes = live_bytes.saturating_sub(value.len() * std::mem::size_of::<T>());
         pool.give(value);
     }
 }
@@ -979,7 +979,7 @@ fn note_peak<T: Scalar>(
     if grad_bytes > 0 {
         peak_by_op.push(("(gradients)".into(), grad_bytes));
     }
-    peak_by_op.sort_by(|a, b| b.1.cmp(&a.1));
+    peak_by_op.sort_by_key(|entry| std::cmp::Reverse(entry.1));
     *stats = LiveStats {
         peak_bytes: total,
         peak_in_backward: in_backward,

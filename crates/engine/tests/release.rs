@@ -5,6 +5,9 @@
 use ddmlip_engine::ops::Unary;
 use ddmlip_engine::{EngineError, Graph, RowDomain, Tensor};
 
+/// An op of two tensors under test.
+type BinaryBuild = dyn Fn(&mut Graph<f64>, Tensor, Tensor) -> Result<Tensor, EngineError>;
+
 const ROWS: usize = 40;
 const COLS: usize = 500;
 
@@ -25,11 +28,7 @@ fn values(seed: u64) -> Vec<f64> {
 /// that they can be released); the intermediates are released right after
 /// `op` when `release` is on. Returns the leaves' gradients and whether
 /// each intermediate's value was gone before the backward pass.
-fn run(
-    op: &dyn Fn(&mut Graph<f64>, Tensor, Tensor) -> Result<Tensor, EngineError>,
-    y_constant: bool,
-    release: bool,
-) -> (Vec<Vec<f64>>, [bool; 3]) {
+fn run(op: &BinaryBuild, y_constant: bool, release: bool) -> (Vec<Vec<f64>>, [bool; 3]) {
     let mut g = Graph::<f64>::new();
     g.set_release(release);
     let a = g.leaf(values(1), ROWS, COLS, RowDomain::Edge);
@@ -67,11 +66,7 @@ fn bits(v: &[Vec<f64>]) -> Vec<Vec<u64>> {
 
 /// The released run's gradients equal the kept run's bit for bit; returns
 /// which values were gone before the backward pass.
-fn same_gradients(
-    what: &str,
-    op: &dyn Fn(&mut Graph<f64>, Tensor, Tensor) -> Result<Tensor, EngineError>,
-    y_constant: bool,
-) -> [bool; 3] {
+fn same_gradients(what: &str, op: &BinaryBuild, y_constant: bool) -> [bool; 3] {
     let (kept, none_gone) = run(op, y_constant, false);
     assert_eq!(none_gone, [false; 3], "{what}: released with release off");
     let (released, gone) = run(op, y_constant, true);
@@ -102,7 +97,7 @@ fn unary_backward_reads_only_what_its_derivative_needs() {
         (Unary::Sin, "sin", true),
     ];
     for (f, name, reads_x) in cases {
-        let gone = same_gradients(name, &|g, x, _| g.unary(x, f), false);
+        let gone = same_gradients(name, &move |g, x, _| g.unary(x, f), false);
         assert_eq!(gone[0], !reads_x, "{name}: x released");
     }
 }
