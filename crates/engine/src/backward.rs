@@ -23,9 +23,16 @@ pub struct BackwardCtx<'a, T: Scalar> {
 }
 
 impl<'a, T: Scalar> BackwardCtx<'a, T> {
-    /// Forward value of a tensor.
+    /// Forward value of a tensor. The backward pass checks before each
+    /// step that the values the step's op declared it reads are there; a
+    /// released one reads as empty (debug builds assert).
     pub fn value(&self, t: Tensor) -> &'a [T] {
         let nodes: &'a [Node<T>] = self.nodes;
+        debug_assert!(
+            !nodes[t.id].released,
+            "backward read the released output of `{}`",
+            nodes[t.id].op
+        );
         &nodes[t.id].value
     }
 
@@ -62,7 +69,7 @@ impl<'a, T: Scalar> BackwardCtx<'a, T> {
     /// Takes `t`'s gradient out to add into directly (zeros when it has
     /// none yet); hand it back with [`BackwardCtx::put_grad`].
     pub(crate) fn take_grad(&mut self, t: Tensor) -> Vec<T> {
-        let len = self.nodes[t.id].value.len();
+        let len = self.nodes[t.id].rows * self.nodes[t.id].cols;
         match self.grads[t.id].take() {
             Some(g) => g,
             None => self.pool.zeroed(len),
@@ -112,7 +119,7 @@ impl<'a, T: Scalar> BackwardCtx<'a, T> {
         if !self.nodes[t.id].requires_grad {
             return;
         }
-        let len = self.nodes[t.id].value.len();
+        let len = self.nodes[t.id].rows * self.nodes[t.id].cols;
         match &mut self.grads[t.id] {
             Some(acc) => crate::ops::update_each(acc, |i, a| *a += f(i)),
             slot @ None => {
@@ -137,7 +144,7 @@ impl<'a, T: Scalar> BackwardCtx<'a, T> {
         if !self.nodes[t.id].requires_grad {
             return;
         }
-        let len = self.nodes[t.id].value.len();
+        let len = self.nodes[t.id].rows * self.nodes[t.id].cols;
         let run = |acc: &mut [T], overwrite: bool| {
             if len >= crate::ops::PAR_THRESHOLD {
                 acc.par_chunks_mut(block)
@@ -165,7 +172,7 @@ impl<'a, T: Scalar> BackwardCtx<'a, T> {
         if !self.nodes[t.id].requires_grad {
             return;
         }
-        let len = self.nodes[t.id].value.len();
+        let len = self.nodes[t.id].rows * self.nodes[t.id].cols;
         let pool = &mut *self.pool;
         let acc = self.grads[t.id].get_or_insert_with(|| pool.zeroed(len));
         f(acc);

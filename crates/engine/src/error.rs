@@ -60,6 +60,13 @@ pub enum EngineError {
         /// The op that read the partial sum.
         op: String,
     },
+    /// A tensor's value was read after the caller released it
+    /// (`Graph::release`): a bug in the code that records the graph.
+    #[error("the output of op `{op}` was read after its value was released")]
+    Released {
+        /// The op whose output was released.
+        op: String,
+    },
     /// Anything a model reports about its input (species, geometry…).
     #[error("{0}")]
     Input(String),

@@ -38,6 +38,16 @@ pub(crate) struct Node<T: Scalar> {
     pub fresh: bool,
     /// Identical on every rank (parameters, all-reduced values).
     pub replicated: bool,
+    /// Tensors (ids) this node's backward reads the values of: its inputs
+    /// and output unless the op declared fewer; empty without a backward.
+    pub reads: Vec<usize>,
+    /// Some recorded backward reads this value.
+    pub saved: bool,
+    /// The value went back to the pool ([`Graph::release`]); `value` is empty.
+    pub released: bool,
+    /// The caller released the value while a backward still reads it: it
+    /// goes back to the pool once the backward pass has passed this node.
+    pub release_after_backward: bool,
 }
 
 /// A tape of ops over tensors of element type `T`.
@@ -74,6 +84,27 @@ pub struct Graph<T: Scalar> {
     /// f64 values that tensors' `T` values are the rounding of, by node id
     /// (see [`Graph::set_exact_values`]); empty in f64 graphs.
     pub(crate) exact_values: Vec<(usize, Arc<Vec<f64>>)>,
+    /// Whether [`Graph::release`] frees values (on unless switched off).
+    pub(crate) release_enabled: bool,
+    /// Bytes of node values held right now (released ones excluded).
+    pub(crate) live_bytes: usize,
+    /// Live-byte accounting by op, when enabled.
+    pub(crate) live_stats: Option<LiveStats>,
+}
+
+/// Where the tape's memory peaks: the most bytes of op outputs and
+/// gradients held at once during one graph's forward and backward passes,
+/// and which ops' outputs made it up (see [`Graph::enable_live_stats`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LiveStats {
+    /// Most bytes of tensor values (op outputs, inputs, constants) plus
+    /// gradients alive at once.
+    pub peak_bytes: usize,
+    /// Whether the peak was reached in the backward pass.
+    pub peak_in_backward: bool,
+    /// The values alive at the peak by op name (bytes), largest first;
+    /// gradients alive then are the entry `"(gradients)"`.
+    pub peak_by_op: Vec<(String, usize)>,
 }
 
 impl<T: Scalar> Default for Graph<T> {
@@ -110,6 +141,9 @@ impl<T: Scalar> Graph<T> {
             defer_all_reduces: false,
             pending: Vec::new(),
             exact_values: Vec::new(),
+            release_enabled: true,
+            live_bytes: 0,
+            live_stats: None,
         }
     }
 
@@ -235,6 +269,90 @@ impl<T: Scalar> Graph<T> {
         Ok(())
     }
 
+    /// Switches [`Graph::release`] on (the default) or off. Off, released
+    /// tensors keep their values until the graph ends: same results bit
+    /// for bit, more memory (for comparisons and debugging).
+    pub fn set_release(&mut self, on: bool) {
+        self.release_enabled = on;
+    }
+
+    /// Says that the caller will not read `t` (nor record ops on it) again.
+    /// When no recorded backward reads its value, the value goes back to
+    /// the pool now, for later ops to reuse; otherwise it goes back once
+    /// the backward pass has passed `t` (so [`Graph::grad`] can run once
+    /// more only if nothing was released). Reading a released value
+    /// afterwards is an [`EngineError::Released`] (and a debug assertion in
+    /// [`Graph::value`]). Deferred all-reduces and memoised edge lengths are
+    /// kept. Does nothing when release is switched off.
+    pub fn release(&mut self, t: Tensor) {
+        if !self.release_enabled
+            || self.pending.contains(&t.id)
+            || self.lengths_memo.iter().any(|(_, m)| *m == t)
+        {
+            return;
+        }
+        let node = &mut self.nodes[t.id];
+        if node.released {
+            return;
+        }
+        if node.saved {
+            node.release_after_backward = true;
+            return;
+        }
+        let value = std::mem::take(&mut node.value);
+        node.released = true;
+        self.live_bytes = (self.live_bytes).saturating_sub(value.len() * std::mem::size_of::<T>());
+        self.pool.give(value);
+    }
+
+    /// Whether `t`'s value was released (see [`Graph::release`]).
+    pub fn is_released(&self, t: Tensor) -> bool {
+        self.nodes[t.id].released
+    }
+
+    /// Forward value of `t`, or [`EngineError::Released`] when it was
+    /// released.
+    pub fn try_value(&self, t: Tensor) -> Result<&[T], EngineError> {
+        self.check_live(&[t])?;
+        Ok(&self.nodes[t.id].value)
+    }
+
+    /// [`EngineError::Released`] naming the first of `ts` whose value was
+    /// released: every op checks its inputs before reading them.
+    pub(crate) fn check_live(&self, ts: &[Tensor]) -> Result<(), EngineError> {
+        match ts.iter().find(|t| self.nodes[t.id].released) {
+            Some(t) => Err(EngineError::Released {
+                op: self.nodes[t.id].op.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Starts counting the bytes of tensor values and gradients alive at
+    /// once, by op (costs a pass over the tape at each new peak: for
+    /// measurements, off by default).
+    pub fn enable_live_stats(&mut self) {
+        self.live_stats = Some(LiveStats::default());
+    }
+
+    /// The peak so far, when [`Graph::enable_live_stats`] was called.
+    pub fn live_stats(&self) -> Option<&LiveStats> {
+        self.live_stats.as_ref()
+    }
+
+    /// Bytes of node values held now (released values excluded; gradients
+    /// not counted).
+    pub fn live_value_bytes(&self) -> usize {
+        self.live_bytes
+    }
+
+    /// Records a new forward peak of the live bytes with its breakdown.
+    fn note_live(&mut self) {
+        if let Some(stats) = &mut self.live_stats {
+            note_peak(&self.nodes, stats, self.live_bytes, 0, false);
+        }
+    }
+
     /// Makes every op check its output for NaN/inf and fail naming itself.
     pub fn enable_finite_checks(&mut self) {
         self.check_finite = true;
@@ -289,6 +407,12 @@ impl<T: Scalar> Graph<T> {
     /// Number of recorded tensors.
     pub fn len(&self) -> usize {
         self.nodes.len()
+    }
+
+    /// The tensors recorded after the first `start` ones, in order (with
+    /// `start` = [`Graph::len`] before a step: the tensors the step made).
+    pub fn tensors_from(&self, start: usize) -> impl Iterator<Item = Tensor> {
+        (start..self.nodes.len()).map(|id| Tensor { id })
     }
 
     /// True before the first tensor is recorded.
@@ -475,7 +599,15 @@ impl<T: Scalar> Graph<T> {
     }
 
     /// Forward value (row-major rows × cols).
+    ///
+    /// A released value (see [`Graph::release`]) reads as empty; debug
+    /// builds assert. Use [`Graph::try_value`] for a typed error.
     pub fn value(&self, t: Tensor) -> &[T] {
+        debug_assert!(
+            !self.nodes[t.id].released,
+            "value of `{}` read after its release",
+            self.nodes[t.id].op
+        );
         &self.nodes[t.id].value
     }
 
@@ -507,6 +639,7 @@ impl<T: Scalar> Graph<T> {
         backward: Option<BackwardFn<T>>,
     ) -> Tensor {
         debug_assert_eq!(value.len(), spec.rows * spec.cols, "op {}", spec.op);
+        self.live_bytes += value.len() * std::mem::size_of::<T>();
         self.nodes.push(Node {
             value,
             rows: spec.rows,
@@ -517,14 +650,21 @@ impl<T: Scalar> Graph<T> {
             op: spec.op,
             fresh: spec.fresh,
             replicated: spec.replicated,
+            reads: Vec::new(),
+            saved: false,
+            released: false,
+            release_after_backward: false,
         });
+        self.note_live();
         Tensor {
             id: self.nodes.len() - 1,
         }
     }
 
     /// Records an op result: pushes the node, traces it, checks finiteness.
-    /// `requires_grad` is true when any input requires it.
+    /// `requires_grad` is true when any input requires it. Its backward may
+    /// read every input's value and its output's (see
+    /// [`Graph::push_op_reading`] for ops that read fewer).
     pub(crate) fn push_op(
         &mut self,
         spec: NodeSpec,
@@ -534,12 +674,37 @@ impl<T: Scalar> Graph<T> {
         handler: Option<&str>,
         backward: BackwardFn<T>,
     ) -> Result<Tensor, EngineError> {
+        let output = Tensor {
+            id: self.nodes.len(),
+        };
+        let reads: Vec<Tensor> = inputs.iter().copied().chain([output]).collect();
+        self.push_op_reading(spec, value, inputs, indices, handler, backward, &reads)
+    }
+
+    /// [`Graph::push_op`] for an op whose backward reads the values of
+    /// `reads` only (among its inputs and its output, the tensor the call
+    /// returns): the others can be released after their last forward use
+    /// (see [`Graph::release`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn push_op_reading(
+        &mut self,
+        spec: NodeSpec,
+        value: Vec<T>,
+        inputs: &[Tensor],
+        indices: &[Index],
+        handler: Option<&str>,
+        backward: BackwardFn<T>,
+        reads: &[Tensor],
+    ) -> Result<Tensor, EngineError> {
         // Ops read only their inputs, so an op whose inputs include a
         // deferred sum has just computed from a partial: refuse it (every
         // rank does, at the same op), and the caller runs again eagerly.
         if inputs.iter().any(|t| self.pending.contains(&t.id)) {
             return Err(EngineError::DeferredSumRead { op: spec.op });
         }
+        // An op that computed from a released input read an empty slice:
+        // its value must not reach the tape.
+        self.check_live(inputs)?;
         let requires_grad = inputs.iter().any(|t| self.nodes[t.id].requires_grad);
         if self.check_finite {
             if let Some(pos) = value.iter().position(|x| !x.is_finite()) {
@@ -557,6 +722,13 @@ impl<T: Scalar> Graph<T> {
             *self.handler_counts.entry(h.to_string()).or_insert(0) += 1;
         }
         let t = self.push_raw(spec, value, requires_grad, Some(backward));
+        if requires_grad {
+            let reads: Vec<usize> = reads.iter().map(|r| r.id).collect();
+            for &r in &reads {
+                self.nodes[r].saved = true;
+            }
+            self.nodes[t.id].reads = reads;
+        }
         self.record(t, inputs, indices, handler);
         Ok(t)
     }
@@ -653,7 +825,7 @@ impl<T: Scalar> Graph<T> {
     ) -> Result<Vec<Vec<T>>, EngineError> {
         let n = self.nodes.len();
         let mut grads: Vec<Option<Vec<T>>> = (0..n).map(|_| None).collect();
-        let out_len = self.nodes[output.id].value.len();
+        let out_len = self.nodes[output.id].rows * self.nodes[output.id].cols;
         let seed = seed.unwrap_or_else(|| vec![T::one(); out_len]);
         if seed.len() != out_len {
             return Err(EngineError::shape(
@@ -675,17 +847,28 @@ impl<T: Scalar> Graph<T> {
             dist,
             handler_counts,
             pool,
+            live_bytes,
+            live_stats,
             ..
         } = self;
         // Every rank walks the same nodes in the same order, so collective
         // adjoints (refresh ↔ reverse-sum, all-reduce) line up across ranks.
         for id in (0..=output.id).rev() {
-            let Some(g) = grads[id].take() else { continue };
+            let Some(g) = grads[id].take() else {
+                release_passed(nodes, pool, live_bytes, id);
+                continue;
+            };
             let node = &nodes[id];
             let Some(bw) = &node.backward else {
                 grads[id] = Some(g);
+                release_passed(nodes, pool, live_bytes, id);
                 continue;
             };
+            if let Some(&r) = node.reads.iter().find(|&&r| nodes[r].released) {
+                return Err(EngineError::Released {
+                    op: nodes[r].op.clone(),
+                });
+            }
             let mut ctx = BackwardCtx {
                 nodes,
                 indices,
@@ -722,19 +905,29 @@ impl<T: Scalar> Graph<T> {
                     output_id: id,
                 });
             }
+            if let Some(stats) = live_stats.as_mut() {
+                // The gradients alive right after this step, with the one
+                // just consumed (the peak of the step).
+                let grad_bytes = (grads.iter().flatten().map(Vec::len).sum::<usize>() + g.len())
+                    * std::mem::size_of::<T>();
+                note_peak(nodes, stats, *live_bytes, grad_bytes, true);
+            }
             // Intermediate gradients are dropped as soon as they are consumed.
             if keep.contains(&id) {
                 grads[id] = Some(g);
             } else {
                 pool.give(g);
             }
+            // No backward left to run reads this node's value: nodes read
+            // only their inputs (earlier nodes) and their own output.
+            release_passed(nodes, pool, live_bytes, id);
         }
         let out = wrt
             .iter()
             .map(|t| {
-                grads[t.id]
-                    .take()
-                    .unwrap_or_else(|| vec![T::zero(); self.nodes[t.id].value.len()])
+                grads[t.id].take().unwrap_or_else(|| {
+                    vec![T::zero(); self.nodes[t.id].rows * self.nodes[t.id].cols]
+                })
             })
             .collect();
         // Gradients of leaves nobody asked for are recycled, not dropped.
@@ -743,4 +936,53 @@ impl<T: Scalar> Graph<T> {
         }
         Ok(out)
     }
+}
+
+/// Returns the value of node `id` to the pool once the backward pass has
+/// passed it, if its caller released it while a backward still read it.
+fn release_passed<T: Scalar>(
+    nodes: &mut [Node<T>],
+    pool: &mut Buffers<T>,
+    live_bytes: &mut usize,
+    id: usize,
+) {
+    let node = &mut nodes[id];
+    if node.release_after_backward && !node.released {
+        let value = std::mem::take(&mut node.value);
+        node.released = true;
+        *live_bytes = live_bytes.saturating_sub(value.len() * std::mem::size_of::<T>());
+        pool.give(value);
+    }
+}
+
+/// Makes `stats` the breakdown of this moment when `live + grad_bytes`
+/// exceeds its peak.
+fn note_peak<T: Scalar>(
+    nodes: &[Node<T>],
+    stats: &mut LiveStats,
+    live: usize,
+    grad_bytes: usize,
+    in_backward: bool,
+) {
+    let total = live + grad_bytes;
+    if total <= stats.peak_bytes {
+        return;
+    }
+    let mut by_op: BTreeMap<&str, usize> = BTreeMap::new();
+    for n in nodes {
+        if !n.value.is_empty() {
+            *by_op.entry(n.op.as_str()).or_insert(0) += n.value.len() * std::mem::size_of::<T>();
+        }
+    }
+    let mut peak_by_op: Vec<(String, usize)> =
+        by_op.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    if grad_bytes > 0 {
+        peak_by_op.push(("(gradients)".into(), grad_bytes));
+    }
+    peak_by_op.sort_by_key(|entry| std::cmp::Reverse(entry.1));
+    *stats = LiveStats {
+        peak_bytes: total,
+        peak_in_backward: in_backward,
+        peak_by_op,
+    };
 }

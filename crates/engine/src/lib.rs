@@ -21,7 +21,7 @@ mod trace;
 
 pub use dist::{DataMut, Distributor};
 pub use error::{EngineError, KernelError};
-pub use graph::{Buffers, Graph, Index, Tensor};
+pub use graph::{Buffers, Graph, Index, LiveStats, Tensor};
 pub use model::{Edges, Model, ModelForward, ModelInfo, ModelInputs, ModelOutputs, SpeciesSupport};
 pub use ops::message::{MessageInputs, MessageKernel};
 pub use ops::opaque::OpaqueKernel;

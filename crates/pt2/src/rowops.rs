@@ -267,6 +267,11 @@ impl<T: Scalar> OpaqueKernel<T> for RowEinsum {
         Ok(())
     }
 
+    /// An operand is read by the gradients of the other operands.
+    fn backward_reads(&self, input: usize, wants: &[bool]) -> bool {
+        (0..wants.len()).any(|k| k != input && wants[k])
+    }
+
     fn backward(
         &self,
         inputs: &[&[T]],
@@ -280,7 +285,13 @@ impl<T: Scalar> OpaqueKernel<T> for RowEinsum {
         let width = 1 + n_ops;
         // One pass per per-row operand, parallel over its rows:
         // ∂out[o]/∂x_k[i_k] = c · Π_{j≠k} x_j[i_j].
+        // An operand left unread (empty, with a non-empty shape) means no
+        // gradient is wanted for the others.
+        let unread = |j: usize| inputs[j].is_empty() && _shapes[j].1 * _shapes[j].2 > 0;
         for (k, gk) in grads.iter_mut().enumerate() {
+            if (0..n_ops).any(|j| j != k && unread(j)) {
+                continue;
+            }
             let cols = self.in_cols[k].max(1);
             gk.par_chunks_mut(cols * ROWS_PER_TASK)
                 .enumerate()
@@ -408,6 +419,11 @@ impl<T: Scalar> OpaqueKernel<T> for RowGather {
         Ok(())
     }
 
+    /// The backward routes the output gradient back: it reads no value.
+    fn backward_reads(&self, _input: usize, _wants: &[bool]) -> bool {
+        false
+    }
+
     fn backward(
         &self,
         _inputs: &[&[T]],
@@ -473,6 +489,16 @@ impl BroadcastOp {
             BroadcastOp::Sub => a - b,
             BroadcastOp::Mul => a * b,
             BroadcastOp::Div => a / b,
+        }
+    }
+
+    /// Which operands (a, b) the partial of operand `k` reads.
+    fn needs(self, k: usize) -> [bool; 2] {
+        match (self, k) {
+            (BroadcastOp::Add | BroadcastOp::Sub, _) => [false, false],
+            (BroadcastOp::Mul | BroadcastOp::Div, 0) => [false, true],
+            (BroadcastOp::Mul, _) => [true, false],
+            (BroadcastOp::Div, _) => [true, true],
         }
     }
 
@@ -558,6 +584,12 @@ impl<T: Scalar> OpaqueKernel<T> for RowBroadcast {
         Ok(())
     }
 
+    /// An operand is read when the partial of an operand that needs a
+    /// gradient reads it (a sum reads neither).
+    fn backward_reads(&self, input: usize, wants: &[bool]) -> bool {
+        (0..2).any(|k| wants.get(k) == Some(&true) && self.op.needs(k)[input])
+    }
+
     fn backward(
         &self,
         inputs: &[&[T]],
@@ -570,13 +602,25 @@ impl<T: Scalar> OpaqueKernel<T> for RowBroadcast {
         let rows = if pa { shapes[0].1 } else { shapes[1].1 };
         let (ca, cb) = (shapes[0].2, shapes[1].2);
         let (ma, mb) = (&self.maps[0], &self.maps[1]);
-        // The gradient of operand k within row r, added into `gr`.
+        // The gradient of operand k within row r, added into `gr`; it reads
+        // only the operands its partial needs (the others may be released).
         let row_grad = |k: usize, r: usize, gr: &mut [T]| {
-            let a = &inputs[0][if pa { r * ca } else { 0 }..];
-            let b = &inputs[1][if pb { r * cb } else { 0 }..];
+            let [need_a, need_b] = self.op.needs(k);
+            let a: &[T] = if need_a {
+                &inputs[0][if pa { r * ca } else { 0 }..]
+            } else {
+                &[]
+            };
+            let b: &[T] = if need_b {
+                &inputs[1][if pb { r * cb } else { 0 }..]
+            } else {
+                &[]
+            };
             let g = &grad_out[r * n..(r + 1) * n];
             for ((&gj, &ka), &kb) in g.iter().zip(ma).zip(mb) {
-                let (da, db) = self.op.partials(a[ka as usize], b[kb as usize]);
+                let x = if need_a { a[ka as usize] } else { T::zero() };
+                let y = if need_b { b[kb as usize] } else { T::zero() };
+                let (da, db) = self.op.partials(x, y);
                 if k == 0 {
                     gr[ka as usize] += gj * da;
                 } else {
@@ -584,7 +628,14 @@ impl<T: Scalar> OpaqueKernel<T> for RowBroadcast {
                 }
             }
         };
+        // An operand left unread (empty, with a non-empty shape) means no
+        // gradient is wanted from the partials that read it.
+        let unread = |i: usize| inputs[i].is_empty() && shapes[i].1 * shapes[i].2 > 0;
         for (k, gk) in grads.iter_mut().enumerate() {
+            let needs = self.op.needs(k);
+            if (0..2).any(|i| needs[i] && unread(i)) {
+                continue;
+            }
             let (per_row, cols) = if k == 0 { (pa, ca) } else { (pb, cb) };
             if per_row {
                 gk.par_chunks_mut(cols.max(1) * ROWS_PER_TASK)

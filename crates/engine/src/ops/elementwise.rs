@@ -172,6 +172,23 @@ impl Unary {
         }
     }
 
+    /// Whether [`Unary::derivative`] (and its slice form) reads x and y:
+    /// the values the op's backward keeps.
+    pub(crate) fn derivative_reads(&self) -> (bool, bool) {
+        match *self {
+            Unary::Silu
+            | Unary::ScaledSilu(_)
+            | Unary::ShiftedSoftplus
+            | Unary::Ln
+            | Unary::Square
+            | Unary::Powf(_)
+            | Unary::Cos
+            | Unary::Sin => (true, false),
+            Unary::Tanh | Unary::Sigmoid | Unary::Exp | Unary::Sqrt | Unary::Recip => (false, true),
+            Unary::Neg | Unary::Scale(_) | Unary::AddScalar(_) => (false, false),
+        }
+    }
+
     /// dy/dx given x and y.
     #[inline]
     pub(crate) fn derivative<T: Scalar>(&self, x: T, y: T) -> T {
@@ -293,6 +310,7 @@ impl BinaryKind {
 impl<T: Scalar> Graph<T> {
     /// Applies an element-wise function.
     pub fn unary(&mut self, x: Tensor, f: Unary) -> Result<Tensor, EngineError> {
+        self.check_live(&[x])?;
         let (rows, cols) = self.shape(x);
         let n = &self.nodes[x.id];
         let xs = &n.value;
@@ -311,7 +329,13 @@ impl<T: Scalar> Graph<T> {
         let out_id = crate::Tensor {
             id: self.nodes.len(),
         };
-        self.push_op(
+        let (reads_x, reads_y) = f.derivative_reads();
+        let reads: Vec<Tensor> = [(reads_x, x), (reads_y, out_id)]
+            .into_iter()
+            .filter(|&(r, _)| r)
+            .map(|(_, t)| t)
+            .collect();
+        self.push_op_reading(
             spec,
             out,
             &[x],
@@ -321,7 +345,10 @@ impl<T: Scalar> Graph<T> {
                 if !ctx.wants(x) {
                     return Ok(());
                 }
-                let (xs, ys) = (ctx.value(x), ctx.value(out_id));
+                // A value the derivative does not read may be released:
+                // the gradient (same length) stands in for it, unread.
+                let xs = if reads_x { ctx.value(x) } else { g };
+                let ys = if reads_y { ctx.value(out_id) } else { g };
                 const BLOCK: usize = 1 << 12;
                 ctx.accumulate_blocks(
                     x,
@@ -337,6 +364,7 @@ impl<T: Scalar> Graph<T> {
                 );
                 Ok(())
             }),
+            &reads,
         )
     }
 
@@ -372,6 +400,7 @@ impl<T: Scalar> Graph<T> {
             BinaryKind::Mul => "mul",
             BinaryKind::Div => "div",
         };
+        self.check_live(&[a, b])?;
         let (ra, ca) = self.shape(a);
         let (rb, cb) = self.shape(b);
         let bc = if (rb, cb) == (ra, ca) {
@@ -412,15 +441,30 @@ impl<T: Scalar> Graph<T> {
             fresh: na.fresh && b_fresh,
             replicated: na.replicated && nb.replicated,
         };
-        self.push_op(
+        // What the partials read: a sum none; a product each factor for
+        // the other's gradient; a quotient the divisor for both, the
+        // dividend for the divisor's.
+        let (wants_a, wants_b) = (na.requires_grad, nb.requires_grad);
+        let reads_a = wants_b && matches!(kind, BinaryKind::Mul | BinaryKind::Div);
+        let reads_b = match kind {
+            BinaryKind::Add | BinaryKind::Sub => false,
+            BinaryKind::Mul => wants_a,
+            BinaryKind::Div => wants_a || wants_b,
+        };
+        let reads: Vec<Tensor> = [(reads_a, a), (reads_b, b)]
+            .into_iter()
+            .filter(|&(r, _)| r)
+            .map(|(_, t)| t)
+            .collect();
+        self.push_op_reading(
             spec,
             out,
             &[a, b],
             &[],
             None,
             Box::new(move |ctx, g| {
-                let av = ctx.value(a);
-                let bv = ctx.value(b);
+                let av = if reads_a { ctx.value(a) } else { &[] };
+                let bv = if reads_b { ctx.value(b) } else { &[] };
                 if ctx.wants(a) {
                     ctx.accumulate_map(a, |i| match kind {
                         BinaryKind::Add | BinaryKind::Sub => g[i],
@@ -457,6 +501,7 @@ impl<T: Scalar> Graph<T> {
                 }
                 Ok(())
             }),
+            &reads,
         )
     }
 

@@ -132,6 +132,7 @@ impl<T: Scalar> Graph<T> {
         idx: Index,
         handler: Option<&str>,
     ) -> Result<Tensor, EngineError> {
+        self.check_live(&[x])?;
         let (_, cols) = self.shape(x);
         let ix = &self.indices[idx.id];
         let rows = ix.values.len();
@@ -148,7 +149,8 @@ impl<T: Scalar> Graph<T> {
                 && ix.domain != RowDomain::Atom
                 && ix.domain != RowDomain::Edge,
         };
-        self.push_op(
+        // The backward scatters the output gradient: it reads no value.
+        self.push_op_reading(
             spec,
             out,
             &[x],
@@ -165,6 +167,7 @@ impl<T: Scalar> Graph<T> {
                 });
                 Ok(())
             }),
+            &[],
         )
     }
 
@@ -221,6 +224,7 @@ impl<T: Scalar> Graph<T> {
         handler: Option<&str>,
         fresh: bool,
     ) -> Result<Tensor, EngineError> {
+        self.check_live(&[src])?;
         let (rows_src, cols) = self.shape(src);
         let ix = &self.indices[idx.id];
         if ix.values.len() != rows_src {
@@ -253,7 +257,8 @@ impl<T: Scalar> Graph<T> {
             fresh,
             replicated: false,
         };
-        self.push_op(
+        // The backward gathers the output gradient: it reads no value.
+        self.push_op_reading(
             spec,
             out,
             &[src],
@@ -267,6 +272,7 @@ impl<T: Scalar> Graph<T> {
                 ctx.accumulate_map(src, |i| g[ids[i / cols] as usize * cols + i % cols]);
                 Ok(())
             }),
+            &[],
         )
     }
 
@@ -276,6 +282,7 @@ impl<T: Scalar> Graph<T> {
     /// all-reduce, so every rank holds the full (replicated) sum. Off: sum
     /// every local row (ghosts included) — what a halo-unaware model does.
     pub fn segment_sum(&mut self, x: Tensor, idx: Index) -> Result<Tensor, EngineError> {
+        self.check_live(&[x])?;
         self.check_index_rows("segment_sum", x, idx)?;
         let (reduce, limit) = match &self.dist {
             Some(d) if self.nodes[x.id].rows == d.n_local() => {

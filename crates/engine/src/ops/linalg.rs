@@ -100,6 +100,7 @@ fn by_row_blocks<T: Scalar>(
 impl<T: Scalar> Graph<T> {
     /// Matrix product `a (rows×k) · b (k×n)`; the result has `a`'s row domain.
     pub fn matmul(&mut self, a: Tensor, b: Tensor) -> Result<Tensor, EngineError> {
+        self.check_live(&[a, b])?;
         let (m, k) = self.shape(a);
         let (kb, n) = self.shape(b);
         if k != kb {
@@ -119,7 +120,16 @@ impl<T: Scalar> Graph<T> {
             fresh: na.fresh,
             replicated: na.replicated && nb.replicated,
         };
-        self.push_op(
+        // a's gradient reads b, b's reads a: a constant weight keeps only
+        // itself, not the layer's input.
+        let mut reads = Vec::new();
+        if self.nodes[b.id].requires_grad {
+            reads.push(a);
+        }
+        if self.nodes[a.id].requires_grad {
+            reads.push(b);
+        }
+        self.push_op_reading(
             spec,
             out,
             &[a, b],
@@ -154,6 +164,7 @@ impl<T: Scalar> Graph<T> {
                 }
                 Ok(())
             }),
+            &reads,
         )
     }
 

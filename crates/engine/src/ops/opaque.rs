@@ -30,6 +30,15 @@ pub trait OpaqueKernel<T: Scalar>: Send + Sync {
     ) -> Option<Result<(), KernelError>> {
         None
     }
+    /// Whether [`OpaqueKernel::backward`] reads the values of input
+    /// `input` (all by default), given which inputs need a gradient
+    /// (`wants`, one flag per input). Inputs it does not read may be
+    /// released after their last forward use; `backward` then sees an
+    /// empty slice for them (their shapes are still given) and must not
+    /// read them: it may skip the gradients nobody wants.
+    fn backward_reads(&self, _input: usize, _wants: &[bool]) -> bool {
+        true
+    }
 }
 
 impl<T: Scalar> Graph<T> {
@@ -100,6 +109,7 @@ impl<T: Scalar> Graph<T> {
         handler: Option<&str>,
         row_local: bool,
     ) -> Result<Tensor, EngineError> {
+        self.check_live(ins)?;
         let kernel_err = |source| EngineError::Kernel {
             op: kernel.name().to_string(),
             source,
@@ -134,17 +144,32 @@ impl<T: Scalar> Graph<T> {
             replicated: row_local && ins.iter().all(|t| self.nodes[t.id].replicated),
         };
         let ins_b = ins.to_vec();
+        let wants: Vec<bool> = ins.iter().map(|t| self.nodes[t.id].requires_grad).collect();
+        let read: Vec<bool> = (0..ins.len())
+            .map(|pos| kernel.backward_reads(pos, &wants))
+            .collect();
+        let reads: Vec<Tensor> = ins
+            .iter()
+            .zip(&read)
+            .filter(|&(_, &r)| r)
+            .map(|(&t, _)| t)
+            .collect();
         let k = kernel.clone();
-        self.push_op(
+        self.push_op_reading(
             spec,
             out,
             ins,
             &[],
             handler,
             Box::new(move |ctx, g| {
-                let slices: Vec<&[T]> = ins_b.iter().map(|&t| ctx.value(t)).collect();
+                let slices: Vec<&[T]> = ins_b
+                    .iter()
+                    .enumerate()
+                    .map(|(pos, &t)| if read[pos] { ctx.value(t) } else { &[] })
+                    .collect();
                 // Kernels may add into their gradients: start from zero.
-                let mut grads: Vec<Vec<T>> = slices.iter().map(|s| ctx.zeroed(s.len())).collect();
+                let mut grads: Vec<Vec<T>> =
+                    shapes.iter().map(|&(_, r, c)| ctx.zeroed(r * c)).collect();
                 match k.backward(&slices, &shapes, g, &mut grads) {
                     None => return Err(EngineError::NoBackward { op: op.clone() }),
                     Some(Err(source)) => {
@@ -160,6 +185,7 @@ impl<T: Scalar> Graph<T> {
                 }
                 Ok(())
             }),
+            &reads,
         )
     }
 

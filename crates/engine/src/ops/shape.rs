@@ -6,6 +6,7 @@ use crate::{EngineError, Graph, RowDomain, Scalar, Tensor};
 impl<T: Scalar> Graph<T> {
     /// Concatenates tensors with equal row counts along columns.
     pub fn concat_cols(&mut self, parts: &[Tensor]) -> Result<Tensor, EngineError> {
+        self.check_live(parts)?;
         let Some(&first) = parts.first() else {
             return Err(EngineError::shape("concat_cols", "no inputs"));
         };
@@ -69,6 +70,7 @@ impl<T: Scalar> Graph<T> {
         start: usize,
         end: usize,
     ) -> Result<Tensor, EngineError> {
+        self.check_live(&[x])?;
         let (rows, cols) = self.shape(x);
         if start > end || end > cols {
             return Err(EngineError::shape(
@@ -112,6 +114,7 @@ impl<T: Scalar> Graph<T> {
 
     /// Sum over the columns of each row (rows×cols → rows×1).
     pub fn sum_cols(&mut self, x: Tensor) -> Result<Tensor, EngineError> {
+        self.check_live(&[x])?;
         let (rows, cols) = self.shape(x);
         let v = &self.nodes[x.id].value;
         let out: Vec<T> = (0..rows)
@@ -149,6 +152,7 @@ impl<T: Scalar> Graph<T> {
     /// reduction: in a decomposed run it does not combine ranks — use
     /// [`Graph::segment_sum`] for per-system totals.
     pub fn sum_rows(&mut self, x: Tensor) -> Result<Tensor, EngineError> {
+        self.check_live(&[x])?;
         let (rows, cols) = self.shape(x);
         let v = &self.nodes[x.id].value;
         let mut out = vec![T::zero(); cols];

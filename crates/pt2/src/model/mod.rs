@@ -36,12 +36,15 @@ use std::sync::Arc;
 mod binary;
 mod mlip_ops;
 mod node;
+mod release;
 mod shape_ops;
 
 /// A `.pt2` archive that the engine can run: every op is supported.
 #[derive(Debug, Clone)]
 pub struct ImportedModel {
     archive: Arc<Pt2Archive>,
+    /// Per node, the values it reads for the last time.
+    last_uses: Arc<Vec<Vec<String>>>,
 }
 
 impl ImportedModel {
@@ -57,8 +60,10 @@ impl ImportedModel {
         if !bad.is_empty() {
             return Err(Pt2Error::UnsupportedOps(bad));
         }
+        let last_uses = Arc::new(release::last_uses(&archive.program));
         Ok(ImportedModel {
             archive: Arc::new(archive),
+            last_uses,
         })
     }
 
@@ -93,8 +98,19 @@ impl ModelForward for ImportedModel {
         g: &mut Graph<T>,
         inputs: &ModelInputs,
     ) -> Result<ModelOutputs, EngineError> {
+        // Values go back to the engine after their last use, and each
+        // node's intermediates right after it: the engine keeps only what
+        // a backward reads.
+        let mut live = release::Liveness::default();
+        live.protect(&[inputs.positions, inputs.cell]);
+        let start = g.len();
         let mut run = Run::new(&self.archive, g, inputs)?;
-        for node in &self.archive.program.nodes {
+        let users: Vec<String> = (self.archive.program.user_inputs().iter())
+            .map(|s| s.to_string())
+            .collect();
+        live.after_step(run.g, &run.values, &users, start);
+        for (node, dying) in self.archive.program.nodes.iter().zip(self.last_uses.iter()) {
+            let start = run.g.len();
             run.node(node).map_err(|message| {
                 EngineError::Input(format!(
                     "{}: node `{}` ({}): {message}",
@@ -103,6 +119,8 @@ impl ModelForward for ImportedModel {
                     node.op
                 ))
             })?;
+            live.after_step(run.g, &run.values, &node.outputs, start);
+            live.drop_values(run.g, &mut run.values, dying);
         }
         run.outputs()
             .map_err(|m| EngineError::Input(format!("{}: {m}", self.archive.metadata.model)))
