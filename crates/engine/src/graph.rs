@@ -74,6 +74,8 @@ pub struct Graph<T: Scalar> {
     /// f64 values that tensors' `T` values are the rounding of, by node id
     /// (see [`Graph::set_exact_values`]); empty in f64 graphs.
     pub(crate) exact_values: Vec<(usize, Arc<Vec<f64>>)>,
+    /// Time per op kind while [`Graph::enable_profile`] is on.
+    pub(crate) profile: Option<crate::profile::Profiler>,
 }
 
 impl<T: Scalar> Default for Graph<T> {
@@ -110,6 +112,7 @@ impl<T: Scalar> Graph<T> {
             defer_all_reduces: false,
             pending: Vec::new(),
             exact_values: Vec::new(),
+            profile: None,
         }
     }
 
@@ -233,6 +236,22 @@ impl<T: Scalar> Graph<T> {
             d.all_reduce_sum(T::data_mut(&mut self.nodes[id].value))?;
         }
         Ok(())
+    }
+
+    /// Starts (or restarts) timing ops by name, forward and backward: see
+    /// [`OpProfile`](crate::OpProfile). The next recorded node's time runs
+    /// from this call, so call it just before the model's forward pass.
+    pub fn enable_profile(&mut self) {
+        match &mut self.profile {
+            Some(p) => p.restart(),
+            None => self.profile = Some(crate::profile::Profiler::new()),
+        }
+    }
+
+    /// Takes the op times recorded since [`Graph::enable_profile`] (`None`
+    /// when it was not called); profiling stops.
+    pub fn take_profile(&mut self) -> Option<crate::OpProfile> {
+        self.profile.take().map(crate::profile::Profiler::finish)
     }
 
     /// Makes every op check its output for NaN/inf and fail naming itself.
@@ -518,6 +537,9 @@ impl<T: Scalar> Graph<T> {
             fresh: spec.fresh,
             replicated: spec.replicated,
         });
+        if let (Some(p), Some(node)) = (&mut self.profile, self.nodes.last()) {
+            p.forward_node(&node.op);
+        }
         Tensor {
             id: self.nodes.len() - 1,
         }
@@ -675,6 +697,7 @@ impl<T: Scalar> Graph<T> {
             dist,
             handler_counts,
             pool,
+            profile,
             ..
         } = self;
         // Every rank walks the same nodes in the same order, so collective
@@ -695,7 +718,11 @@ impl<T: Scalar> Graph<T> {
                 pool,
                 replicated_root,
             };
+            let started = profile.is_some().then(std::time::Instant::now);
             bw(&mut ctx, &g)?;
+            if let (Some(p), Some(t0)) = (profile.as_mut(), started) {
+                p.backward_node(&node.op, t0);
+            }
             if let Some(tr) = trace.as_mut() {
                 let sum: f64 = g.iter().map(|x| x.to_f64_lossless()).sum();
                 tr.push(TraceEvent {
