@@ -56,13 +56,30 @@ fn profile_counts_every_op_and_fits_inside_the_passes() {
     assert!(p.backward_op("constant").is_none(), "{p:?}");
 
     // The totals are parts of the passes' wall time, and most of it.
-    assert!(p.forward_s() <= forward_wall, "{} > {forward_wall}", p.forward_s());
-    assert!(p.backward_s() <= backward_wall, "{} > {backward_wall}", p.backward_s());
-    assert!(p.forward_s() >= 0.5 * forward_wall, "{p:?} vs {forward_wall}");
-    assert!(p.backward_s() >= 0.5 * backward_wall, "{p:?} vs {backward_wall}");
+    assert!(
+        p.forward_s() <= forward_wall,
+        "{} > {forward_wall}",
+        p.forward_s()
+    );
+    assert!(
+        p.backward_s() <= backward_wall,
+        "{} > {backward_wall}",
+        p.backward_s()
+    );
+    assert!(
+        p.forward_s() >= 0.5 * forward_wall,
+        "{p:?} vs {forward_wall}"
+    );
+    assert!(
+        p.backward_s() >= 0.5 * backward_wall,
+        "{p:?} vs {backward_wall}"
+    );
     // Sorted by decreasing time.
     for list in [&p.forward, &p.backward] {
-        assert!(list.windows(2).all(|w| w[0].seconds >= w[1].seconds), "{list:?}");
+        assert!(
+            list.windows(2).all(|w| w[0].seconds >= w[1].seconds),
+            "{list:?}"
+        );
     }
     // Taking it ends profiling.
     assert!(g.take_profile().is_none());
