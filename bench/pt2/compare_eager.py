@@ -93,13 +93,14 @@ def eager_worker(args):
     if args.accuracy:
         print(json.dumps(dict(forces=forces.tolist(), energies=energies.tolist())))
         return
-    times = []
+    times, cpu = [], []
     for _ in range(args.repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         evaluate()
         times.append(time.perf_counter() - t0)
-    print(json.dumps(dict(seconds=statistics.median(times), energy=energy, edges=len(i),
-                          rss_before_kib=rss_before)))
+        cpu.append(time.process_time() - c0)
+    print(json.dumps(dict(seconds=statistics.median(times), cpu_seconds=statistics.median(cpu), energy=energy,
+                          edges=len(i), rss_before_kib=rss_before)))
 
 
 def run_measured(cmd):
@@ -162,6 +163,10 @@ def main():
             ours.append((json.loads(out)['records'][0], kib))
         te = statistics.median(r['seconds'] for r, _ in eager)
         to = statistics.median(ddmlip_seconds(r) for r, _ in ours)
+        # CPU time of the process per evaluation: on a machine shared with
+        # other work, wall time also counts waiting for a core.
+        ce = statistics.median(r['cpu_seconds'] for r, _ in eager)
+        co = statistics.median(r['median_cpu_s'] for r, _ in ours)
         me = statistics.median(k for _, k in eager)
         mb = statistics.median(r['rss_before_kib'] for r, _ in eager)
         # `bench model` times in a worker process of its own: its record has the peak.
@@ -174,6 +179,8 @@ def main():
               f'eager {(me - mb) / n:.1f} KiB, ddmlip {(mo - mob) / n:.1f} KiB', flush=True)
         print(f'         runs: eager {[round(r["seconds"], 4) for r, _ in eager]}, '
               f'ddmlip {[round(ddmlip_seconds(r), 4) for r, _ in ours]}', flush=True)
+        print(f'         CPU time: eager {ce * 1e3:.1f} ms  ddmlip {co * 1e3:.1f} ms  eager/ddmlip {ce / co:5.2f}x',
+              flush=True)
         if args.dtype == 'f32':
             accuracy(args, name, archive, xyz)
 

@@ -90,6 +90,8 @@ pub struct Graph<T: Scalar> {
     pub(crate) live_bytes: usize,
     /// Live-byte accounting by op, when enabled.
     pub(crate) live_stats: Option<LiveStats>,
+    /// Time per op kind while [`Graph::enable_profile`] is on.
+    pub(crate) profile: Option<crate::profile::Profiler>,
 }
 
 /// Where the tape's memory peaks: the most bytes of op outputs and
@@ -144,6 +146,7 @@ impl<T: Scalar> Graph<T> {
             release_enabled: true,
             live_bytes: 0,
             live_stats: None,
+            profile: None,
         }
     }
 
@@ -351,6 +354,22 @@ impl<T: Scalar> Graph<T> {
         if let Some(stats) = &mut self.live_stats {
             note_peak(&self.nodes, stats, self.live_bytes, 0, false);
         }
+    }
+
+    /// Starts (or restarts) timing ops by name, forward and backward: see
+    /// [`OpProfile`](crate::OpProfile). The next recorded node's time runs
+    /// from this call, so call it just before the model's forward pass.
+    pub fn enable_profile(&mut self) {
+        match &mut self.profile {
+            Some(p) => p.restart(),
+            None => self.profile = Some(crate::profile::Profiler::new()),
+        }
+    }
+
+    /// Takes the op times recorded since [`Graph::enable_profile`] (`None`
+    /// when it was not called); profiling stops.
+    pub fn take_profile(&mut self) -> Option<crate::OpProfile> {
+        self.profile.take().map(crate::profile::Profiler::finish)
     }
 
     /// Makes every op check its output for NaN/inf and fail naming itself.
@@ -656,6 +675,9 @@ impl<T: Scalar> Graph<T> {
             release_after_backward: false,
         });
         self.note_live();
+        if let (Some(p), Some(node)) = (&mut self.profile, self.nodes.last()) {
+            p.forward_node(&node.op);
+        }
         Tensor {
             id: self.nodes.len() - 1,
         }
@@ -849,6 +871,7 @@ impl<T: Scalar> Graph<T> {
             pool,
             live_bytes,
             live_stats,
+            profile,
             ..
         } = self;
         // Every rank walks the same nodes in the same order, so collective
@@ -878,7 +901,11 @@ impl<T: Scalar> Graph<T> {
                 pool,
                 replicated_root,
             };
+            let started = profile.is_some().then(std::time::Instant::now);
             bw(&mut ctx, &g)?;
+            if let (Some(p), Some(t0)) = (profile.as_mut(), started) {
+                p.backward_node(&node.op, t0);
+            }
             if let Some(tr) = trace.as_mut() {
                 let sum: f64 = g.iter().map(|x| x.to_f64_lossless()).sum();
                 tr.push(TraceEvent {

@@ -16,6 +16,7 @@ mod graph;
 pub mod helpers;
 mod model;
 pub mod ops;
+mod profile;
 mod scalar;
 mod trace;
 
@@ -25,6 +26,7 @@ pub use graph::{Buffers, Graph, Index, LiveStats, Tensor};
 pub use model::{Edges, Model, ModelForward, ModelInfo, ModelInputs, ModelOutputs, SpeciesSupport};
 pub use ops::message::{MessageInputs, MessageKernel};
 pub use ops::opaque::OpaqueKernel;
+pub use profile::{OpProfile, OpTime};
 pub use scalar::{DType, Scalar};
 pub use trace::{Phase, Trace, TraceEvent, TraceShape};
 

@@ -377,6 +377,16 @@ impl<T: Scalar> OpaqueKernel<T> for RowGather {
         &self.name
     }
 
+    // Every output column names its source, and an input without a
+    // gradient buffer has no rows to walk.
+    fn writes_every_output(&self) -> bool {
+        true
+    }
+
+    fn skips_unwanted_gradients(&self) -> bool {
+        true
+    }
+
     fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, KernelError> {
         let (domain, rows, _) = *inputs
             .first()
@@ -533,6 +543,219 @@ impl RowBroadcast {
     }
 }
 
+/// How an operand of a [`RowBroadcast`] is read within a row: the loops of
+/// the first two kinds are contiguous and vectorise.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum MapKind {
+    /// Column `j` of the output reads column `j` (the operand has the
+    /// output's columns).
+    Same,
+    /// Every output column reads the one column of the operand.
+    Scalar,
+    /// Any other pattern, read through the map.
+    General,
+}
+
+impl MapKind {
+    fn of(map: &[u32], cols: usize) -> MapKind {
+        if cols == map.len() && map.iter().enumerate().all(|(j, &k)| k as usize == j) {
+            MapKind::Same
+        } else if cols == 1 && map.iter().all(|&k| k == 0) {
+            MapKind::Scalar
+        } else {
+            MapKind::General
+        }
+    }
+}
+
+/// `o[j] = f(a[ma[j]], b[mb[j]])` for one row, with the contiguous kinds
+/// as loops without index reads.
+#[inline(always)]
+fn broadcast_row<T: Scalar>(
+    f: impl Fn(T, T) -> T,
+    kinds: [MapKind; 2],
+    (a, ma): (&[T], &[u32]),
+    (b, mb): (&[T], &[u32]),
+    o: &mut [T],
+) {
+    let n = o.len();
+    match kinds {
+        [MapKind::Same, MapKind::Same] => {
+            for ((o, &x), &y) in o.iter_mut().zip(&a[..n]).zip(&b[..n]) {
+                *o = f(x, y);
+            }
+        }
+        [MapKind::Same, MapKind::Scalar] => {
+            let y = b[0];
+            for (o, &x) in o.iter_mut().zip(&a[..n]) {
+                *o = f(x, y);
+            }
+        }
+        [MapKind::Scalar, MapKind::Same] => {
+            let x = a[0];
+            for (o, &y) in o.iter_mut().zip(&b[..n]) {
+                *o = f(x, y);
+            }
+        }
+        _ => {
+            for ((o, &ka), &kb) in o.iter_mut().zip(ma).zip(mb) {
+                *o = f(a[ka as usize], b[kb as usize]);
+            }
+        }
+    }
+}
+
+/// Adds operand `k`'s gradient within one row into `gr`: `gr[m_k[j]] +=
+/// g[j] · ∂f/∂x_k(a[ma[j]], b[mb[j]])`, in column order (the same sums
+/// whatever the kinds).
+#[inline(always)]
+fn broadcast_row_grad<T: Scalar>(
+    partials: impl Fn(T, T) -> (T, T),
+    k: usize,
+    kinds: [MapKind; 2],
+    (a, ma): (&[T], &[u32]),
+    (b, mb): (&[T], &[u32]),
+    g: &[T],
+    gr: &mut [T],
+) {
+    let n = g.len();
+    match (k, kinds) {
+        (0, [MapKind::Same, MapKind::Same]) => {
+            for ((gr, &gj), (&x, &y)) in gr[..n].iter_mut().zip(g).zip(a[..n].iter().zip(&b[..n])) {
+                *gr += gj * partials(x, y).0;
+            }
+        }
+        (1, [MapKind::Same, MapKind::Same]) => {
+            for ((gr, &gj), (&x, &y)) in gr[..n].iter_mut().zip(g).zip(a[..n].iter().zip(&b[..n])) {
+                *gr += gj * partials(x, y).1;
+            }
+        }
+        (0, [MapKind::Same, MapKind::Scalar]) => {
+            let y = b[0];
+            for ((gr, &gj), &x) in gr[..n].iter_mut().zip(g).zip(&a[..n]) {
+                *gr += gj * partials(x, y).0;
+            }
+        }
+        (1, [MapKind::Scalar, MapKind::Same]) => {
+            let x = a[0];
+            for ((gr, &gj), &y) in gr[..n].iter_mut().zip(g).zip(&b[..n]) {
+                *gr += gj * partials(x, y).1;
+            }
+        }
+        _ => {
+            for ((&gj, &ka), &kb) in g.iter().zip(ma).zip(mb) {
+                let (da, db) = partials(a[ka as usize], b[kb as usize]);
+                if k == 0 {
+                    gr[ka as usize] += gj * da;
+                } else {
+                    gr[kb as usize] += gj * db;
+                }
+            }
+        }
+    }
+}
+
+impl RowBroadcast {
+    fn forward_with<T: Scalar>(
+        &self,
+        f: impl Fn(T, T) -> T + Sync,
+        inputs: &[&[T]],
+        shapes: &[Shape],
+        out: &mut [T],
+    ) {
+        let n = self.cols().max(1);
+        let (ca, cb) = (shapes[0].2, shapes[1].2);
+        let [pa, pb] = self.per_row;
+        let (ma, mb) = (&self.maps[0][..], &self.maps[1][..]);
+        let kinds = [MapKind::of(ma, ca), MapKind::of(mb, cb)];
+        out.par_chunks_mut(n * ROWS_PER_TASK)
+            .enumerate()
+            .for_each(|(block, o_block)| {
+                let r0 = block * ROWS_PER_TASK;
+                if pa && pb && kinds == [MapKind::Same, MapKind::Same] {
+                    // Both operands are the output's shape: one flat loop.
+                    let len = o_block.len();
+                    let (a, b) = (&inputs[0][r0 * n..], &inputs[1][r0 * n..]);
+                    for ((o, &x), &y) in o_block.iter_mut().zip(&a[..len]).zip(&b[..len]) {
+                        *o = f(x, y);
+                    }
+                    return;
+                }
+                for (i, o) in o_block.chunks_mut(n).enumerate() {
+                    let r = r0 + i;
+                    let a = &inputs[0][if pa { r * ca } else { 0 }..];
+                    let b = &inputs[1][if pb { r * cb } else { 0 }..];
+                    broadcast_row(&f, kinds, (a, ma), (b, mb), o);
+                }
+            });
+    }
+
+    fn backward_with<T: Scalar>(
+        &self,
+        partials: impl Fn(T, T) -> (T, T) + Sync,
+        inputs: &[&[T]],
+        shapes: &[Shape],
+        grad_out: &[T],
+        grads: &mut [Vec<T>],
+    ) {
+        let n = self.cols().max(1);
+        let [pa, pb] = self.per_row;
+        let rows = if pa { shapes[0].1 } else { shapes[1].1 };
+        let (ca, cb) = (shapes[0].2, shapes[1].2);
+        let (ma, mb) = (&self.maps[0][..], &self.maps[1][..]);
+        let kinds = [MapKind::of(ma, ca), MapKind::of(mb, cb)];
+        // An operand left unread (empty, with a non-empty shape: released
+        // after the forward pass) is read by no partial that is wanted; a
+        // row of zeros stands in for it in the partials nobody uses.
+        let unread = |i: usize| inputs[i].is_empty() && shapes[i].1 * shapes[i].2 > 0;
+        let stand_in = |i: usize, cols: usize| {
+            if unread(i) {
+                vec![T::zero(); cols]
+            } else {
+                Vec::new()
+            }
+        };
+        let (zeros_a, zeros_b) = (stand_in(0, ca), stand_in(1, cb));
+        let row_grad = |k: usize, r: usize, gr: &mut [T]| {
+            let a = if unread(0) {
+                &zeros_a[..]
+            } else {
+                &inputs[0][if pa { r * ca } else { 0 }..]
+            };
+            let b = if unread(1) {
+                &zeros_b[..]
+            } else {
+                &inputs[1][if pb { r * cb } else { 0 }..]
+            };
+            let g = &grad_out[r * n..(r + 1) * n];
+            broadcast_row_grad(&partials, k, kinds, (a, ma), (b, mb), g, gr);
+        };
+        for (k, gk) in grads.iter_mut().enumerate() {
+            // An empty buffer: this operand needs no gradient (a constant);
+            // a partial that reads an unread operand is not wanted either.
+            let needs = self.op.needs(k);
+            if gk.is_empty() || (0..2).any(|i| needs[i] && unread(i)) {
+                continue;
+            }
+            let (per_row, cols) = if k == 0 { (pa, ca) } else { (pb, cb) };
+            if per_row {
+                gk.par_chunks_mut(cols.max(1) * ROWS_PER_TASK)
+                    .enumerate()
+                    .for_each(|(block, g_block)| {
+                        for (i, gr) in g_block.chunks_mut(cols.max(1)).enumerate() {
+                            row_grad(k, block * ROWS_PER_TASK + i, gr);
+                        }
+                    });
+            } else {
+                // One row read by every row: its gradient sums over them.
+                for r in 0..rows {
+                    row_grad(k, r, gk);
+                }
+            }
+        }
+    }
+}
+
 impl<T: Scalar> OpaqueKernel<T> for RowBroadcast {
     fn name(&self) -> &str {
         "broadcast"
@@ -565,22 +788,21 @@ impl<T: Scalar> OpaqueKernel<T> for RowBroadcast {
     }
 
     fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), KernelError> {
-        let n = self.cols().max(1);
-        let (ca, cb) = (shapes[0].2, shapes[1].2);
-        let [pa, pb] = self.per_row;
-        let (ma, mb) = (&self.maps[0], &self.maps[1]);
-        out.par_chunks_mut(n * ROWS_PER_TASK)
-            .enumerate()
-            .for_each(|(block, o_block)| {
-                for (i, o) in o_block.chunks_mut(n).enumerate() {
-                    let r = block * ROWS_PER_TASK + i;
-                    let a = &inputs[0][if pa { r * ca } else { 0 }..];
-                    let b = &inputs[1][if pb { r * cb } else { 0 }..];
-                    for ((o, &ka), &kb) in o.iter_mut().zip(ma).zip(mb) {
-                        *o = self.op.apply(a[ka as usize], b[kb as usize]);
-                    }
-                }
-            });
+        // One loop per operation, so that each vectorises.
+        match self.op {
+            BroadcastOp::Add => {
+                self.forward_with(|a, b| BroadcastOp::Add.apply(a, b), inputs, shapes, out)
+            }
+            BroadcastOp::Sub => {
+                self.forward_with(|a, b| BroadcastOp::Sub.apply(a, b), inputs, shapes, out)
+            }
+            BroadcastOp::Mul => {
+                self.forward_with(|a, b| BroadcastOp::Mul.apply(a, b), inputs, shapes, out)
+            }
+            BroadcastOp::Div => {
+                self.forward_with(|a, b| BroadcastOp::Div.apply(a, b), inputs, shapes, out)
+            }
+        }
         Ok(())
     }
 
@@ -597,62 +819,30 @@ impl<T: Scalar> OpaqueKernel<T> for RowBroadcast {
         grad_out: &[T],
         grads: &mut [Vec<T>],
     ) -> Option<Result<(), KernelError>> {
-        let n = self.cols().max(1);
-        let [pa, pb] = self.per_row;
-        let rows = if pa { shapes[0].1 } else { shapes[1].1 };
-        let (ca, cb) = (shapes[0].2, shapes[1].2);
-        let (ma, mb) = (&self.maps[0], &self.maps[1]);
-        // The gradient of operand k within row r, added into `gr`; it reads
-        // only the operands its partial needs (the others may be released).
-        let row_grad = |k: usize, r: usize, gr: &mut [T]| {
-            let [need_a, need_b] = self.op.needs(k);
-            let a: &[T] = if need_a {
-                &inputs[0][if pa { r * ca } else { 0 }..]
-            } else {
-                &[]
-            };
-            let b: &[T] = if need_b {
-                &inputs[1][if pb { r * cb } else { 0 }..]
-            } else {
-                &[]
-            };
-            let g = &grad_out[r * n..(r + 1) * n];
-            for ((&gj, &ka), &kb) in g.iter().zip(ma).zip(mb) {
-                let x = if need_a { a[ka as usize] } else { T::zero() };
-                let y = if need_b { b[kb as usize] } else { T::zero() };
-                let (da, db) = self.op.partials(x, y);
-                if k == 0 {
-                    gr[ka as usize] += gj * da;
-                } else {
-                    gr[kb as usize] += gj * db;
-                }
+        let (i, s, g) = (inputs, shapes, grad_out);
+        match self.op {
+            BroadcastOp::Add => {
+                self.backward_with(|a, b| BroadcastOp::Add.partials(a, b), i, s, g, grads)
             }
-        };
-        // An operand left unread (empty, with a non-empty shape) means no
-        // gradient is wanted from the partials that read it.
-        let unread = |i: usize| inputs[i].is_empty() && shapes[i].1 * shapes[i].2 > 0;
-        for (k, gk) in grads.iter_mut().enumerate() {
-            let needs = self.op.needs(k);
-            if (0..2).any(|i| needs[i] && unread(i)) {
-                continue;
+            BroadcastOp::Sub => {
+                self.backward_with(|a, b| BroadcastOp::Sub.partials(a, b), i, s, g, grads)
             }
-            let (per_row, cols) = if k == 0 { (pa, ca) } else { (pb, cb) };
-            if per_row {
-                gk.par_chunks_mut(cols.max(1) * ROWS_PER_TASK)
-                    .enumerate()
-                    .for_each(|(block, g_block)| {
-                        for (i, gr) in g_block.chunks_mut(cols.max(1)).enumerate() {
-                            row_grad(k, block * ROWS_PER_TASK + i, gr);
-                        }
-                    });
-            } else {
-                // One row read by every row: its gradient sums over them.
-                for r in 0..rows {
-                    row_grad(k, r, gk);
-                }
+            BroadcastOp::Mul => {
+                self.backward_with(|a, b| BroadcastOp::Mul.partials(a, b), i, s, g, grads)
+            }
+            BroadcastOp::Div => {
+                self.backward_with(|a, b| BroadcastOp::Div.partials(a, b), i, s, g, grads)
             }
         }
         Some(Ok(()))
+    }
+
+    fn skips_unwanted_gradients(&self) -> bool {
+        true
+    }
+
+    fn writes_every_output(&self) -> bool {
+        true
     }
 }
 
@@ -662,6 +852,10 @@ pub(crate) struct ClampMin(pub f64);
 impl<T: Scalar> OpaqueKernel<T> for ClampMin {
     fn name(&self) -> &str {
         "clamp_min"
+    }
+
+    fn writes_every_output(&self) -> bool {
+        true
     }
 
     fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, KernelError> {
@@ -726,6 +920,10 @@ pub(crate) struct Sinc;
 impl<T: Scalar> OpaqueKernel<T> for Sinc {
     fn name(&self) -> &str {
         "sinc"
+    }
+
+    fn writes_every_output(&self) -> bool {
+        true
     }
 
     fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, KernelError> {
@@ -1134,3 +1332,7 @@ mod tests {
         assert_eq!(permute_map(&[2, 3], &[1, 0]), vec![0, 3, 1, 4, 2, 5]);
     }
 }
+
+#[cfg(test)]
+#[path = "rowops_tests.rs"]
+mod broadcast_kernel_tests;

@@ -38,6 +38,7 @@ pub(crate) fn combine_rank_results(
     }
     let mut shares = Vec::with_capacity(outcomes.len());
     let mut traces = Vec::new();
+    let mut profiles = Vec::new();
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     let mut bytes = 0;
     let mut sizes = Vec::new();
@@ -45,6 +46,7 @@ pub(crate) fn combine_rank_results(
     for r in outcomes.into_iter().flatten() {
         shares.extend(r.share);
         traces.extend(r.trace);
+        profiles.extend(r.profile);
         for (k, v) in r.handler_counts {
             *counts.entry(k).or_insert(0) += v;
         }
@@ -57,6 +59,7 @@ pub(crate) fn combine_rank_results(
     }
     let mut result = assemble_shares(batch, shares)?;
     result.diagnostics.traces = traces;
+    result.diagnostics.profiles = profiles;
     result.diagnostics.handler_counts = counts;
     result.diagnostics.bytes_sent = bytes;
     result.diagnostics.rank_sizes = sizes;

@@ -19,6 +19,10 @@ pub struct EvalOptions {
     pub trace: bool,
     /// Fail on the first op that produces NaN/inf, naming it.
     pub check_finite: bool,
+    /// Time every op of the forward and backward passes by op name
+    /// ([`EvalDiagnostics::profiles`](crate::EvalDiagnostics::profiles));
+    /// off by default (on, it costs a clock read per op).
+    pub profile: bool,
     /// Extra ghost width beyond `halo_depth × cutoff` (Å).
     pub skin: f64,
     /// Deadline of every blocking communication call.
@@ -70,6 +74,7 @@ impl Default for EvalOptions {
             spec: None,
             trace: false,
             check_finite: false,
+            profile: false,
             skin: 0.0,
             timeout: Duration::from_secs(120),
             allow_close_atoms: false,

@@ -29,6 +29,8 @@ pub struct RankResult {
     pub result: Option<EvalResult>,
     /// This rank's trace, when requested.
     pub trace: Option<Trace>,
+    /// This rank's op times, when requested ([`EvalOptions::profile`]).
+    pub profile: Option<ddmlip_engine::OpProfile>,
     /// This rank's handler firings.
     pub handler_counts: BTreeMap<String, usize>,
     /// Bytes this rank sent.
@@ -255,12 +257,16 @@ fn rank_body<T: Scalar>(
     let built = build_inputs(g, problem, model.uses_runtime_graph())?;
     let (pos, eps, inputs) = (built.positions, built.strain, built.inputs);
     timings.setup = lap(&mut clock);
+    if opts.profile {
+        g.enable_profile();
+    }
     let out = model.forward_any(g, &inputs)?;
     check_energy_shape(g, out.energy, n_sys)?;
     timings.forward = lap(&mut clock);
     timings.forward_comm = g.distributor().map_or(0.0, |d| d.comm_seconds());
     let (gpos, geps) = rank_gradients(g, out.energy, rank, n_sys, [pos, eps])?;
     timings.backward = lap(&mut clock);
+    let profile = g.take_profile();
     timings.backward_comm =
         g.distributor().map_or(0.0, |d| d.comm_seconds()) - timings.forward_comm;
     let counts = model.uses_runtime_graph().then_some(owned_counts);
@@ -286,7 +292,12 @@ fn rank_body<T: Scalar>(
     // The halo traffic of the step, without the result gather.
     let bytes_sent = comm.stats().bytes_sent;
     let (result, share) = if split.gather_to_root {
-        (gather_shares(comm.as_ref(), batch, share)?, None)
+        let mut result = gather_shares(comm.as_ref(), batch, share)?;
+        // Process ranks: rank 0's result carries rank 0's profile.
+        if let (Some(r), Some(p)) = (result.as_mut(), &profile) {
+            r.diagnostics.profiles.push(p.clone());
+        }
+        (result, None)
     } else {
         // Ranks of one process hand their share to the caller, which
         // assembles after joining them: no exchange, no copy per rank.
@@ -296,6 +307,7 @@ fn rank_body<T: Scalar>(
     Ok(RankResult {
         result,
         trace,
+        profile,
         handler_counts,
         bytes_sent,
         sizes,

@@ -44,6 +44,10 @@ pub struct EvalResult {
 pub struct EvalDiagnostics {
     /// Traces per rank (one entry for a single-process run) when requested.
     pub traces: Vec<Trace>,
+    /// Op times of the forward and backward passes per rank, in rank order,
+    /// with [`EvalOptions::profile`](crate::EvalOptions::profile) (one entry
+    /// for a single-process run; rank 0's only when ranks are processes).
+    pub profiles: Vec<ddmlip_engine::OpProfile>,
     /// Distributed handler firings, summed over ranks.
     pub handler_counts: BTreeMap<String, usize>,
     /// The partition of each system (decomposed runs).

@@ -33,6 +33,9 @@ pub(crate) fn evaluate_single<T: Scalar>(
     let built = build_inputs(&mut g, problem, model.uses_runtime_graph())?;
     let (pos, eps, inputs) = (built.positions, built.strain, built.inputs);
     timings.setup = lap(&mut clock);
+    if opts.profile {
+        g.enable_profile();
+    }
     let out = model.forward_any(&mut g, &inputs)?;
     check_energy_shape(&g, out.energy, n_sys)?;
     timings.forward = lap(&mut clock);
@@ -43,6 +46,7 @@ pub(crate) fn evaluate_single<T: Scalar>(
     if let Some(tr) = g.take_trace() {
         result.diagnostics.traces.push(tr);
     }
+    result.diagnostics.profiles.extend(g.take_profile());
     timings.gather = lap(&mut clock);
     result.diagnostics.rank_timings = vec![timings];
     *buffers = g.into_buffers();

@@ -86,7 +86,17 @@ impl Unary {
 
     /// `dst[e] = f(src[e])`, bit for bit [`Unary::apply`], with the match
     /// hoisted out of the loop so that the common maps vectorise.
+    /// Compiled for the running CPU's widest vectors (same bits: see
+    /// [`crate::ops::simd`]).
     pub(crate) fn apply_slice<T: Scalar>(&self, src: &[T], dst: &mut [T]) {
+        let f = *self;
+        crate::ops::simd::dispatch!((f: Unary, src: &[T], dst: &mut [T]) {
+            f.apply_slice_scalar(src, dst)
+        })
+    }
+
+    #[inline(always)]
+    fn apply_slice_scalar<T: Scalar>(&self, src: &[T], dst: &mut [T]) {
         macro_rules! each {
             ($x:ident => $e:expr) => {
                 for (d, &$x) in dst.iter_mut().zip(src) {
@@ -126,7 +136,23 @@ impl Unary {
 
     /// `acc[e] += g[e] · f'(x[e])` (y = f(x)), bit for bit the products of
     /// [`Unary::derivative`], with the match hoisted out of the loop.
+    /// Compiled for the running CPU's widest vectors (same bits: see
+    /// [`crate::ops::simd`]).
     pub(crate) fn accumulate_derivative_slice<T: Scalar>(
+        &self,
+        x: &[T],
+        y: &[T],
+        g: &[T],
+        acc: &mut [T],
+    ) {
+        let f = *self;
+        crate::ops::simd::dispatch!((f: Unary, x: &[T], y: &[T], g: &[T], acc: &mut [T]) {
+            f.accumulate_derivative_slice_scalar(x, y, g, acc)
+        })
+    }
+
+    #[inline(always)]
+    fn accumulate_derivative_slice_scalar<T: Scalar>(
         &self,
         x: &[T],
         y: &[T],

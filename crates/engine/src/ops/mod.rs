@@ -14,6 +14,7 @@ pub mod opaque;
 mod pointwise;
 mod radial;
 mod shape;
+pub(crate) mod simd;
 
 pub use elementwise::Unary;
 pub use geometry::PeriodicShifts;

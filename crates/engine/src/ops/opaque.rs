@@ -39,6 +39,21 @@ pub trait OpaqueKernel<T: Scalar>: Send + Sync {
     fn backward_reads(&self, _input: usize, _wants: &[bool]) -> bool {
         true
     }
+
+    /// When true, [`OpaqueKernel::backward`] receives an empty buffer for
+    /// each input that needs no gradient (a constant), which it must leave
+    /// alone (no work for it); when false (the default), every input gets a
+    /// zeroed buffer of its length.
+    fn skips_unwanted_gradients(&self) -> bool {
+        false
+    }
+
+    /// When true, [`OpaqueKernel::forward`] assigns every element of its
+    /// output, which then arrives with unspecified (stale but initialised)
+    /// values instead of zeroed; when false (the default), it arrives zeroed.
+    fn writes_every_output(&self) -> bool {
+        false
+    }
 }
 
 impl<T: Scalar> Graph<T> {
@@ -125,7 +140,11 @@ impl<T: Scalar> Graph<T> {
             })
             .collect();
         let (domain, rows, cols) = kernel.output_shape(&shapes).map_err(kernel_err)?;
-        let mut out = self.pool.zeroed(rows * cols);
+        let mut out = if kernel.writes_every_output() {
+            self.pool.for_overwrite(rows * cols)
+        } else {
+            self.pool.zeroed(rows * cols)
+        };
         {
             let slices: Vec<&[T]> = ins
                 .iter()
@@ -168,8 +187,18 @@ impl<T: Scalar> Graph<T> {
                     .map(|(pos, &t)| if read[pos] { ctx.value(t) } else { &[] })
                     .collect();
                 // Kernels may add into their gradients: start from zero.
-                let mut grads: Vec<Vec<T>> =
-                    shapes.iter().map(|&(_, r, c)| ctx.zeroed(r * c)).collect();
+                let skip = k.skips_unwanted_gradients();
+                let mut grads: Vec<Vec<T>> = ins_b
+                    .iter()
+                    .zip(&shapes)
+                    .map(|(&t, &(_, r, c))| {
+                        if skip && !ctx.wants(t) {
+                            Vec::new()
+                        } else {
+                            ctx.zeroed(r * c)
+                        }
+                    })
+                    .collect();
                 match k.backward(&slices, &shapes, g, &mut grads) {
                     None => return Err(EngineError::NoBackward { op: op.clone() }),
                     Some(Err(source)) => {
@@ -181,7 +210,9 @@ impl<T: Scalar> Graph<T> {
                     Some(Ok(())) => {}
                 }
                 for (&t, gt) in ins_b.iter().zip(grads) {
-                    ctx.accumulate(t, gt);
+                    if !(skip && gt.is_empty() && !ctx.wants(t)) {
+                        ctx.accumulate(t, gt);
+                    }
                 }
                 Ok(())
             }),

@@ -15,6 +15,7 @@ use crate::input::{load_model, read_structure};
 use anyhow::{anyhow, Context};
 use clap::{Args, ValueEnum};
 use ddmlip_atoms::System;
+use ddmlip_engine::OpProfile;
 use ddmlip_runtime::{EvalOptions, EvalResult, Evaluator, RankTimings};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -78,6 +79,12 @@ pub struct ModelBenchArgs {
     /// what this machine allows a split whose ranks meet every step.
     #[arg(long)]
     pub(crate) ceiling: bool,
+    /// Time the engine's ops by name, forward and backward separately (per
+    /// timed evaluation, summed over ranks), and print the table after the
+    /// timings (`profile` of each record with --json). Off by default: the
+    /// timings then carry no clock reads per op.
+    #[arg(long)]
+    pub(crate) profile: bool,
     /// Print one JSON object on stdout.
     #[arg(long)]
     pub(crate) json: bool,
@@ -173,6 +180,11 @@ pub struct ModelRecord {
     /// Where the last timed evaluation's wall time went (decomposed runs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub phases: Option<PhaseBreakdown>,
+    /// With `--profile`: seconds and calls per op name, forward and
+    /// backward, per timed evaluation (the mean over evaluations and rounds),
+    /// summed over ranks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<OpProfile>,
 }
 
 fn geometric_name() -> String {
@@ -272,6 +284,11 @@ fn threads_per_rank(a: &ModelBenchArgs, ranks: usize) -> usize {
 
 pub fn run(a: &ModelBenchArgs) -> Result<u8, CliError> {
     if let Device::Cuda(index) = a.device {
+        if a.profile {
+            return Err(CliError::input(anyhow!(
+                "--profile times the op engine on the CPU; it does not apply to --device cuda"
+            )));
+        }
         if a.repeats == 0 || a.repeat == 0 {
             return Err(CliError::input(anyhow!(
                 "--repeats and --repeat must be at least 1"
@@ -359,6 +376,9 @@ fn run_child(a: &ModelBenchArgs, exe: &std::path::Path, r: usize) -> Result<Mode
     if a.no_work_sharing {
         cmd.arg("--no-work-sharing");
     }
+    if a.profile {
+        cmd.arg("--profile");
+    }
     match &a.structure {
         Some(p) => cmd.arg("--structure").arg(p),
         None => cmd.args([
@@ -396,6 +416,16 @@ fn merge_rounds(rounds: Vec<ModelRecord>) -> Option<ModelRecord> {
     let cpu = median(&rounds.iter().map(|r| r.median_cpu_s).collect::<Vec<_>>());
     let times: Vec<f64> = rounds.iter().flat_map(|r| r.times_s.clone()).collect();
     let work: Vec<Vec<f64>> = rounds.iter().flat_map(|r| r.rank_work_s.clone()).collect();
+    let n_rounds = rounds.len();
+    let profile = rounds
+        .iter()
+        .filter_map(|r| r.profile.as_ref())
+        .fold(None, |acc: Option<OpProfile>, p| {
+            let mut acc = acc.unwrap_or_default();
+            acc.merge(p);
+            Some(acc)
+        })
+        .map(|p| p.scaled_down(n_rounds));
     let mut rec = rounds.into_iter().last()?;
     rec.median_s = median(&times);
     rec.median_cpu_s = cpu;
@@ -404,6 +434,7 @@ fn merge_rounds(rounds: Vec<ModelRecord>) -> Option<ModelRecord> {
     rec.times_s = times;
     rec.round_medians_s = round_medians;
     rec.rank_work_s = work;
+    rec.profile = profile;
     Some(rec)
 }
 
@@ -509,6 +540,11 @@ fn model_table(s: &ModelSummary) -> String {
             );
         }
     }
+    for r in &s.records {
+        if let Some(p) = &r.profile {
+            o.push_str(&profile_table(r, p));
+        }
+    }
     if let Some(first) = s.ceiling.first() {
         let kernels: Vec<String> = s
             .ceiling
@@ -528,6 +564,45 @@ fn model_table(s: &ModelSummary) -> String {
             first.threads,
             kernels.join(", ")
         );
+    }
+    o
+}
+
+/// The `--profile` table of one record: every op of each phase by time,
+/// with its share of the profiled forward + backward time.
+fn profile_table(r: &ModelRecord, p: &OpProfile) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let total = p.total_s();
+    let _ = writeln!(
+        o,
+        "{} rank{}: op times per evaluation{}: forward {:.4} s + backward {:.4} s = {:.4} s (median step {:.4} s)",
+        r.ranks,
+        if r.ranks == 1 { "" } else { "s" },
+        if r.ranks == 1 { "" } else { ", summed over ranks" },
+        p.forward_s(),
+        p.backward_s(),
+        total,
+        r.median_s
+    );
+    let _ = writeln!(
+        o,
+        "  {:<8} {:<32} {:>7} {:>10} {:>6}",
+        "phase", "op", "calls", "seconds", "share"
+    );
+    for (phase, list) in [("forward", &p.forward), ("backward", &p.backward)] {
+        for t in list {
+            let share = if total > 0.0 { t.seconds / total } else { 0.0 };
+            let _ = writeln!(
+                o,
+                "  {:<8} {:<32} {:>7} {:>10.5} {:>5.1}%",
+                phase,
+                t.op,
+                t.calls,
+                t.seconds,
+                100.0 * share
+            );
+        }
     }
     o
 }
@@ -579,6 +654,7 @@ pub fn child(a: &ModelBenchArgs) -> Result<u8, CliError> {
         threads_per_rank: threads,
         balance: a.balance.into(),
         work_sharing: !a.no_work_sharing,
+        profile: a.profile,
         ..Default::default()
     };
     let rss_before = read_status_kib("VmRSS:").unwrap_or(0) * 1024;
@@ -593,6 +669,7 @@ pub fn child(a: &ModelBenchArgs) -> Result<u8, CliError> {
     let mut cpu_times = Vec::with_capacity(a.repeats);
     let mut last = None;
     let mut rank_work_s = Vec::new();
+    let mut profile: Option<OpProfile> = None;
     let faults_before = process_minor_faults();
     for _ in 0..a.repeats {
         let c0 = process_cpu_s();
@@ -610,6 +687,9 @@ pub fn child(a: &ModelBenchArgs) -> Result<u8, CliError> {
                     .map(RankTimings::work)
                     .collect(),
             );
+        }
+        for p in &r.diagnostics.profiles {
+            profile.get_or_insert_with(OpProfile::default).merge(p);
         }
         last = Some(r);
     }
@@ -661,6 +741,7 @@ pub fn child(a: &ModelBenchArgs) -> Result<u8, CliError> {
         phases: last.as_ref().and_then(PhaseBreakdown::of),
         rank_work_s,
         times_s: times,
+        profile: profile.map(|p| p.scaled_down(a.repeats)),
     };
     println!("{}", serde_json::to_string(&rec).map_err(CliError::failed)?);
     Ok(0)
@@ -719,6 +800,7 @@ mod tests {
             work_sharing: false,
             rank_work_s: Vec::new(),
             phases: None,
+            profile: None,
         };
         let s = summarize(vec![rec(1, 1, 8.0), rec(4, 4, 2.5)]);
         assert!((s.speedup[1] - 3.2).abs() < 1e-12);
