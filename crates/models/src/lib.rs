@@ -20,3 +20,6 @@ pub use registry::{
     PretrainedSevenNet, PRETRAINED_SEVENNETS, SEVENNET_NAME,
 };
 pub use sevennet::SevenNetModel;
+/// Per-phase timings of the SevenNet kernels (off by default; see
+/// `ddmlip_e3nn::phases`).
+pub use ddmlip_e3nn::phases as sevennet_phases;
