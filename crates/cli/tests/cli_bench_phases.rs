@@ -54,6 +54,12 @@ fn phases_of_sevennet_are_reported_per_kernel() {
                 "self_interaction_2",
                 "equivariant_gate",
             ] {
+                // Layer 0's self-connection and linear_1 read the species
+                // embedding, a constant: no backward.
+                let constant_input = kind == "self_connection" || kind == "self_interaction_1";
+                if t == 0 && pass == "backward" && constant_input {
+                    continue;
+                }
                 let x = find(&format!("{t}_{kind}"), pass);
                 assert_eq!(x["calls"].as_f64(), Some(1.0), "{t}_{kind} {pass}");
                 assert!(x["wall_s"].as_f64().unwrap() > 0.0);

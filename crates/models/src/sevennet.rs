@@ -18,7 +18,7 @@ use ddmlip_engine::{
 };
 use ddmlip_spec::{GatherMode, MLIPSpec, ScatterMode};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// A SevenNet potential read from its PyTorch checkpoint (any architecture
 /// `ddmlip_e3nn::sevennet::SevenNetConfig` accepts), for one modality of a
@@ -117,6 +117,8 @@ impl SevenNetModel {
         } else {
             None
         };
+        // The layers' convolutions run on the same edges: one CSR for all.
+        let conv_graph = Arc::new(ConvGraphCache::default());
         for (t, block) in net.blocks.iter().enumerate() {
             g.push_scope(format!("interaction_{t}"));
             let sc = match (&block.self_connection, onehot) {
@@ -155,6 +157,7 @@ impl SevenNetModel {
                 name: format!("{t}_convolution"),
                 net: net.clone(),
                 layer: t,
+                graph: conv_graph.clone(),
             });
             let a = g.message_passing(conv, &[h], &[emb, sh], edges.center, edges.neighbor)?;
             let y = g.rowwise(
@@ -508,11 +511,34 @@ impl<T: Scalar + Real> OpaqueKernel<T> for GateKernel {
     }
 }
 
+/// The receiver- and sender-sorted views of the edges, built by the first
+/// convolution of an evaluation and reused by the other layers' forward and
+/// backward (building them is serial, O(edges), and was repeated ten times
+/// a step). Every call checks that its edges are the cached ones, so a call
+/// on other rows or edges builds (and caches) its own.
+#[derive(Default)]
+struct ConvGraphCache(Mutex<Option<Arc<ConvGraph>>>);
+
+impl ConvGraphCache {
+    fn get(&self, n_rows: usize, center: &[u32], neighbor: &[u32]) -> Result<Arc<ConvGraph>, KernelError> {
+        let mut slot = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(g) = slot.as_ref() {
+            if g.n_rows() == n_rows && g.centers() == center && g.neighbors() == neighbor {
+                return Ok(g.clone());
+            }
+        }
+        let g = Arc::new(ConvGraph::new(n_rows, center, neighbor).map_err(kernel_err)?);
+        *slot = Some(g.clone());
+        Ok(g)
+    }
+}
+
 /// Radial MLP + uvu tensor product + aggregation of one layer, fused.
 struct ConvKernel<T> {
     name: String,
     net: Arc<SevenNet<T>>,
     layer: usize,
+    graph: Arc<ConvGraphCache>,
 }
 
 impl<T: Scalar + Real> ConvKernel<T> {
@@ -543,7 +569,7 @@ impl<T: Scalar + Real> MessageKernel<T> for ConvKernel<T> {
         let flops = x.center.len() as f64 * (mlp + tp);
         timed(&self.name, Pass::Forward, flops, || {
             let b = self.block();
-            let graph = ConvGraph::new(x.n_rows, x.center, x.neighbor).map_err(kernel_err)?;
+            let graph = self.graph.get(x.n_rows, x.center, x.neighbor)?;
             radial_conv_forward(
                 &b.conv,
                 &b.radial,
@@ -570,7 +596,7 @@ impl<T: Scalar + Real> MessageKernel<T> for ConvKernel<T> {
         let flops = x.center.len() as f64 * (2.0 * mlp + tp);
         timed(&self.name, Pass::Backward, flops, || {
             let b = self.block();
-            let graph = ConvGraph::new(x.n_rows, x.center, x.neighbor).map_err(kernel_err)?;
+            let graph = self.graph.get(x.n_rows, x.center, x.neighbor)?;
             let (gemb, gsh) = ge.split_at_mut(1);
             radial_conv_backward(
                 &b.conv,
