@@ -77,7 +77,10 @@ fn phases_of_sevennet_are_reported_per_kernel() {
     assert_eq!(bwd - fwd, mlp);
     let sum: f64 = phases.iter().map(|x| x["wall_s"].as_f64().unwrap()).sum();
     let step = p["step_wall_s"].as_f64().unwrap();
-    assert!(sum > 0.0 && sum <= step, "phases {sum} s within the step's {step} s");
+    assert!(
+        sum > 0.0 && sum <= step,
+        "phases {sum} s within the step's {step} s"
+    );
 }
 
 #[test]
@@ -108,16 +111,11 @@ fn phases_table_is_printed() {
 #[test]
 fn phases_of_a_decomposed_run_are_refused() {
     let (code, _out, err) = run(&[
-        "bench",
-        "model",
-        "--model",
-        "lj",
-        "--repeat",
-        "1",
-        "--ranks",
-        "1,2",
-        "--phases",
+        "bench", "model", "--model", "lj", "--repeat", "1", "--ranks", "1,2", "--phases",
     ]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("--phases") && err.contains("--ranks 1"), "{err}");
+    assert!(
+        err.contains("--phases") && err.contains("--ranks 1"),
+        "{err}"
+    );
 }

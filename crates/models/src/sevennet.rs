@@ -4,8 +4,8 @@
 //! scatter (messages onto centres) and can run it decomposed.
 
 use crate::registry::ModelError;
-use ddmlip_e3nn::sevennet::{InteractionBlock, Readout, SelfConnection, SevenNet, SevenNetWeights};
 use ddmlip_e3nn::phases::{timed, Pass};
+use ddmlip_e3nn::sevennet::{InteractionBlock, Readout, SelfConnection, SevenNet, SevenNetWeights};
 use ddmlip_e3nn::species_linear::SpeciesLinear;
 use ddmlip_e3nn::{
     radial_conv_backward, radial_conv_forward, AffineLinear, ConvGraph, E3nnError,
@@ -520,7 +520,12 @@ impl<T: Scalar + Real> OpaqueKernel<T> for GateKernel {
 struct ConvGraphCache(Mutex<Option<Arc<ConvGraph>>>);
 
 impl ConvGraphCache {
-    fn get(&self, n_rows: usize, center: &[u32], neighbor: &[u32]) -> Result<Arc<ConvGraph>, KernelError> {
+    fn get(
+        &self,
+        n_rows: usize,
+        center: &[u32],
+        neighbor: &[u32],
+    ) -> Result<Arc<ConvGraph>, KernelError> {
         let mut slot = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(g) = slot.as_ref() {
             if g.n_rows() == n_rows && g.centers() == center && g.neighbors() == neighbor {

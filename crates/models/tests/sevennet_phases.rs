@@ -4,7 +4,8 @@
 //! `bench/sevennet0_flops.py`'s formulas (restated here from the
 //! architecture) on the brute-force edge count.
 //!
-//! The recorder is process-wide; nextest runs each test in its own process.
+//! The recorder is process-wide: the tests take turns (nextest runs each in
+//! its own process anyway; `cargo test` runs them as threads of one).
 
 use ddmlip_atoms::System;
 use ddmlip_engine::{DType, Model};
@@ -12,6 +13,9 @@ use ddmlip_models::sevennet_phases::{self as phases, Pass, PhaseTotal};
 use ddmlip_neighbors::{brute_force_neighbor_list, NeighborOptions};
 use ddmlip_runtime::{evaluate, EvalOptions, EvalResult};
 use std::path::PathBuf;
+use std::sync::Mutex;
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn model() -> Box<dyn Model> {
     ddmlip_testkit::sevennet_checkpoint();
@@ -111,6 +115,7 @@ fn linear_flops(t: usize) -> [usize; 3] {
 
 #[test]
 fn phases_are_off_by_default_and_do_not_change_results() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let m = model();
     let sys = frame();
     assert!(!phases::enabled());
@@ -134,6 +139,7 @@ fn phases_are_off_by_default_and_do_not_change_results() {
 
 #[test]
 fn every_phase_is_recorded_with_the_scripts_flop_count() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let m = model();
     let sys = frame();
     let edges = brute_force_neighbor_list(
@@ -157,12 +163,15 @@ fn every_phase_is_recorded_with_the_scripts_flop_count() {
         t0.elapsed().as_secs_f64(),
         phases::process_cpu_s().unwrap() - cpu0,
     );
+    phases::set_enabled(false);
     let table = phases::take();
     // Layer 0's self-connection and linear_1 read the species embedding, a
     // constant: they have no backward.
     assert_eq!(table.len(), 2 * (1 + 5 * 5 + 2) - 2, "{table:#?}");
     for name in ["0_self_connection", "0_self_interaction_1"] {
-        assert!(!table.iter().any(|p| p.name == name && p.pass == Pass::Backward));
+        assert!(!table
+            .iter()
+            .any(|p| p.name == name && p.pass == Pass::Backward));
     }
     for pass in [Pass::Forward, Pass::Backward] {
         for t in 0..5 {
@@ -185,7 +194,10 @@ fn every_phase_is_recorded_with_the_scripts_flop_count() {
             let per_edge = mlp_passes * mlp_flops(t) + tp_flops(t);
             assert_eq!(conv.calls, 1);
             assert_eq!(conv.flops, (per_edge * edges) as f64, "layer {t} {pass:?}");
-            assert_eq!(phase(&table, &format!("{t}_equivariant_gate"), pass).calls, 1);
+            assert_eq!(
+                phase(&table, &format!("{t}_equivariant_gate"), pass).calls,
+                1
+            );
         }
         assert_eq!(
             phase(&table, "reduce_input_to_hidden", pass).flops,
@@ -202,6 +214,12 @@ fn every_phase_is_recorded_with_the_scripts_flop_count() {
         .iter()
         .fold((0.0, 0.0), |(w, c), p| (w + p.wall_s, c + p.cpu_s));
     assert!(table.iter().all(|p| p.wall_s > 0.0 && p.cpu_s >= 0.0));
-    assert!(sum_wall <= wall, "phases {sum_wall} s within the call's {wall} s");
-    assert!(sum_cpu <= cpu + 1e-3, "phases' CPU {sum_cpu} s within the call's {cpu} s");
+    assert!(
+        sum_wall <= wall,
+        "phases {sum_wall} s within the call's {wall} s"
+    );
+    assert!(
+        sum_cpu <= cpu + 1e-3,
+        "phases' CPU {sum_cpu} s within the call's {cpu} s"
+    );
 }

@@ -352,7 +352,11 @@ pub fn run(a: &ModelBenchArgs) -> Result<u8, CliError> {
         );
     } else {
         print!("{}", model_table(&summary));
-        for p in summary.records.iter().filter_map(|r| r.kernel_phases.as_ref()) {
+        for p in summary
+            .records
+            .iter()
+            .filter_map(|r| r.kernel_phases.as_ref())
+        {
             print!("{}", super::phases::table(p));
         }
     }

@@ -231,7 +231,13 @@ pub fn table(p: &KernelPhases) -> String {
                 e.3 += ph.cpu_s;
                 e.4 += ph.flops;
             }
-            None => kinds.push((k.to_string(), ph.pass.clone(), ph.wall_s, ph.cpu_s, ph.flops)),
+            None => kinds.push((
+                k.to_string(),
+                ph.pass.clone(),
+                ph.wall_s,
+                ph.cpu_s,
+                ph.flops,
+            )),
         }
     }
     let _ = writeln!(o, "merged over layers:");
