@@ -84,7 +84,7 @@ pub fn process_cpu_s() -> Option<f64> {
     };
     // SAFETY: `ts` is a valid, writable timespec; the call writes only it.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    (rc == 0).then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
+    (rc == 0).then_some(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
 }
 
 /// A started measurement; [`PhaseClock::stop`] records it. Inert when

@@ -72,13 +72,17 @@ impl<'a, S> Pooled<'a, S> {
 impl<S> Deref for Pooled<'_, S> {
     type Target = S;
     fn deref(&self) -> &S {
-        self.item.as_ref().expect("pooled scratch is present until dropped")
+        self.item
+            .as_ref()
+            .expect("pooled scratch is present until dropped")
     }
 }
 
 impl<S> DerefMut for Pooled<'_, S> {
     fn deref_mut(&mut self) -> &mut S {
-        self.item.as_mut().expect("pooled scratch is present until dropped")
+        self.item
+            .as_mut()
+            .expect("pooled scratch is present until dropped")
     }
 }
 
