@@ -73,6 +73,8 @@ pub struct ConvPaths<T> {
     t_size: usize,
     /// `(filter index, SH index, α·C)` for every nonzero CG entry of every path.
     nz: Vec<(u32, u32, T)>,
+    /// Forward FLOPs per edge in the cheapest dense form (see [`ConvPaths::flops_per_edge`]).
+    flops_per_edge: usize,
     /// Distinct `(offset, mul, dim)` input blocks the paths read.
     in_ranges: Vec<(usize, usize, usize)>,
     /// Distinct `(offset, mul, dim)` output blocks the paths write.
@@ -111,6 +113,7 @@ impl<T: Real> ConvPaths<T> {
         let mut out = Vec::with_capacity(paths.len());
         let mut t_size = 0;
         let mut nz = Vec::new();
+        let mut flops_per_edge = 0;
         for (n, p) in paths.iter().enumerate() {
             let bad = |why: String| E3nnError::Config(format!("TP path {n}: {why}"));
             if p.l1.max(p.l2).max(p.l3) > CONV_LMAX {
@@ -164,6 +167,7 @@ impl<T: Real> ConvPaths<T> {
                 }
             }
             t_size += d1 * d3;
+            flops_per_edge += 2 * d1 * d2 * d3 + 2 * p.mul * d1 * d3 + p.mul * d3;
         }
         let in_ranges = distinct_ranges(
             out.iter().map(|p| (p.in_off, p.mul, p.d1)).collect(),
@@ -181,6 +185,7 @@ impl<T: Real> ConvPaths<T> {
             paths: out,
             t_size,
             nz,
+            flops_per_edge,
             in_ranges,
             out_ranges,
         })
@@ -206,6 +211,15 @@ impl<T: Real> ConvPaths<T> {
         let dim_w = paths.iter().map(|p| p.mul).sum();
         let me = Self::new(irreps_in.dim(), lmax_sh, dim_w, msg.dim(), paths)?;
         Ok((me, msg, order))
+    }
+
+    /// Floating-point operations of the tensor products' forward per edge
+    /// (a multiply-add is 2), counted in the cheapest dense form of
+    /// `bench/sevennet0_flops.py`: per path, `T = C·Y` once per edge
+    /// (`2·d1·d2·d3`), then the contraction with the input copies times the
+    /// weight (`2·u·d1·d3 + u·d3`). The radial MLP is not included.
+    pub fn flops_per_edge(&self) -> usize {
+        self.flops_per_edge
     }
 
     /// Width of `h` rows.

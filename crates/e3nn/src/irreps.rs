@@ -240,6 +240,21 @@ impl<T: Real> IrrepsLinear<T> {
         &self.irreps_out
     }
 
+    /// Floating-point operations of the forward per row (a multiply-add is
+    /// 2): `2 · Σ mul_in · mul_out · (2l+1)` over the weight blocks.
+    pub fn flops_per_row(&self) -> usize {
+        self.instrs
+            .iter()
+            .map(|ins| {
+                let (bi, bo) = (
+                    &self.irreps_in.blocks[ins.block_in],
+                    &self.irreps_out.blocks[ins.block_out],
+                );
+                2 * bi.mul * bo.mul * bo.ir.dim()
+            })
+            .sum()
+    }
+
     /// `output` (N × dim_out, overwritten) = Linear(`input`, N × dim_in).
     pub fn forward(&self, input: &[T], n_rows: usize, output: &mut [T]) -> Result<(), E3nnError> {
         self.apply(input, n_rows, output, false)

@@ -18,6 +18,7 @@ pub mod fcn;
 pub mod gate;
 mod gemm;
 pub mod irreps;
+pub mod phases;
 pub mod radial;
 pub mod real;
 pub mod sevennet;

@@ -295,6 +295,12 @@ impl<T: Real> RadialMlp<T> {
         self.widths[0]
     }
 
+    /// Floating-point operations of the forward GEMMs per row (a
+    /// multiply-add is 2; the activations are not counted).
+    pub fn flops_per_row(&self) -> usize {
+        self.widths.windows(2).map(|w| 2 * w[0] * w[1]).sum()
+    }
+
     /// Output width (W, the number of TP weights per edge).
     pub fn dim_out(&self) -> usize {
         self.widths[self.widths.len() - 1]

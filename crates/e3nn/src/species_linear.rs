@@ -80,6 +80,12 @@ impl<T: Real> SpeciesLinear<T> {
         })
     }
 
+    /// Floating-point operations of the forward per row (one species'
+    /// Linear; every species' has the same shape).
+    pub fn flops_per_row(&self) -> usize {
+        self.per_type.first().map_or(0, IrrepsLinear::flops_per_row)
+    }
+
     /// Number of species (width of the one-hot rows).
     pub fn n_types(&self) -> usize {
         self.per_type.len()

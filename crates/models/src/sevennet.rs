@@ -4,6 +4,7 @@
 //! scatter (messages onto centres) and can run it decomposed.
 
 use crate::registry::ModelError;
+use ddmlip_e3nn::phases::{timed, Pass};
 use ddmlip_e3nn::sevennet::{InteractionBlock, Readout, SelfConnection, SevenNet, SevenNetWeights};
 use ddmlip_e3nn::species_linear::SpeciesLinear;
 use ddmlip_e3nn::{
@@ -17,7 +18,7 @@ use ddmlip_engine::{
 };
 use ddmlip_spec::{GatherMode, MLIPSpec, ScatterMode};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// A SevenNet potential read from its PyTorch checkpoint (any architecture
 /// `ddmlip_e3nn::sevennet::SevenNetConfig` accepts), for one modality of a
@@ -116,6 +117,8 @@ impl SevenNetModel {
         } else {
             None
         };
+        // The layers' convolutions run on the same edges: one CSR for all.
+        let conv_graph = Arc::new(ConvGraphCache::default());
         for (t, block) in net.blocks.iter().enumerate() {
             g.push_scope(format!("interaction_{t}"));
             let sc = match (&block.self_connection, onehot) {
@@ -154,6 +157,7 @@ impl SevenNetModel {
                 name: format!("{t}_convolution"),
                 net: net.clone(),
                 layer: t,
+                graph: conv_graph.clone(),
             });
             let a = g.message_passing(conv, &[h], &[emb, sh], edges.center, edges.neighbor)?;
             let y = g.rowwise(
@@ -289,16 +293,18 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
         _shapes: &[Shape],
         out: &mut [T],
     ) -> Result<(), KernelError> {
-        let f = self
-            .net
-            .edge_features(&as_vec3(inputs[0]))
-            .map_err(kernel_err)?;
-        let (nb, nsh) = (self.net.n_basis(), self.net.sh_dim());
-        for (e, row) in out.chunks_mut(nb + nsh).enumerate() {
-            row[..nb].copy_from_slice(&f.emb[e * nb..(e + 1) * nb]);
-            row[nb..].copy_from_slice(&f.sh[e * nsh..(e + 1) * nsh]);
-        }
-        Ok(())
+        timed(self.name(), Pass::Forward, 0.0, || {
+            let f = self
+                .net
+                .edge_features(&as_vec3(inputs[0]))
+                .map_err(kernel_err)?;
+            let (nb, nsh) = (self.net.n_basis(), self.net.sh_dim());
+            for (e, row) in out.chunks_mut(nb + nsh).enumerate() {
+                row[..nb].copy_from_slice(&f.emb[e * nb..(e + 1) * nb]);
+                row[nb..].copy_from_slice(&f.sh[e * nsh..(e + 1) * nsh]);
+            }
+            Ok(())
+        })
     }
     fn backward(
         &self,
@@ -307,7 +313,7 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
         g: &[T],
         grads: &mut [Vec<T>],
     ) -> Option<Result<(), KernelError>> {
-        let mut run = || -> Result<(), KernelError> {
+        let run = || -> Result<(), KernelError> {
             let v = as_vec3(inputs[0]);
             let f = self.net.edge_features(&v).map_err(kernel_err)?;
             let ne = v.len();
@@ -329,7 +335,7 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
             }
             Ok(())
         };
-        Some(run())
+        Some(timed(self.name(), Pass::Backward, 0.0, run))
     }
 }
 
@@ -353,9 +359,12 @@ impl<T: Scalar + Real> OpaqueKernel<T> for LinearKernel<T> {
         Ok((inputs[0].0, inputs[0].1, self.lin.irreps_out().dim()))
     }
     fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), KernelError> {
-        self.lin
-            .forward(inputs[0], shapes[0].1, out)
-            .map_err(kernel_err)
+        let flops = (self.lin.linear.flops_per_row() * shapes[0].1) as f64;
+        timed(&self.name, Pass::Forward, flops, || {
+            self.lin
+                .forward(inputs[0], shapes[0].1, out)
+                .map_err(kernel_err)
+        })
     }
     fn backward(
         &self,
@@ -364,11 +373,12 @@ impl<T: Scalar + Real> OpaqueKernel<T> for LinearKernel<T> {
         g: &[T],
         grads: &mut [Vec<T>],
     ) -> Option<Result<(), KernelError>> {
-        Some(
+        let flops = (self.lin.linear.flops_per_row() * shapes[0].1) as f64;
+        Some(timed(&self.name, Pass::Backward, flops, || {
             self.lin
                 .backward(g, shapes[0].1, &mut grads[0])
-                .map_err(kernel_err),
-        )
+                .map_err(kernel_err)
+        }))
     }
 }
 
@@ -395,11 +405,14 @@ impl<T: Scalar + Real> OpaqueKernel<T> for SpeciesLinearKernel<T> {
         Ok((inputs[0].0, inputs[0].1, self.lin.irreps_out().dim()))
     }
     fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), KernelError> {
-        let types = self
-            .lin
-            .types_of(inputs[1], shapes[1].1)
-            .map_err(kernel_err)?;
-        self.lin.forward(inputs[0], &types, out).map_err(kernel_err)
+        let flops = (self.lin.flops_per_row() * shapes[0].1) as f64;
+        timed(&self.name, Pass::Forward, flops, || {
+            let types = self
+                .lin
+                .types_of(inputs[1], shapes[1].1)
+                .map_err(kernel_err)?;
+            self.lin.forward(inputs[0], &types, out).map_err(kernel_err)
+        })
     }
     fn backward(
         &self,
@@ -408,7 +421,7 @@ impl<T: Scalar + Real> OpaqueKernel<T> for SpeciesLinearKernel<T> {
         g: &[T],
         grads: &mut [Vec<T>],
     ) -> Option<Result<(), KernelError>> {
-        let mut run = || -> Result<(), KernelError> {
+        let run = || -> Result<(), KernelError> {
             let types = self
                 .lin
                 .types_of(inputs[1], shapes[1].1)
@@ -417,7 +430,8 @@ impl<T: Scalar + Real> OpaqueKernel<T> for SpeciesLinearKernel<T> {
                 .backward(g, &types, &mut grads[0])
                 .map_err(kernel_err)
         };
-        Some(run())
+        let flops = (self.lin.flops_per_row() * shapes[0].1) as f64;
+        Some(timed(&self.name, Pass::Backward, flops, run))
     }
 }
 
@@ -441,9 +455,11 @@ impl<T: Scalar + Real> OpaqueKernel<T> for FcnKernel<T> {
         Ok((inputs[0].0, inputs[0].1, self.net.dim_out()))
     }
     fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), KernelError> {
-        self.net
-            .forward(inputs[0], shapes[0].1, out)
-            .map_err(kernel_err)
+        timed(&self.name, Pass::Forward, 0.0, || {
+            self.net
+                .forward(inputs[0], shapes[0].1, out)
+                .map_err(kernel_err)
+        })
     }
     fn backward(
         &self,
@@ -452,11 +468,11 @@ impl<T: Scalar + Real> OpaqueKernel<T> for FcnKernel<T> {
         g: &[T],
         grads: &mut [Vec<T>],
     ) -> Option<Result<(), KernelError>> {
-        Some(
+        Some(timed(&self.name, Pass::Backward, 0.0, || {
             self.net
                 .backward(inputs[0], g, shapes[0].1, &mut grads[0])
-                .map_err(kernel_err),
-        )
+                .map_err(kernel_err)
+        }))
     }
 }
 
@@ -474,9 +490,11 @@ impl<T: Scalar + Real> OpaqueKernel<T> for GateKernel {
         Ok((inputs[0].0, inputs[0].1, self.gate.dim_out()))
     }
     fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), KernelError> {
-        self.gate
-            .forward(inputs[0], shapes[0].1, out)
-            .map_err(kernel_err)
+        timed(&self.name, Pass::Forward, 0.0, || {
+            self.gate
+                .forward(inputs[0], shapes[0].1, out)
+                .map_err(kernel_err)
+        })
     }
     fn backward(
         &self,
@@ -485,11 +503,38 @@ impl<T: Scalar + Real> OpaqueKernel<T> for GateKernel {
         g: &[T],
         grads: &mut [Vec<T>],
     ) -> Option<Result<(), KernelError>> {
-        Some(
+        Some(timed(&self.name, Pass::Backward, 0.0, || {
             self.gate
                 .backward(inputs[0], g, shapes[0].1, &mut grads[0])
-                .map_err(kernel_err),
-        )
+                .map_err(kernel_err)
+        }))
+    }
+}
+
+/// The receiver- and sender-sorted views of the edges, built by the first
+/// convolution of an evaluation and reused by the other layers' forward and
+/// backward (building them is serial, O(edges), and was repeated ten times
+/// a step). Every call checks that its edges are the cached ones, so a call
+/// on other rows or edges builds (and caches) its own.
+#[derive(Default)]
+struct ConvGraphCache(Mutex<Option<Arc<ConvGraph>>>);
+
+impl ConvGraphCache {
+    fn get(
+        &self,
+        n_rows: usize,
+        center: &[u32],
+        neighbor: &[u32],
+    ) -> Result<Arc<ConvGraph>, KernelError> {
+        let mut slot = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(g) = slot.as_ref() {
+            if g.n_rows() == n_rows && g.centers() == center && g.neighbors() == neighbor {
+                return Ok(g.clone());
+            }
+        }
+        let g = Arc::new(ConvGraph::new(n_rows, center, neighbor).map_err(kernel_err)?);
+        *slot = Some(g.clone());
+        Ok(g)
     }
 }
 
@@ -498,11 +543,22 @@ struct ConvKernel<T> {
     name: String,
     net: Arc<SevenNet<T>>,
     layer: usize,
+    graph: Arc<ConvGraphCache>,
 }
 
 impl<T: Scalar + Real> ConvKernel<T> {
     fn block(&self) -> &InteractionBlock<T> {
         &self.net.blocks[self.layer]
+    }
+
+    /// FLOPs per edge of the radial MLP's GEMMs and of the tensor products'
+    /// forward, as `bench/sevennet0_flops.py` counts them.
+    fn flops_per_edge(&self) -> (f64, f64) {
+        let b = self.block();
+        (
+            b.radial.flops_per_row() as f64,
+            b.conv.flops_per_edge() as f64,
+        )
     }
 }
 
@@ -514,19 +570,23 @@ impl<T: Scalar + Real> MessageKernel<T> for ConvKernel<T> {
         self.block().conv.dim_msg()
     }
     fn forward(&self, x: &MessageInputs<'_, T>, out: &mut [T]) -> Result<(), KernelError> {
-        let b = self.block();
-        let graph = ConvGraph::new(x.n_rows, x.center, x.neighbor).map_err(kernel_err)?;
-        radial_conv_forward(
-            &b.conv,
-            &b.radial,
-            b.denominator,
-            &graph,
-            x.nodes[0],
-            x.edges[0],
-            x.edges[1],
-            out,
-        )
-        .map_err(kernel_err)
+        let (mlp, tp) = self.flops_per_edge();
+        let flops = x.center.len() as f64 * (mlp + tp);
+        timed(&self.name, Pass::Forward, flops, || {
+            let b = self.block();
+            let graph = self.graph.get(x.n_rows, x.center, x.neighbor)?;
+            radial_conv_forward(
+                &b.conv,
+                &b.radial,
+                b.denominator,
+                &graph,
+                x.nodes[0],
+                x.edges[0],
+                x.edges[1],
+                out,
+            )
+            .map_err(kernel_err)
+        })
     }
     fn backward(
         &self,
@@ -535,22 +595,28 @@ impl<T: Scalar + Real> MessageKernel<T> for ConvKernel<T> {
         gn: &mut [Vec<T>],
         ge: &mut [Vec<T>],
     ) -> Result<(), KernelError> {
-        let b = self.block();
-        let graph = ConvGraph::new(x.n_rows, x.center, x.neighbor).map_err(kernel_err)?;
-        let (gemb, gsh) = ge.split_at_mut(1);
-        radial_conv_backward(
-            &b.conv,
-            &b.radial,
-            b.denominator,
-            &graph,
-            x.nodes[0],
-            x.edges[0],
-            x.edges[1],
-            g,
-            &mut gn[0],
-            &mut gemb[0],
-            &mut gsh[0],
-        )
-        .map_err(kernel_err)
+        // The backward recomputes the radial MLP's forward, then runs every
+        // product again for its input gradients (the weights are constants).
+        let (mlp, tp) = self.flops_per_edge();
+        let flops = x.center.len() as f64 * (2.0 * mlp + tp);
+        timed(&self.name, Pass::Backward, flops, || {
+            let b = self.block();
+            let graph = self.graph.get(x.n_rows, x.center, x.neighbor)?;
+            let (gemb, gsh) = ge.split_at_mut(1);
+            radial_conv_backward(
+                &b.conv,
+                &b.radial,
+                b.denominator,
+                &graph,
+                x.nodes[0],
+                x.edges[0],
+                x.edges[1],
+                g,
+                &mut gn[0],
+                &mut gemb[0],
+                &mut gsh[0],
+            )
+            .map_err(kernel_err)
+        })
     }
 }

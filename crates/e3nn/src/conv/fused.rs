@@ -9,6 +9,8 @@
 //! positions), so the results are race-free and independent of scheduling.
 
 use super::*;
+use std::ops::{Deref, DerefMut};
+use std::sync::Mutex;
 
 /// Target number of edges per fused block (rows of the block's MLP GEMMs).
 const FUSED_BLOCK_EDGES: usize = 256;
@@ -44,6 +46,55 @@ fn split_blocks<T>(
         buf = tail;
     }
     out
+}
+
+/// Scratch lent by a call's pool to one rayon task and handed back when the
+/// task ends. Rayon runs `for_each_init`'s init once per task, and splits a
+/// loop into more tasks the more threads steal work, so scratch made per task
+/// (megabytes: the block's per-edge weights and their gradients, zeroed
+/// and often freshly mapped) grew with the thread count; from a pool, a call
+/// makes one per task that runs at the same time.
+struct Pooled<'a, S> {
+    item: Option<S>,
+    pool: &'a Mutex<Vec<S>>,
+}
+
+impl<'a, S> Pooled<'a, S> {
+    fn take(pool: &'a Mutex<Vec<S>>, make: impl FnOnce() -> S) -> Self {
+        let spare = pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        Self {
+            item: Some(spare.unwrap_or_else(make)),
+            pool,
+        }
+    }
+}
+
+impl<S> Deref for Pooled<'_, S> {
+    type Target = S;
+    fn deref(&self) -> &S {
+        self.item
+            .as_ref()
+            .expect("pooled scratch is present until dropped")
+    }
+}
+
+impl<S> DerefMut for Pooled<'_, S> {
+    fn deref_mut(&mut self) -> &mut S {
+        self.item
+            .as_mut()
+            .expect("pooled scratch is present until dropped")
+    }
+}
+
+impl<S> Drop for Pooled<'_, S> {
+    fn drop(&mut self) {
+        if let Some(item) = self.item.take() {
+            self.pool
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(item);
+        }
+    }
 }
 
 /// Per-task scratch of the fused kernels.
@@ -213,9 +264,11 @@ pub fn radial_conv_forward<T: Real>(
     let blocks = row_blocks(&graph.center_offsets);
     let max_edges = max_block_edges(&graph.center_offsets, &blocks);
     let pieces = split_blocks(out, blocks.iter().copied(), dm);
+    let pool = Mutex::new(Vec::new());
     blocks.into_par_iter().zip(pieces).for_each_init(
-        || fused_scratch(paths, radial, dm, max_edges),
+        || Pooled::take(&pool, || fused_scratch(paths, radial, dm, max_edges)),
         |sc, ((r0, r1), piece)| {
+            let sc = &mut **sc;
             let (p0, p1) = (graph.center_offsets[r0], graph.center_offsets[r1]);
             block_weights(radial, &graph.center_edges, emb, p0, p1, sc);
             for (i, row) in (r0..r1).zip(piece.chunks_exact_mut(dm)) {
@@ -275,14 +328,16 @@ pub fn radial_conv_backward<T: Real>(
     let gh_pieces = split_blocks(grad_h, blocks.iter().copied(), di);
     let gsh_pieces = split_blocks(&mut gsh_pos, edge_bounds(), ds);
     let gemb_pieces = split_blocks(&mut gemb_pos, edge_bounds(), nb);
+    let pool = Mutex::new(Vec::new());
     blocks
         .par_iter()
         .zip(gh_pieces)
         .zip(gsh_pieces)
         .zip(gemb_pieces)
         .for_each_init(
-            || fused_scratch(paths, radial, di, max_edges),
+            || Pooled::take(&pool, || fused_scratch(paths, radial, di, max_edges)),
             |sc, (((&(r0, r1), gh), gy), gemb)| {
+                let sc = &mut **sc;
                 let (p0, p1) = (off[r0], off[r1]);
                 block_weights(radial, &graph.neighbor_edges, emb, p0, p1, sc);
                 // Weight columns no path reads must get a zero gradient.

@@ -8,6 +8,7 @@ use clap::{Args, Subcommand};
 mod cores;
 mod gemm;
 mod model;
+mod phases;
 mod procfs;
 mod stats;
 

@@ -92,6 +92,11 @@ pub struct ModelBenchArgs {
     /// process on one GPU, so --ranks, --threads and --rounds do not apply).
     #[arg(long, default_value = "cpu")]
     pub(crate) device: Device,
+    /// Time each SevenNet kernel phase (forward and backward per layer:
+    /// wall, CPU of all threads, FLOPs, GFLOP/s) and the time outside the
+    /// kernels; one rank only (`--ranks 1`).
+    #[arg(long)]
+    pub(crate) phases: bool,
     /// Run exactly one rank count in this process and print its record as JSON.
     #[arg(long, hide = true)]
     pub(crate) child: bool,
@@ -185,6 +190,9 @@ pub struct ModelRecord {
     /// summed over ranks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<OpProfile>,
+    /// With `--phases`: the SevenNet kernel phases, per evaluation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_phases: Option<super::phases::KernelPhases>,
 }
 
 fn geometric_name() -> String {
@@ -311,6 +319,11 @@ pub fn run(a: &ModelBenchArgs) -> Result<u8, CliError> {
             "--repeats, --rounds, --threads and --repeat must be at least 1"
         )));
     }
+    if a.phases && a.ranks.iter().any(|&r| r != 1) {
+        return Err(CliError::input(anyhow!(
+            "--phases times one rank (the phases' CPU time is the whole process's): use --ranks 1"
+        )));
+    }
     let exe = std::env::current_exe()
         .context("locating the ddmlip executable")
         .map_err(CliError::failed)?;
@@ -356,6 +369,13 @@ pub fn run(a: &ModelBenchArgs) -> Result<u8, CliError> {
         );
     } else {
         print!("{}", model_table(&summary));
+        for p in summary
+            .records
+            .iter()
+            .filter_map(|r| r.kernel_phases.as_ref())
+        {
+            print!("{}", super::phases::table(p));
+        }
     }
     Ok(0)
 }
@@ -378,6 +398,9 @@ fn run_child(a: &ModelBenchArgs, exe: &std::path::Path, r: usize) -> Result<Mode
     }
     if a.profile {
         cmd.arg("--profile");
+    }
+    if a.phases {
+        cmd.arg("--phases");
     }
     match &a.structure {
         Some(p) => cmd.arg("--structure").arg(p),
@@ -671,13 +694,21 @@ pub fn child(a: &ModelBenchArgs) -> Result<u8, CliError> {
     let mut rank_work_s = Vec::new();
     let mut profile: Option<OpProfile> = None;
     let faults_before = process_minor_faults();
+    let mut phase_run = a.phases.then(super::phases::PhaseRun::start);
     for _ in 0..a.repeats {
+        if let Some(run) = phase_run.as_mut() {
+            run.begin();
+        }
         let c0 = process_cpu_s();
         let t0 = Instant::now();
         let r = evaluator.evaluate(&frames).map_err(CliError::failed)?;
         times.push(t0.elapsed().as_secs_f64());
         if let (Some(c0), Some(c1)) = (c0, process_cpu_s()) {
             cpu_times.push(c1 - c0);
+        }
+        if let Some(run) = phase_run.as_mut() {
+            let wall = times.last().copied().unwrap_or(0.0);
+            run.end(r.diagnostics.rank_timings.first(), wall);
         }
         if r.diagnostics.rank_timings.len() > 1 {
             rank_work_s.push(
@@ -739,6 +770,7 @@ pub fn child(a: &ModelBenchArgs) -> Result<u8, CliError> {
         bytes_per_step: last.as_ref().map_or(0, |r| r.diagnostics.bytes_sent),
         minor_faults_per_step,
         phases: last.as_ref().and_then(PhaseBreakdown::of),
+        kernel_phases: phase_run.map(|run| run.finish(threads, atoms, a.repeats)),
         rank_work_s,
         times_s: times,
         profile: profile.map(|p| p.scaled_down(a.repeats)),
@@ -799,6 +831,7 @@ mod tests {
             balance: "geometric".into(),
             work_sharing: false,
             rank_work_s: Vec::new(),
+            kernel_phases: None,
             phases: None,
             profile: None,
         };
