@@ -3,6 +3,9 @@
 //! says why, whatever the build: without the `cuda` feature, or with it and
 //! no CUDA driver.
 
+mod common;
+
+use common::model_args;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -31,6 +34,18 @@ fn run(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// A two-step NVE `md` run of `lj` on `xyz`, followed by `extra`.
+fn short_md<'a>(xyz: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = model_args(
+        "md",
+        "lj",
+        xyz,
+        &["--ensemble", "nve", "--dt", "1", "--steps", "2"],
+    );
+    args.extend_from_slice(extra);
+    args
+}
+
 /// A GPU that this build could use is present: the no-GPU cases do not apply.
 fn gpu_usable() -> bool {
     cfg!(feature = "cuda") && std::path::Path::new("/dev/nvidia0").exists()
@@ -51,36 +66,12 @@ fn device_cuda_without_a_usable_gpu_is_exit_2_saying_why() {
     std::fs::write(&xyz_si, SI_XYZ).unwrap();
     let xyz_si = xyz_si.to_str().unwrap();
     for args in [
-        vec![
-            "eval",
-            "--model",
-            "lj",
-            "--structure",
-            xyz,
-            "--device",
-            "cuda",
-        ],
-        vec![
-            "eval",
-            "--model",
-            "lj",
-            "--structure",
-            xyz,
-            "--device",
-            "cuda:1",
-        ],
+        model_args("eval", "lj", xyz, &["--device", "cuda"]),
+        model_args("eval", "lj", xyz, &["--device", "cuda:1"]),
         vec![
             "bench", "model", "--model", "lj", "--repeat", "1", "--device", "cuda",
         ],
-        vec![
-            "eval",
-            "--model",
-            "sevennet-0",
-            "--structure",
-            xyz,
-            "--device",
-            "cuda",
-        ],
+        model_args("eval", "sevennet-0", xyz, &["--device", "cuda"]),
         vec![
             "bench",
             "model",
@@ -93,30 +84,8 @@ fn device_cuda_without_a_usable_gpu_is_exit_2_saying_why() {
             "--device",
             "cuda",
         ],
-        vec![
-            "md",
-            "--model",
-            "lj",
-            "--structure",
-            xyz,
-            "--ensemble",
-            "nve",
-            "--dt",
-            "1",
-            "--steps",
-            "2",
-            "--device",
-            "cuda",
-        ],
-        vec![
-            "relax",
-            "--model",
-            "sevennet-0",
-            "--structure",
-            xyz_si,
-            "--device",
-            "cuda",
-        ],
+        short_md(xyz, &["--device", "cuda"]),
+        model_args("relax", "sevennet-0", xyz_si, &["--device", "cuda"]),
     ] {
         let (code, _, err) = run(&args);
         assert_eq!(code, 2, "{args:?}: {err}");
@@ -137,15 +106,12 @@ fn device_cuda_without_a_usable_gpu_is_exit_2_saying_why() {
 fn a_model_without_a_cuda_path_is_refused_naming_those_with_one() {
     let dir = tempfile::tempdir().unwrap();
     let xyz = structure(&dir);
-    let (code, _, err) = run(&[
+    let (code, _, err) = run(&model_args(
         "eval",
-        "--model",
         "schnet-demo",
-        "--structure",
         xyz.to_str().unwrap(),
-        "--device",
-        "cuda",
-    ]);
+        &["--device", "cuda"],
+    ));
     assert_eq!(code, 2, "{err}");
     assert!(
         err.contains("schnet-demo") && err.contains("has no CUDA path") && err.contains("lj"),
@@ -159,22 +125,18 @@ fn device_names_are_checked_and_cpu_is_the_default() {
     let xyz = structure(&dir);
     let xyz = xyz.to_str().unwrap();
     for bad in ["gpu", "cuda:", "cuda:x", "cuda:-1", "CPU"] {
-        let (code, _, err) = run(&["eval", "--model", "lj", "--structure", xyz, "--device", bad]);
+        let (code, _, err) = run(&model_args("eval", "lj", xyz, &["--device", bad]));
         assert_eq!(code, 2, "{bad}: {err}");
         assert!(err.contains("expected cpu, cuda or cuda:N"), "{bad}: {err}");
     }
-    let (code, default, err) = run(&["eval", "--model", "lj", "--structure", xyz, "--json"]);
+    let (code, default, err) = run(&model_args("eval", "lj", xyz, &["--json"]));
     assert_eq!(code, 0, "{err}");
-    let (code, cpu, err) = run(&[
+    let (code, cpu, err) = run(&model_args(
         "eval",
-        "--model",
         "lj",
-        "--structure",
         xyz,
-        "--json",
-        "--device",
-        "cpu",
-    ]);
+        &["--json", "--device", "cpu"],
+    ));
     assert_eq!(code, 0, "{err}");
     assert_eq!(default, cpu);
 }
@@ -190,20 +152,8 @@ fn md_and_relax_on_a_gpu_refuse_what_needs_the_cpu_engine() {
     let dir = tempfile::tempdir().unwrap();
     let xyz = structure(&dir);
     let xyz = xyz.to_str().unwrap();
-    let md = [
-        "md",
-        "--model",
-        "lj",
-        "--structure",
-        xyz,
-        "--ensemble",
-        "nve",
-        "--dt",
-        "1",
-        "--steps",
-        "2",
-    ];
-    let relax = ["relax", "--model", "lj", "--structure", xyz];
+    let md = short_md(xyz, &[]);
+    let relax = model_args("relax", "lj", xyz, &[]);
     for (base, extra, flag) in [
         (&md[..], &["--ranks", "2"][..], "--ranks > 1"),
         (&md[..], &["--backend", "mpi"][..], "--backend mpi"),

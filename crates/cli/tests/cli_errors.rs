@@ -1,6 +1,9 @@
 //! Bad input through the real binary: exit status 2, a message that names the
 //! problem (and the file and line where there is one), and never a panic.
 
+mod common;
+
+use common::model_args;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -111,7 +114,7 @@ fn name(p: &Path) -> &str {
 
 /// Every read path (eval, neighbors, partition) must reject a bad file the same way.
 fn assert_all_commands_reject(path: &Path, needles: &[&str]) {
-    assert_bad_input(&["eval", "--model", "lj", "--structure", s(path)], needles);
+    assert_bad_input(&model_args("eval", "lj", s(path), &[]), needles);
     assert_bad_input(
         &["neighbors", "--structure", s(path), "--cutoff", "3.0"],
         needles,
@@ -200,7 +203,7 @@ fn singular_cell_on_periodic_axis() {
         "zero_vector.xyz",
         "2\nLattice=\"5 0 0 0 5 0 0 0 0\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\nAr 0 0 0\nAr 2 2 0\n",
     );
-    let (status, _, stderr) = run(&["eval", "--model", "lj", "--structure", s(&p)]);
+    let (status, _, stderr) = run(&model_args("eval", "lj", s(&p), &[]));
     assert_eq!(status, 2, "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
@@ -240,7 +243,7 @@ fn unknown_model_name() {
     let good = c.good();
     // The message lists the models that do exist.
     assert_bad_input(
-        &["eval", "--model", "no-such-model", "--structure", s(&good)],
+        &model_args("eval", "no-such-model", s(&good), &[]),
         &["no-such-model", "lj", "schnet-demo"],
     );
 }
@@ -291,18 +294,12 @@ fn malformed_model_toml() {
     for (file, text, needle) in cases {
         let model = c.file(file, text);
         assert_bad_input(
-            &["eval", "--model", s(&model), "--structure", s(&good)],
+            &model_args("eval", s(&model), s(&good), &[]),
             &[file, needle],
         );
     }
     assert_bad_input(
-        &[
-            "eval",
-            "--model",
-            "does-not-exist.toml",
-            "--structure",
-            s(&good),
-        ],
+        &model_args("eval", "does-not-exist.toml", s(&good), &[]),
         &["does-not-exist.toml"],
     );
 }
@@ -323,7 +320,7 @@ fn species_the_model_lacks() {
         "rebuild-demo",
     ] {
         assert_bad_input(
-            &["eval", "--model", model, "--structure", s(&p)],
+            &model_args("eval", model, s(&p), &[]),
             &[model, "Fm", "Z=100"],
         );
     }
@@ -338,7 +335,7 @@ fn atoms_closer_than_minimum_distance() {
     );
     for model in ["lj", "schnet-demo"] {
         assert_bad_input(
-            &["eval", "--model", model, "--structure", s(&p)],
+            &model_args("eval", model, s(&p), &[]),
             &["atoms 1 and 2", "apart"],
         );
     }
@@ -347,7 +344,7 @@ fn atoms_closer_than_minimum_distance() {
         "close_image.xyz",
         "2\nLattice=\"6 0 0 0 6 0 0 0 6\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\nAr 0 0 0\nAr 5.9999995 0 0\n",
     );
-    assert_bad_input(&["eval", "--model", "lj", "--structure", s(&p)], &["apart"]);
+    assert_bad_input(&model_args("eval", "lj", s(&p), &[]), &["apart"]);
 }
 
 #[test]
@@ -356,7 +353,7 @@ fn empty_file() {
     let p = c.file("empty.xyz", "");
     assert_all_commands_reject(&p, &[name(&p), "empty"]);
     let p = c.file("blank.xyz", "\n\n");
-    let (status, _, stderr) = run(&["eval", "--model", "lj", "--structure", s(&p)]);
+    let (status, _, stderr) = run(&model_args("eval", "lj", s(&p), &[]));
     assert_eq!(status, 2, "{stderr}");
     assert!(stderr.contains("blank.xyz"), "{stderr}");
 }
@@ -365,7 +362,7 @@ fn empty_file() {
 fn missing_structure_file_is_named_once() {
     let c = Case::new();
     let p = c.dir.path().join("absent.xyz");
-    let (status, _, stderr) = run(&["eval", "--model", "lj", "--structure", s(&p)]);
+    let (status, _, stderr) = run(&model_args("eval", "lj", s(&p), &[]));
     assert_eq!(status, 2, "{stderr}");
     assert!(stderr.contains("absent.xyz"), "{stderr}");
     // The OS reason is given once, not repeated by the error chain.
@@ -381,15 +378,7 @@ fn zero_ranks() {
     let c = Case::new();
     let good = c.good();
     assert_bad_input(
-        &[
-            "eval",
-            "--model",
-            "lj",
-            "--structure",
-            s(&good),
-            "--ranks",
-            "0",
-        ],
+        &model_args("eval", "lj", s(&good), &["--ranks", "0"]),
         &["--ranks"],
     );
     assert_bad_input(
@@ -405,14 +394,7 @@ fn zero_ranks() {
         &["--ranks"],
     );
     assert_bad_input(
-        &[
-            "eval",
-            "--model",
-            "lj",
-            "--structure",
-            s(&good),
-            "--ranks=-1",
-        ],
+        &model_args("eval", "lj", s(&good), &["--ranks=-1"]),
         &["--ranks"],
     );
 }
@@ -423,15 +405,7 @@ fn absurd_rank_counts_are_refused_not_hung() {
     let good = c.good();
     let huge = usize::MAX.to_string();
     assert_bad_input(
-        &[
-            "eval",
-            "--model",
-            "lj",
-            "--structure",
-            s(&good),
-            "--ranks",
-            &huge,
-        ],
+        &model_args("eval", "lj", s(&good), &["--ranks", &huge]),
         &["ranks"],
     );
     assert_bad_input(
@@ -456,44 +430,26 @@ fn bad_spec_file_for_eval() {
     let not_json = c.file("not_json.json", "{version: 1");
     for ranks in ["1", "2"] {
         assert_bad_input(
-            &[
+            &model_args(
                 "eval",
-                "--model",
                 "lj",
-                "--structure",
                 s(&good),
-                "--ranks",
-                ranks,
-                "--spec",
-                s(&unknown),
-            ],
+                &["--ranks", ranks, "--spec", s(&unknown)],
+            ),
             &["halo_dpeth"],
         );
         assert_bad_input(
-            &[
+            &model_args(
                 "eval",
-                "--model",
                 "lj",
-                "--structure",
                 s(&good),
-                "--ranks",
-                ranks,
-                "--spec",
-                s(&not_json),
-            ],
+                &["--ranks", ranks, "--spec", s(&not_json)],
+            ),
             &["JSON"],
         );
     }
     assert_bad_input(
-        &[
-            "eval",
-            "--model",
-            "lj",
-            "--structure",
-            s(&good),
-            "--spec",
-            "absent-spec.json",
-        ],
+        &model_args("eval", "lj", s(&good), &["--spec", "absent-spec.json"]),
         &["absent-spec.json"],
     );
 }
@@ -506,15 +462,7 @@ fn usage_errors_exit_2() {
     let c = Case::new();
     let good = c.good();
     assert_bad_input(
-        &[
-            "eval",
-            "--model",
-            "lj",
-            "--structure",
-            s(&good),
-            "--dtype",
-            "f16",
-        ],
+        &model_args("eval", "lj", s(&good), &["--dtype", "f16"]),
         &["f16"],
     );
 }
@@ -615,16 +563,12 @@ fn more_ranks_than_the_system_can_use_run_and_warn() {
     // Control: a box long enough along the split axis (21.7 Å against twice
     // eam-demo's 5 Å ghost width) gives a healthy split and no warning.
     let slab = c.file("slab.xyz", &fcc_cu(6, 2, 2));
-    let (status, json, stderr) = run(&[
+    let (status, json, stderr) = run(&model_args(
         "eval",
-        "--model",
         "eam-demo",
-        "--structure",
         s(&slab),
-        "--ranks",
-        "2",
-        "--json",
-    ]);
+        &["--ranks", "2", "--json"],
+    ));
     assert_eq!(status, 0, "{stderr}");
     assert!(
         !stderr.contains("warning"),

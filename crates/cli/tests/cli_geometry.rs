@@ -3,6 +3,9 @@
 //! with status 2 and a message naming the value or the size, quickly; cells
 //! with many images within the cutoff work.
 
+mod common;
+
+use common::model_args;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -37,6 +40,10 @@ fn run(args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// ASE's `bulk("Ar", "fcc", a=5.26)`: one atom in the primitive FCC cell,
+/// whose 3.72 Å nearest-neighbour distance puts many images in a cutoff.
+const ARGON_PRIMITIVE: &str = "1\nLattice=\"0 2.63 2.63 2.63 0 2.63 2.63 2.63 0\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\nAr 0 0 0\n";
 
 fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> PathBuf {
     let path = dir.path().join(name);
@@ -75,11 +82,8 @@ fn coordinates_and_cells_out_of_range_exit_2_naming_the_value() {
         let path = write(&dir, &format!("case{k}.xyz"), text);
         let p = path.to_str().unwrap();
         assert_bad_input(&["neighbors", "--structure", p, "--cutoff", "5"], value);
-        assert_bad_input(&["eval", "--model", "lj", "--structure", p], value);
-        assert_bad_input(
-            &["eval", "--model", "lj", "--structure", p, "--ranks", "3"],
-            value,
-        );
+        assert_bad_input(&model_args("eval", "lj", p, &[]), value);
+        assert_bad_input(&model_args("eval", "lj", p, &["--ranks", "3"]), value);
         assert_bad_input(
             &[
                 "partition",
@@ -98,11 +102,7 @@ fn coordinates_and_cells_out_of_range_exit_2_naming_the_value() {
 #[test]
 fn requests_that_cannot_fit_exit_2_with_their_size() {
     let dir = tempfile::tempdir().unwrap();
-    let argon = write(
-        &dir,
-        "ar.xyz",
-        "1\nLattice=\"0 2.63 2.63 2.63 0 2.63 2.63 2.63 0\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\nAr 0 0 0\n",
-    );
+    let argon = write(&dir, "ar.xyz", ARGON_PRIMITIVE);
     let ar = argon.to_str().unwrap();
     assert_bad_input(&["neighbors", "--structure", ar, "--cutoff", "20000"], "iB");
     assert_bad_input(
@@ -138,13 +138,9 @@ fn requests_that_cannot_fit_exit_2_with_their_size() {
 #[test]
 fn small_cells_with_many_images_work() {
     let dir = tempfile::tempdir().unwrap();
-    // ASE's bulk("Ar", "fcc", a=5.26): `partition --ranks 2 --cutoff 21`
-    // used to abort asking for 4.3 GiB.
-    let argon = write(
-        &dir,
-        "ar.xyz",
-        "1\nLattice=\"0 2.63 2.63 2.63 0 2.63 2.63 2.63 0\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\nAr 0 0 0\n",
-    );
+    // `partition --ranks 2 --cutoff 21` on this cell used to abort asking
+    // for 4.3 GiB.
+    let argon = write(&dir, "ar.xyz", ARGON_PRIMITIVE);
     let ar = argon.to_str().unwrap();
     let (code, stdout, stderr) = run(&[
         "partition",

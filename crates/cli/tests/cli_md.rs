@@ -1,10 +1,13 @@
 //! `ddmlip md` through the real binary: files ASE reads back, momenta in and
 //! out, restart from a checkpoint, SIGINT, a non-finite state, bad input.
 
+mod common;
+
+use common::md;
 use ddmlip_atoms::Column;
 use ddmlip_testkit::cli::{argon_fcc, momenta, path_str as s, read_xyz as read};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ddmlip");
 
@@ -15,10 +18,6 @@ fn argon(dir: &Path, with_momenta: bool) -> PathBuf {
     let path = dir.join(if with_momenta { "ar_p.xyz" } else { "ar.xyz" });
     ddmlip_atoms::extxyz::write_file(&path, &[sys]).unwrap();
     path
-}
-
-fn md(args: &[&str]) -> Output {
-    Command::new(BIN).arg("md").args(args).output().unwrap()
 }
 
 #[test]
@@ -147,55 +146,39 @@ fn restart_continues_bitwise_and_checks_its_input() {
     let mut sys = read(&st).remove(0);
     sys.numbers[0] = 36;
     ddmlip_atoms::extxyz::write_file(&other, &[sys]).unwrap();
-    let o = md(&[
-        "--model",
-        "lj",
-        "--structure",
-        s(&other),
-        "--ensemble",
-        "langevin",
-        "--temperature",
-        "120",
-        "--dt",
-        "4",
-        "--steps",
-        "5",
-        "--restart",
-        s(&ck),
-    ]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("`numbers`"),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    // A five-step restart of `structure` from `checkpoint` is refused with
+    // exit 2 and a message that contains `needle`.
+    let assert_restart_refused = |structure: &Path, checkpoint: &Path, needle: &str| {
+        let o = md(&[
+            "--model",
+            "lj",
+            "--structure",
+            s(structure),
+            "--ensemble",
+            "langevin",
+            "--temperature",
+            "120",
+            "--dt",
+            "4",
+            "--steps",
+            "5",
+            "--restart",
+            s(checkpoint),
+        ]);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(needle),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    assert_restart_refused(&other, &ck, "`numbers`");
     let text = std::fs::read_to_string(&ck)
         .unwrap()
         .replacen("\"version\":1", "\"version\":99", 1);
     let bad = dir.path().join("v99.ck");
     std::fs::write(&bad, text).unwrap();
-    let o = md(&[
-        "--model",
-        "lj",
-        "--structure",
-        s(&st),
-        "--ensemble",
-        "langevin",
-        "--temperature",
-        "120",
-        "--dt",
-        "4",
-        "--steps",
-        "5",
-        "--restart",
-        s(&bad),
-    ]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("`version` is 99"),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert_restart_refused(&st, &bad, "`version` is 99");
 }
 
 #[test]

@@ -2,14 +2,10 @@
 //! and a checkpoint whose domains are damaged exit 2 naming the problem;
 //! `--migration collective` gives the same final state.
 
+mod common;
+
+use common::md;
 use ddmlip_testkit::cli::{argon_fcc, path_str as s};
-use std::process::{Command, Output};
-
-const BIN: &str = env!("CARGO_BIN_EXE_ddmlip");
-
-fn md(args: &[&str]) -> Output {
-    Command::new(BIN).arg("md").args(args).output().unwrap()
-}
 
 #[test]
 fn migration_flags_and_checkpointed_domains_are_checked() {

@@ -4,6 +4,9 @@
 //! a one-frame format given a batch is refused (exit 2) before computing;
 //! every written file is read again as `--structure`.
 
+mod common;
+
+use common::model_args;
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
@@ -98,16 +101,12 @@ fn eval_output_formats_read_back_in_ase() {
     let mut energy = None;
     for name in ["out.vasp", "out.data", "data.out.gz", "out.xyz.gz"] {
         let out = d.join(name);
-        let (code, stdout, stderr) = run(&[
+        let (code, stdout, stderr) = run(&model_args(
             "eval",
-            "--model",
             "lj",
-            "--structure",
             one.to_str().unwrap(),
-            "--output",
-            out.to_str().unwrap(),
-            "--json",
-        ]);
+            &["--output", out.to_str().unwrap(), "--json"],
+        ));
         assert_eq!(code, 0, "{name}: {stderr}");
         let report: Value = serde_json::from_str(&stdout).unwrap();
         energy = Some((
@@ -158,14 +157,12 @@ fn eval_output_formats_read_back_in_ase() {
     // Each written file is an input again (gzip and one-frame formats are
     // read too): the energy of the rotated / reprinted structure agrees.
     for name in ["out.vasp", "out.data", "data.out.gz", "out.xyz.gz"] {
-        let (code, stdout, stderr) = run(&[
+        let (code, stdout, stderr) = run(&model_args(
             "eval",
-            "--model",
             "lj",
-            "--structure",
             d.join(name).to_str().unwrap(),
-            "--json",
-        ]);
+            &["--json"],
+        ));
         assert_eq!(code, 0, "{name}: {stderr}");
         let report: Value = serde_json::from_str(&stdout).unwrap();
         assert_close(
@@ -184,15 +181,12 @@ fn one_frame_formats_refuse_a_batch_before_computing() {
     python(WRITE_INPUTS, d);
     for name in ["out.vasp", "out.lmp", "POSCAR.gz"] {
         let out = d.join(name);
-        let (code, _, stderr) = run(&[
+        let (code, _, stderr) = run(&model_args(
             "eval",
-            "--model",
             "lj",
-            "--structure",
             d.join("two.xyz").to_str().unwrap(),
-            "--output",
-            out.to_str().unwrap(),
-        ]);
+            &["--output", out.to_str().unwrap()],
+        ));
         assert_eq!(code, 2, "{name}: {stderr}");
         assert!(
             stderr.contains("holds one frame") && stderr.contains("two.xyz"),
@@ -203,15 +197,12 @@ fn one_frame_formats_refuse_a_batch_before_computing() {
     }
     // A batch written as extended XYZ is fine.
     let out = d.join("two.out.xyz");
-    let (code, _, stderr) = run(&[
+    let (code, _, stderr) = run(&model_args(
         "eval",
-        "--model",
         "lj",
-        "--structure",
         d.join("two.xyz").to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-    ]);
+        &["--output", out.to_str().unwrap()],
+    ));
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(ddmlip_atoms::read_structure(&out).unwrap().len(), 2);
 }

@@ -3,18 +3,18 @@
 //! prior spec), `models --inspect`, and the bad archives (exit 2 with a
 //! message that says what is wrong).
 
-use ddmlip_testkit::cli::{output_text as text, write_replicated_xyz};
+mod common;
+
+use common::{
+    model_args, pt2_archive as archive, replicated_reference_structure, validate_from_prior,
+    wrong_local_prior,
+};
+use ddmlip_testkit::cli::output_text as text;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ddmlip");
-
-fn archive(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../pt2/tests/data")
-        .join(name)
-}
 
 fn ddmlip(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().unwrap()
@@ -23,22 +23,14 @@ fn ddmlip(args: &[&str]) -> Output {
 /// The reference's periodic structure replicated 2×2×2 (256 atoms, box
 /// 15.6 Å), so that 4 ranks have remote atoms.
 fn structure(dir: &Path) -> PathBuf {
-    let reference: Value =
-        serde_json::from_str(&std::fs::read_to_string(archive("pt2_reference.json")).unwrap())
-            .unwrap();
-    let s = &reference["models"]["schnet"]["results"][0];
-    let species = [1u32, 6, 8, 14];
-    let symbols = ["H", "C", "O", "Si"];
-    assert_eq!(species.len(), symbols.len());
-    let row = |v: &Value| [0, 1, 2].map(|d| v[d].as_f64().unwrap());
-    let cell = [0, 1, 2].map(|k| row(&s["cell"][k]));
-    let positions: Vec<[f64; 3]> = s["positions"].as_array().unwrap().iter().map(row).collect();
-    let names: Vec<&str> = (0..positions.len())
-        .map(|k| symbols[s["species"][k].as_u64().unwrap() as usize])
-        .collect();
-    let path = dir.join("fcc256.xyz");
-    write_replicated_xyz(&path, &cell, &positions, &names, [2, 2, 2]);
-    path
+    replicated_reference_structure(
+        dir,
+        "pt2_reference.json",
+        "schnet",
+        &["H", "C", "O", "Si"],
+        "fcc256.xyz",
+        [2, 2, 2],
+    )
 }
 
 #[test]
@@ -47,15 +39,12 @@ fn eval_runs_an_imported_archive_and_splits_it() {
     let s = structure(dir.path());
     let model = archive("schnet.pt2");
     let energy = |ranks: &str| {
-        let o = ddmlip(&[
+        let o = ddmlip(&model_args(
             "eval",
-            "--model",
             model.to_str().unwrap(),
-            "--structure",
             s.to_str().unwrap(),
-            "--ranks",
-            ranks,
-        ]);
+            &["--ranks", ranks],
+        ));
         assert_eq!(o.status.code(), Some(0), "{}", text(&o));
         let out = String::from_utf8_lossy(&o.stdout).to_string();
         let e = out
@@ -89,15 +78,12 @@ fn validate_passes_on_2_and_4_ranks_and_fixes_a_wrong_prior() {
     let s = structure(dir.path());
     let model = archive("schnet.pt2");
     for ranks in ["2", "4"] {
-        let o = ddmlip(&[
+        let o = ddmlip(&model_args(
             "validate",
-            "--model",
             model.to_str().unwrap(),
-            "--structure",
             s.to_str().unwrap(),
-            "--ranks",
-            ranks,
-        ]);
+            &["--ranks", ranks],
+        ));
         assert_eq!(o.status.code(), Some(0), "{}", text(&o));
         assert!(
             String::from_utf8_lossy(&o.stdout).contains("\"passed\": true"),
@@ -109,40 +95,18 @@ fn validate_passes_on_2_and_4_ranks_and_fixes_a_wrong_prior() {
     // only and ghost rows are read as they are, so after the first
     // interaction block a ghost's features lack its messages and the second
     // block reads stale rows. (Either exchange alone repairs the ghosts.)
-    let mut spec: Value =
-        serde_json::from_str(&ddmlip_spec::MLIPSpec::standard_energy_model().to_json()).unwrap();
-    spec["policy"]["gather"] = Value::from("local");
-    spec["policy"]["scatter"] = Value::from("local");
-    let prior = dir.path().join("prior.json");
-    std::fs::write(&prior, spec.to_string()).unwrap();
+    let prior = wrong_local_prior(dir.path());
     let fixed = dir.path().join("fixed.json");
-    let args = |extra: &[&str]| {
-        let mut v = vec![
-            "validate",
-            "--model",
-            model.to_str().unwrap(),
-            "--structure",
-            s.to_str().unwrap(),
-            "--ranks",
-            "4",
-            "--spec",
-            prior.to_str().unwrap(),
-            "--spec-out",
-            fixed.to_str().unwrap(),
-        ];
-        v.extend_from_slice(extra);
-        v.into_iter().map(String::from).collect::<Vec<_>>()
-    };
-    let off = args(&["--no-autofix"]);
-    let o = Command::new(BIN).args(&off).output().unwrap();
+    let with_prior =
+        validate_from_prior(model.to_str().unwrap(), s.to_str().unwrap(), &prior, &fixed);
+    let o = ddmlip(&[&with_prior[..], &["--no-autofix"]].concat());
     assert_eq!(
         o.status.code(),
         Some(1),
         "the wrong prior fails without auto-fix: {}",
         text(&o)
     );
-    let on = args(&[]);
-    let o = Command::new(BIN).args(&on).output().unwrap();
+    let o = ddmlip(&with_prior);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(
         String::from_utf8_lossy(&o.stdout).contains("fix applied"),
@@ -215,13 +179,12 @@ fn bad_archives_exit_2_saying_what_is_wrong() {
     ];
     for (path, wants) in cases {
         for cmd in ["eval", "validate"] {
-            let o = ddmlip(&[
+            let o = ddmlip(&model_args(
                 cmd,
-                "--model",
                 path.to_str().unwrap(),
-                "--structure",
                 s.to_str().unwrap(),
-            ]);
+                &[],
+            ));
             assert_eq!(o.status.code(), Some(2), "{}", text(&o));
             let err = String::from_utf8_lossy(&o.stderr);
             assert!(!err.contains("panicked"), "{}", text(&o));

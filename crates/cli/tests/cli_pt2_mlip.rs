@@ -4,39 +4,30 @@
 //! and `--backend mpi` under
 //! `mpirun` equals the single-process run to 1e-10.
 
-use ddmlip_testkit::cli::{output_text as text, write_replicated_xyz};
-use serde_json::Value;
+mod common;
+
+use common::{
+    pt2_archive as archive, replicated_reference_structure, validate_from_prior, wrong_local_prior,
+};
+use ddmlip_testkit::cli::output_text as text;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ddmlip");
 const MODELS: [&str; 3] = ["nequip", "allegro", "mace"];
 
-fn archive(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../pt2/tests/data")
-        .join(name)
-}
-
 /// The references' periodic 32-atom cell (species H, C, O) replicated
 /// 2×2×1: 128 atoms in a 15.6 × 15.6 × 7.8 Å box, so that 4 ranks each
 /// own atoms and read ghosts.
 fn structure(dir: &Path) -> PathBuf {
-    let reference: Value =
-        serde_json::from_str(&std::fs::read_to_string(archive("nequip_reference.json")).unwrap())
-            .unwrap();
-    let s = &reference["models"]["nequip"]["results"][0];
-    assert_eq!(s["name"], "fcc_periodic_32");
-    let symbols = ["H", "C", "O"];
-    let row = |v: &Value| [0, 1, 2].map(|d| v[d].as_f64().unwrap());
-    let cell = [0, 1, 2].map(|k| row(&s["cell"][k]));
-    let positions: Vec<[f64; 3]> = s["positions"].as_array().unwrap().iter().map(row).collect();
-    let names: Vec<&str> = (0..positions.len())
-        .map(|k| symbols[s["species"][k].as_u64().unwrap() as usize])
-        .collect();
-    let path = dir.join("hco128.xyz");
-    write_replicated_xyz(&path, &cell, &positions, &names, [2, 2, 1]);
-    path
+    replicated_reference_structure(
+        dir,
+        "nequip_reference.json",
+        "nequip",
+        &["H", "C", "O"],
+        "hco128.xyz",
+        [2, 2, 1],
+    )
 }
 
 #[test]
@@ -76,23 +67,13 @@ fn validate_fixes_a_wrong_prior_for_nequip() {
     let dir = tempfile::tempdir().unwrap();
     let s = structure(dir.path());
     let model = archive("nequip.pt2");
-    let mut spec: Value =
-        serde_json::from_str(&ddmlip_spec::MLIPSpec::standard_energy_model().to_json()).unwrap();
-    spec["policy"]["gather"] = Value::from("local");
-    spec["policy"]["scatter"] = Value::from("local");
-    let prior = dir.path().join("prior.json");
-    std::fs::write(&prior, spec.to_string()).unwrap();
+    let prior = wrong_local_prior(dir.path());
     let fixed = dir.path().join("fixed.json");
+    let with_prior =
+        validate_from_prior(model.to_str().unwrap(), s.to_str().unwrap(), &prior, &fixed);
     let run = |extra: &[&str]| {
         Command::new(BIN)
-            .args(["validate", "--model"])
-            .arg(&model)
-            .arg("--structure")
-            .arg(&s)
-            .args(["--ranks", "4", "--spec"])
-            .arg(&prior)
-            .arg("--spec-out")
-            .arg(&fixed)
+            .args(&with_prior)
             .args(extra)
             .output()
             .unwrap()
@@ -117,6 +98,7 @@ fn validate_fixes_a_wrong_prior_for_nequip() {
 mod with_mpi {
     use super::*;
     use ddmlip_testkit::mpirun_available;
+    use serde_json::Value;
 
     fn floats(v: &Value) -> Vec<f64> {
         match v {

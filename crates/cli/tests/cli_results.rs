@@ -6,6 +6,9 @@
 //! overflowing models are refused; `validate --dtype f32` uses f32
 //! tolerances; messages name the file.
 
+mod common;
+
+use common::{model_args, validate_from_prior};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -78,16 +81,12 @@ fn output_replaces_every_stale_result_and_frames_stream_into_json() {
     let input = dir.path().join("stale.xyz");
     python(WRITE_STALE, &[input.to_str().unwrap()]);
     let out = dir.path().join("out.xyz");
-    let (code, stdout, stderr) = run(&[
+    let (code, stdout, stderr) = run(&model_args(
         "eval",
-        "--model",
         "lj",
-        "--structure",
         input.to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-        "--json",
-    ]);
+        &["--output", out.to_str().unwrap(), "--json"],
+    ));
     assert_eq!(code, 0, "{stderr}");
     let v: Value = serde_json::from_str(&stdout).unwrap();
     // Per-frame objects beside the batch-shaped top level (DESIGN.md §6).
@@ -138,28 +137,22 @@ fn output_replaces_every_stale_result_and_frames_stream_into_json() {
 #[test]
 fn output_is_checked_before_computing_and_dash_is_stdout() {
     let cu = examples("cu864.xyz");
-    let (code, stdout, stderr) = run(&[
+    let (code, stdout, stderr) = run(&model_args(
         "eval",
-        "--model",
         "lj",
-        "--structure",
         cu.to_str().unwrap(),
-        "--output",
-        "no-such-folder/out.xyz",
-    ]);
+        &["--output", "no-such-folder/out.xyz"],
+    ));
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("no-such-folder/out.xyz"), "{stderr}");
     assert!(stdout.is_empty(), "nothing was computed: {stdout}");
     let pair = examples("pair.xyz");
-    let (code, stdout, stderr) = run(&[
+    let (code, stdout, stderr) = run(&model_args(
         "eval",
-        "--model",
         "lj",
-        "--structure",
         pair.to_str().unwrap(),
-        "--output",
-        "-",
-    ]);
+        &["--output", "-"],
+    ));
     assert_eq!(code, 0, "{stderr}");
     // The structure owns stdout; the summary went to stderr.
     let mut lines = stdout.lines();
@@ -174,17 +167,12 @@ fn a_spec_never_validated_for_the_model_is_warned_about() {
     let cu = examples("cu864.xyz");
     let prior = examples("prior.json");
     let eval = |model: &str, spec: &Path| {
-        run(&[
+        run(&model_args(
             "eval",
-            "--model",
             model,
-            "--structure",
             cu.to_str().unwrap(),
-            "--ranks",
-            "4",
-            "--spec",
-            spec.to_str().unwrap(),
-        ])
+            &["--ranks", "4", "--spec", spec.to_str().unwrap()],
+        ))
     };
     let (code, _, stderr) = eval("rebuild-demo", &prior);
     assert_eq!(code, 0);
@@ -194,19 +182,12 @@ fn a_spec_never_validated_for_the_model_is_warned_about() {
         "{stderr}"
     );
     let fixed = dir.path().join("fixed.json");
-    let (code, stdout, stderr) = run(&[
-        "validate",
-        "--model",
+    let (code, stdout, stderr) = run(&validate_from_prior(
         "rebuild-demo",
-        "--structure",
         cu.to_str().unwrap(),
-        "--ranks",
-        "4",
-        "--spec",
-        prior.to_str().unwrap(),
-        "--spec-out",
-        fixed.to_str().unwrap(),
-    ]);
+        &prior,
+        &fixed,
+    ));
     assert_eq!(code, 0, "{stdout}{stderr}");
     let saved: Value = serde_json::from_str(&std::fs::read_to_string(&fixed).unwrap()).unwrap();
     assert_eq!(saved["validated"]["model"], "rebuild-demo");
@@ -254,18 +235,12 @@ fn overflowing_model_parameters_are_refused_not_printed_as_nan() {
 #[test]
 fn validate_dtype_f32_uses_f32_tolerances() {
     let cu = examples("cu864.xyz");
-    let (code, stdout, stderr) = run(&[
+    let (code, stdout, stderr) = run(&model_args(
         "validate",
-        "--model",
         "eam-demo",
-        "--structure",
         cu.to_str().unwrap(),
-        "--ranks",
-        "2",
-        "--dtype",
-        "f32",
-        "--json",
-    ]);
+        &["--ranks", "2", "--dtype", "f32", "--json"],
+    ));
     assert_eq!(code, 0, "{stdout}{stderr}");
     let v: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["dtype"], "f32");
@@ -297,15 +272,12 @@ fn messages_name_the_file_and_negative_numbers_reach_the_checks() {
     let bad = dir.path().join("bad.json");
     std::fs::write(&bad, "{\"version\": 1,").unwrap();
     let pair = examples("pair.xyz");
-    let (code, _, stderr) = run(&[
+    let (code, _, stderr) = run(&model_args(
         "validate",
-        "--model",
         "lj",
-        "--structure",
         pair.to_str().unwrap(),
-        "--spec",
-        bad.to_str().unwrap(),
-    ]);
+        &["--spec", bad.to_str().unwrap()],
+    ));
     assert_eq!(code, 2);
     assert!(
         stderr.contains("bad.json") && stderr.contains("not valid JSON"),
@@ -359,15 +331,12 @@ fn close_atoms_are_bad_input_on_every_rank_count() {
     let close = dir.path().join("close.xyz");
     std::fs::write(&close, lines.join("\n") + "\n").unwrap();
     for ranks in ["1", "2", "3", "4"] {
-        let (code, stdout, stderr) = run(&[
+        let (code, stdout, stderr) = run(&model_args(
             "eval",
-            "--model",
             "lj",
-            "--structure",
             close.to_str().unwrap(),
-            "--ranks",
-            ranks,
-        ]);
+            &["--ranks", ranks],
+        ));
         assert_eq!(code, 2, "--ranks {ranks}: {stdout}{stderr}");
         assert!(
             stderr.contains("atoms 862 and 863") && stderr.contains("apart"),

@@ -439,7 +439,6 @@ mod with_mpi {
     #[test]
     fn validate_mpi_gives_the_threads_verdict_on_2_and_4_ranks() {
         if !mpirun_available() {
-            eprintln!("skipped: mpirun not found");
             return;
         }
         let dir = tempfile::tempdir().unwrap();
@@ -485,7 +484,6 @@ mod with_mpi {
     #[test]
     fn validate_mpi_wrong_prior_fails_without_autofix_and_is_fixed_with_it() {
         if !mpirun_available() {
-            eprintln!("skipped: mpirun not found");
             return;
         }
         let dir = tempfile::tempdir().unwrap();
@@ -498,24 +496,19 @@ mod with_mpi {
         spec["policy"]["scatter"] = Value::from("halo_correction");
         let prior = write(dir.path(), "prior.json", &spec.to_string());
         let out = dir.path().join("fixed.json");
-        let args = |extra: &[&str]| {
-            let mut v = vec![
-                "validate".to_string(),
-                "--backend".into(),
-                "mpi".into(),
-                "--model".into(),
-                "rebuild-demo".into(),
-                "--spec".into(),
-                prior.display().to_string(),
-                "--spec-out".into(),
-                out.display().to_string(),
-            ];
-            v.extend(extra.iter().map(|s| s.to_string()));
-            v
-        };
-        let off = args(&["--no-autofix", "--json"]);
-        let off: Vec<&str> = off.iter().map(String::as_str).collect();
-        let (o, _) = mpirun(4, &off, &f);
+        let (prior, out) = (prior.to_str().unwrap(), out.to_str().unwrap());
+        let base = [
+            "validate",
+            "--backend",
+            "mpi",
+            "--model",
+            "rebuild-demo",
+            "--spec",
+            prior,
+            "--spec-out",
+            out,
+        ];
+        let (o, _) = mpirun(4, &[&base[..], &["--no-autofix", "--json"]].concat(), &f);
         assert_eq!(o.status.code(), Some(1), "{}", describe(&o));
         let r = report_of(&o);
         assert_eq!(r["ok"], Value::Bool(false));
@@ -524,20 +517,17 @@ mod with_mpi {
         let fired = r["attempts"][0]["handler_counts"]["scatter:halo_correction"].as_u64();
         assert_eq!(fired, Some(4), "{}", describe(&o));
 
-        let on = args(&[]);
-        let on: Vec<&str> = on.iter().map(String::as_str).collect();
-        let (o, _) = mpirun(4, &on, &f);
+        let (o, _) = mpirun(4, &base, &f);
         assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
         let stdout = String::from_utf8_lossy(&o.stdout);
         assert!(stdout.contains("fix applied"), "{}", describe(&o));
-        let fixed: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+        let fixed: Value = serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap();
         assert_eq!(fixed["policy"]["scatter"], Value::from("local"));
     }
 
     #[test]
     fn validate_mpi_bad_input_exits_2_on_every_rank() {
         if !mpirun_available() {
-            eprintln!("skipped: mpirun not found");
             return;
         }
         let dir = tempfile::tempdir().unwrap();

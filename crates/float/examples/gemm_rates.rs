@@ -19,6 +19,7 @@
 //!
 //! `cargo run --release -p ddmlip-float --example gemm_rates [ROUNDS]`
 
+use ddmlip_float::Real;
 use rayon::prelude::*;
 use std::time::Instant;
 
@@ -65,55 +66,6 @@ fn shapes() -> Vec<Shape> {
     ]
 }
 
-/// An element type every kernel takes.
-trait Elem: ddmlip_float::Real {
-    /// matrixmultiply's kernel for this type (`C = A·B`).
-    ///
-    /// # Safety
-    /// matrixmultiply's: every addressed element valid, `c` not aliasing.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn mm(
-        m: usize,
-        k: usize,
-        n: usize,
-        a: *const Self,
-        rsa: isize,
-        csa: isize,
-        b: *const Self,
-        rsb: isize,
-        csb: isize,
-        c: *mut Self,
-        rsc: isize,
-        csc: isize,
-    );
-}
-
-macro_rules! elem {
-    ($t:ty, $f:path) => {
-        impl Elem for $t {
-            unsafe fn mm(
-                m: usize,
-                k: usize,
-                n: usize,
-                a: *const Self,
-                rsa: isize,
-                csa: isize,
-                b: *const Self,
-                rsb: isize,
-                csb: isize,
-                c: *mut Self,
-                rsc: isize,
-                csc: isize,
-            ) {
-                // SAFETY: forwarded from this function's contract.
-                unsafe { $f(m, k, n, 1.0, a, rsa, csa, b, rsb, csb, 0.0, c, rsc, csc) }
-            }
-        }
-    };
-}
-elem!(f32, matrixmultiply::sgemm);
-elem!(f64, matrixmultiply::dgemm);
-
 #[derive(Clone, Copy, PartialEq)]
 enum Kernel {
     MatrixMultiply,
@@ -125,7 +77,7 @@ enum Kernel {
 
 /// One block's product, component `comp_index` of every row: the slices
 /// hold the block's A rows (m × k·comp), B (k × n) and the C rows (m × n·comp).
-fn block<T: Elem>(
+fn block<T: Real>(
     kernel: Kernel,
     s: &Shape,
     m: usize,
@@ -165,9 +117,23 @@ fn block<T: Elem>(
     // inside `a`, `b` and `c`; `c` is a unique borrow.
     unsafe {
         match kernel {
-            Kernel::MatrixMultiply => {
-                T::mm(m, k, n, ap, rsa, csa, b.as_ptr(), rsb, csb, cp, rsc, csc)
-            }
+            // `Real::gemm_raw` is matrixmultiply's sgemm/dgemm, unchecked.
+            Kernel::MatrixMultiply => T::gemm_raw(
+                m,
+                k,
+                n,
+                T::ONE,
+                ap,
+                rsa,
+                csa,
+                b.as_ptr(),
+                rsb,
+                csb,
+                T::ZERO,
+                cp,
+                rsc,
+                csc,
+            ),
             Kernel::Gemm => gemm::gemm(
                 m,
                 n,
@@ -208,7 +174,7 @@ fn cpu_seconds() -> f64 {
 
 /// (CPU seconds, wall seconds) of one pass over all rows of `s` on the
 /// current rayon pool.
-fn pass<T: Elem>(kernel: Kernel, s: &Shape, a: &[T], b: &[T], c: &mut [T]) -> (f64, f64) {
+fn pass<T: Real>(kernel: Kernel, s: &Shape, a: &[T], b: &[T], c: &mut [T]) -> (f64, f64) {
     let (ka, nc) = (s.k * s.comp, s.n * s.comp);
     let (c0, t0) = (cpu_seconds(), Instant::now());
     c.par_chunks_mut(s.m * nc)
@@ -227,7 +193,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn run<T: Elem>(label: &str, rounds: usize) {
+fn run<T: Real>(label: &str, rounds: usize) {
     let kernels = [Kernel::MatrixMultiply, Kernel::Gemm, Kernel::Checked];
     for threads in [1, 2] {
         let Ok(pool) = rayon::ThreadPoolBuilder::new().num_threads(threads).build() else {

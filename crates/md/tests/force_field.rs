@@ -193,37 +193,28 @@ fn force_field_errors_reach_the_caller_typed() {
     let model = load_model("lj").unwrap();
     let (topo, start) = hot_liquid();
     let config = MdConfig::new(Ensemble::Nve, 2.0, 10);
-    let mut sink = Collect::default();
-    let mut field = Failing {
-        nan_after: None,
-        calls: 0,
+    // Each run gets a fresh field, so its call count starts at zero.
+    let run_failing = |nan_after: Option<usize>| {
+        let mut field = Failing {
+            nan_after,
+            calls: 0,
+        };
+        run_with_force_field(
+            model.as_ref(),
+            &topo,
+            &start,
+            &config,
+            &mut field,
+            &mut Collect::default(),
+        )
+        .unwrap_err()
     };
-    let err = run_with_force_field(
-        model.as_ref(),
-        &topo,
-        &start,
-        &config,
-        &mut field,
-        &mut sink,
-    )
-    .unwrap_err();
+    let err = run_failing(None);
     assert!(
         matches!(&err, MdError::Input(m) if m.contains("do not fit")),
         "{err}"
     );
-    let mut field = Failing {
-        nan_after: Some(4),
-        calls: 0,
-    };
-    let err = run_with_force_field(
-        model.as_ref(),
-        &topo,
-        &start,
-        &config,
-        &mut field,
-        &mut sink,
-    )
-    .unwrap_err();
+    let err = run_failing(Some(4));
     assert!(
         matches!(err, MdError::NonFinite { step: 4, .. }),
         "expected a NaN stop at step 4, got {err}"

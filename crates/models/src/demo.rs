@@ -36,6 +36,23 @@ fn species_table(seed: u64, cols: usize, base: f64, spread: f64) -> Vec<f64> {
         .collect()
 }
 
+/// One parameter per atom: a one-column [`species_table`] (`seed`, `base`,
+/// `spread`) as a graph parameter, gathered by each atom's species index.
+fn per_species<T: Scalar>(
+    g: &mut Graph<T>,
+    species: Index,
+    seed: u64,
+    base: f64,
+    spread: f64,
+) -> Result<Tensor, EngineError> {
+    let table = g.param(
+        &species_table(seed, 1, base, spread),
+        DEMO_MAX_Z as usize + 1,
+        1,
+    )?;
+    g.gather(table, species)
+}
+
 /// Species-weighted Gaussian radial symmetry functions `G_ik = Σ_j s_Zj exp(−η (r − r_k)²) f_c(r)`.
 fn radial_descriptors<T: Scalar>(
     g: &mut Graph<T>,
@@ -58,12 +75,7 @@ fn radial_descriptors<T: Scalar>(
         },
     )?;
     let fc = g.radial(lengths, Radial::CosineCutoff { cutoff })?;
-    let table = g.param(
-        &species_table(seed, 1, 1.0, 0.3),
-        DEMO_MAX_Z as usize + 1,
-        1,
-    )?;
-    let s_atom = g.gather(table, species)?;
+    let s_atom = per_species(g, species, seed, 1.0, 0.3)?;
     let s_j = g.gather(s_atom, edges.neighbor)?;
     let w = g.mul(fc, s_j)?;
     let terms = g.mul(rbf, w)?;
@@ -119,7 +131,6 @@ impl ModelForward for EamDemo {
         let edges = need_edges(inputs, "eam-demo")?;
         let lengths = edges.lengths(g)?;
         let species = species_index(g, inputs)?;
-        let n_rows = DEMO_MAX_Z as usize + 1;
         let r0 = 2.5;
         let fc = g.radial(
             lengths,
@@ -131,8 +142,7 @@ impl ModelForward for EamDemo {
         let x = g.unary(x, Unary::AddScalar(-1.0))?;
         // Density contribution of neighbour j.
         g.push_scope("density");
-        let a = g.param(&species_table(11, 1, 1.0, 0.3), n_rows, 1)?;
-        let a_atom = g.gather(a, species)?;
+        let a_atom = per_species(g, species, 11, 1.0, 0.3)?;
         let a_j = g.gather(a_atom, edges.neighbor)?;
         let f = g.unary(x, Unary::Scale(-3.0))?;
         let f = g.unary(f, Unary::Exp)?;
@@ -141,8 +151,7 @@ impl ModelForward for EamDemo {
         let rho = g.scatter_add(f, edges.center)?;
         g.pop_scope();
         g.push_scope("embedding");
-        let c = g.param(&species_table(12, 1, 1.0, 0.3), n_rows, 1)?;
-        let c_atom = g.gather(c, species)?;
+        let c_atom = per_species(g, species, 12, 1.0, 0.3)?;
         let sq = g.unary(rho, Unary::AddScalar(0.01))?;
         let sq = g.unary(sq, Unary::Sqrt)?;
         let sq = g.unary(sq, Unary::AddScalar(-0.1))?;
@@ -150,8 +159,7 @@ impl ModelForward for EamDemo {
         let emb = g.unary(emb, Unary::Neg)?;
         g.pop_scope();
         g.push_scope("pair");
-        let b = g.param(&species_table(13, 1, 0.5, 0.2), n_rows, 1)?;
-        let b_atom = g.gather(b, species)?;
+        let b_atom = per_species(g, species, 13, 0.5, 0.2)?;
         let b_i = g.gather(b_atom, edges.center)?;
         let b_j = g.gather(b_atom, edges.neighbor)?;
         let bb = g.mul(b_i, b_j)?;
@@ -224,8 +232,7 @@ impl ModelForward for BpDemo {
         let h = g.linear(feat, w1, Some(b1))?;
         let h = g.tanh(h)?;
         let e = g.matmul(h, w2)?;
-        let bias = g.param(&species_table(23, 1, -3.0, 1.0), DEMO_MAX_Z as usize + 1, 1)?;
-        let bias_atom = g.gather(bias, species)?;
+        let bias_atom = per_species(g, species, 23, -3.0, 1.0)?;
         let atomic = g.add(e, bias_atom)?;
         g.pop_scope();
         let energy = g.segment_sum(atomic, inputs.atom_system)?;
@@ -348,8 +355,7 @@ impl ModelForward for SchNetDemo {
         let h = g.matmul(x, r1)?;
         let h = g.shifted_softplus(h)?;
         let e = g.matmul(h, r2)?;
-        let bias = g.param(&species_table(32, 1, -3.0, 1.0), DEMO_MAX_Z as usize + 1, 1)?;
-        let bias_atom = g.gather(bias, species)?;
+        let bias_atom = per_species(g, species, 32, -3.0, 1.0)?;
         let atomic = g.add(e, bias_atom)?;
         g.pop_scope();
         let energy = g.segment_sum(atomic, inputs.atom_system)?;
@@ -413,8 +419,7 @@ impl ModelForward for QeqDemo {
         g.push_scope("equilibration");
         let mut w = Weights::new(42);
         let wc = g.param(&w.matrix(6, 1, 1.0), 6, 1)?;
-        let chi0 = g.param(&species_table(43, 1, 0.0, 1.0), DEMO_MAX_Z as usize + 1, 1)?;
-        let chi0_atom = g.gather(chi0, species)?;
+        let chi0_atom = per_species(g, species, 43, 0.0, 1.0)?;
         let chi = g.matmul(feat, wc)?;
         let chi = g.add(chi, chi0_atom)?;
         let n_local = inputs.numbers.len();
@@ -452,8 +457,7 @@ impl ModelForward for QeqDemo {
         let h = g.matmul(feat, w1)?;
         let h = g.tanh(h)?;
         let e_net = g.matmul(h, w2)?;
-        let bias = g.param(&species_table(44, 1, -3.0, 1.0), DEMO_MAX_Z as usize + 1, 1)?;
-        let bias_atom = g.gather(bias, species)?;
+        let bias_atom = per_species(g, species, 44, -3.0, 1.0)?;
         let e_net = g.add(e_net, bias_atom)?;
         g.pop_scope();
         let atomic = g.add(e_net, e_self)?;
