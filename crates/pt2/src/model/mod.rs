@@ -211,19 +211,35 @@ fn broadcast_host<V: Copy>(v: &[V], from: &[usize], to: &[usize]) -> Res<Vec<V>>
             return Err(format!("cannot broadcast {from:?} to {to:?}"));
         }
     }
-    // Walks the output in order with an odometer over its dimensions (the
-    // last fastest), moving the source offset by each dimension's stride:
-    // no division per element (per-edge constants run to millions).
+    // Walks the output's rows (all dimensions but the last) in order with an
+    // odometer, moving the source offset by each dimension's stride: no
+    // division per element (per-edge constants run to millions). Each row
+    // of the last dimension is one fill (a broadcast column, such as an
+    // index expanded along columns for a `scatter_add`), one copy
+    // (contiguous) or a strided read.
     let total = numel(to);
     let mut out = Vec::with_capacity(total);
-    let mut idx = vec![0usize; to.len()];
+    let (Some(&run), Some(&run_stride)) = (to.last(), src_strides.last()) else {
+        // A scalar broadcast to a scalar.
+        out.extend_from_slice(v);
+        return Ok(out);
+    };
+    if run == 0 {
+        return Ok(out);
+    }
+    let outer = &to[..to.len() - 1];
+    let mut idx = vec![0usize; outer.len()];
     let mut src = 0usize;
-    for _ in 0..total {
-        out.push(v[src]);
-        for d in (0..to.len()).rev() {
+    for _ in 0..total / run {
+        match run_stride {
+            0 => out.extend(std::iter::repeat_n(v[src], run)),
+            1 => out.extend_from_slice(&v[src..src + run]),
+            _ => out.extend((0..run).map(|k| v[src + k * run_stride])),
+        }
+        for d in (0..outer.len()).rev() {
             idx[d] += 1;
             src += src_strides[d];
-            if idx[d] < to[d] {
+            if idx[d] < outer[d] {
                 break;
             }
             src -= src_strides[d] * idx[d];
@@ -700,13 +716,17 @@ mod tests {
 
     #[test]
     fn broadcast_host_follows_numpy() {
-        let cases: [(&[usize], &[usize]); 6] = [
+        let cases: [(&[usize], &[usize]); 10] = [
             (&[3], &[4, 3]),
             (&[4, 1], &[4, 3]),
             (&[2, 1, 3], &[5, 2, 4, 3]),
             (&[1, 1], &[2, 3]),
             (&[], &[2, 2]),
             (&[2, 3], &[2, 3]),
+            (&[4, 1, 1], &[4, 2, 3]),
+            (&[3, 1], &[2, 3, 5]),
+            (&[], &[]),
+            (&[1], &[3, 0]),
         ];
         for (from, to) in cases {
             let v: Vec<f64> = (0..numel(from)).map(|k| k as f64 * 1.5 - 2.0).collect();
