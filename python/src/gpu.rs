@@ -2,36 +2,17 @@
 //! (the CUDA libraries are loaded at run time; without them the calculator
 //! raises `ValueError` saying so).
 
-use ddmlip::System;
+use ddmlip::{Device, System};
 use ddmlip_cuda::{CudaDevice, CudaError, GpuModel, GpuOutput, LjParameters, Precision};
 use ddmlip_models::ModelSource;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::PyErr;
 
-/// Where an [`crate::Engine`] evaluates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Device {
-    /// The CPU engine.
-    Cpu,
-    /// CUDA device N.
-    Cuda(usize),
-}
-
-/// `cpu`, `cuda` or `cuda:N`.
+/// `cpu`, `cuda` or `cuda:N` (see [`Device`]).
 pub(crate) fn parse_device(device: &str) -> Result<Device, PyErr> {
-    match device {
-        "cpu" => Ok(Device::Cpu),
-        "cuda" => Ok(Device::Cuda(0)),
-        _ => device
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse().ok())
-            .map(Device::Cuda)
-            .ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "unknown device `{device}`: expected \"cpu\", \"cuda\" or \"cuda:N\" (N = device index)"
-                ))
-            }),
-    }
+    device
+        .parse()
+        .map_err(|e| PyValueError::new_err(format!("unknown device {e}")))
 }
 
 /// `ValueError` for what the user can change (no driver, a bad index, too

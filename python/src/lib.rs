@@ -239,8 +239,8 @@ impl Engine {
             return Err(PyValueError::new_err("ranks must be at least 1"));
         }
         let gpu = match device {
-            gpu::Device::Cpu => None,
-            gpu::Device::Cuda(index) => {
+            ddmlip::Device::Cpu => None,
+            ddmlip::Device::Cuda(index) => {
                 if ranks > 1 || opts.spec.is_some() {
                     return Err(PyValueError::new_err(
                         "device=\"cuda\" runs one rank on one GPU: ranks > 1 and spec are not \

@@ -4,7 +4,6 @@
 
 use crate::error::CliError;
 use anyhow::anyhow;
-use std::str::FromStr;
 
 /// Models with a CUDA path, for messages.
 pub const CUDA_MODELS: &str = "lj (and Lennard-Jones model files, kind = \"lennard-jones\"), \
@@ -24,40 +23,8 @@ pub fn cuda_model(model_arg: &str) -> Result<ddmlip_models::ModelSource, CliErro
         })
 }
 
-/// Where a command evaluates.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Device {
-    /// The CPU (every model).
-    Cpu,
-    /// CUDA device N.
-    Cuda(usize),
-}
-
-impl FromStr for Device {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || format!("`{s}`: expected cpu, cuda or cuda:N (N = device index)");
-        match s {
-            "cpu" => Ok(Self::Cpu),
-            "cuda" => Ok(Self::Cuda(0)),
-            _ => s
-                .strip_prefix("cuda:")
-                .and_then(|n| n.parse().ok())
-                .map(Self::Cuda)
-                .ok_or_else(bad),
-        }
-    }
-}
-
-impl std::fmt::Display for Device {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Cpu => write!(f, "cpu"),
-            Self::Cuda(n) => write!(f, "cuda:{n}"),
-        }
-    }
-}
+/// Where a command evaluates (`--device cpu|cuda[:N]`).
+pub use ddmlip::Device;
 
 /// Refuses `--device cuda` in a build without the `cuda` feature.
 #[cfg(not(feature = "cuda"))]

@@ -57,6 +57,7 @@
 pub use ddmlip_atoms::{
     build, read_structure, write_structure, Cell, StructureError, System, XyzError,
 };
+mod device;
 pub use ddmlip_engine::{DType, Model, ModelForward, ModelInfo};
 pub use ddmlip_models::{load_model, model_names, ModelError};
 pub use ddmlip_runtime::{
@@ -64,6 +65,7 @@ pub use ddmlip_runtime::{
 };
 pub use ddmlip_spec::{GatherMode, MLIPSpec, OutputKind, Policy, PolicyKind, ScatterMode};
 pub use ddmlip_validate::{trace_and_validate, TraceReport, ValidateError, ValidateOptions};
+pub use device::Device;
 
 /// The op engine models are written against: [`engine::Graph`] and its ops,
 /// tensors with row domains, the reverse-mode tape.
