@@ -203,6 +203,11 @@ impl<T: Scalar> OpaqueKernel<T> for RowEinsum {
         &self.name
     }
 
+    // The backward adds each term's gradient into its operand.
+    fn adds_into_gradients(&self) -> bool {
+        true
+    }
+
     fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, KernelError> {
         let (domain, rows, _) = *inputs
             .first()
@@ -384,6 +389,11 @@ impl<T: Scalar> OpaqueKernel<T> for RowGather {
     }
 
     fn skips_unwanted_gradients(&self) -> bool {
+        true
+    }
+
+    // The backward adds each output column's gradient into its source.
+    fn adds_into_gradients(&self) -> bool {
         true
     }
 
@@ -759,6 +769,11 @@ impl RowBroadcast {
 impl<T: Scalar> OpaqueKernel<T> for RowBroadcast {
     fn name(&self) -> &str {
         "broadcast"
+    }
+
+    // The backward adds each partial's gradient into its operand.
+    fn adds_into_gradients(&self) -> bool {
+        true
     }
 
     fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, KernelError> {

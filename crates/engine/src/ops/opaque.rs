@@ -40,6 +40,15 @@ pub trait OpaqueKernel<T: Scalar>: Send + Sync {
         true
     }
 
+    /// When true, [`OpaqueKernel::backward`] only adds into its gradient
+    /// buffers (never assigns), so an input's gradient accumulated so far
+    /// by later ops may be handed to it in place of a zeroed buffer (no
+    /// zeroing, no second pass to add the two); when false (the default),
+    /// each buffer starts at zero.
+    fn adds_into_gradients(&self) -> bool {
+        false
+    }
+
     /// When true, [`OpaqueKernel::backward`] receives an empty buffer for
     /// each input that needs no gradient (a constant), which it must leave
     /// alone (no work for it); when false (the default), every input gets a
@@ -188,12 +197,16 @@ impl<T: Scalar> Graph<T> {
                     .collect();
                 // Kernels may add into their gradients: start from zero.
                 let skip = k.skips_unwanted_gradients();
+                let adds = k.adds_into_gradients();
                 let mut grads: Vec<Vec<T>> = ins_b
                     .iter()
                     .zip(&shapes)
                     .map(|(&t, &(_, r, c))| {
                         if skip && !ctx.wants(t) {
                             Vec::new()
+                        } else if adds && ctx.wants(t) {
+                            // Handed back by the `accumulate` below.
+                            ctx.take_grad(t)
                         } else {
                             ctx.zeroed(r * c)
                         }
