@@ -204,24 +204,59 @@ pub fn load_model_with_modal(
             None => Ok(()),
         }
     };
+    match resolve(name_or_path)? {
+        Resolved::Builtin(m) => {
+            not_applicable(name_or_path)?;
+            Ok(m)
+        }
+        Resolved::Pretrained(p, path) => {
+            crate::SevenNetModel::load(&path, p.name, modal).map(|m| Box::new(m) as Box<dyn Model>)
+        }
+        Resolved::Archive(path) => {
+            not_applicable(name_or_path)?;
+            ddmlip_pt2::ImportedModel::load(path)
+                .map(|m| Box::new(m) as Box<dyn Model>)
+                .map_err(|source| ModelError::Pt2 {
+                    path: name_or_path.to_string(),
+                    source,
+                })
+        }
+        Resolved::Checkpoint(path) => {
+            let stem = path.file_stem().map_or_else(
+                || "sevennet".to_string(),
+                |s| s.to_string_lossy().into_owned(),
+            );
+            crate::SevenNetModel::load(path, &stem, modal).map(|m| Box::new(m) as Box<dyn Model>)
+        }
+        Resolved::LennardJonesFile(lj) => {
+            not_applicable(name_or_path)?;
+            Ok(Box::new(lj))
+        }
+    }
+}
+
+/// What a model name or path names, in the order [`load_model`] and
+/// [`model_source`] both try: a built-in model, a pretrained SevenNet (its
+/// checkpoint installed), a `.pt2` archive, a SevenNet checkpoint file (it
+/// exists), a model file.
+enum Resolved<'a> {
+    Builtin(Box<dyn Model>),
+    Pretrained(&'static PretrainedSevenNet, std::path::PathBuf),
+    Archive(&'a Path),
+    Checkpoint(&'a Path),
+    LennardJonesFile(LennardJones),
+}
+
+fn resolve(name_or_path: &str) -> Result<Resolved<'_>, ModelError> {
     if let Some(m) = builtin().into_iter().find(|m| m.name() == name_or_path) {
-        not_applicable(name_or_path)?;
-        return Ok(m);
+        return Ok(Resolved::Builtin(m));
     }
     if let Some(p) = PRETRAINED_SEVENNETS.iter().find(|p| p.name == name_or_path) {
-        let path = pretrained_sevennet_path(p)?;
-        return crate::SevenNetModel::load(&path, p.name, modal)
-            .map(|m| Box::new(m) as Box<dyn Model>);
+        return Ok(Resolved::Pretrained(p, pretrained_sevennet_path(p)?));
     }
     let path = Path::new(name_or_path);
     if path.extension().is_some_and(|e| e == "pt2") {
-        not_applicable(name_or_path)?;
-        return ddmlip_pt2::ImportedModel::load(path)
-            .map(|m| Box::new(m) as Box<dyn Model>)
-            .map_err(|source| ModelError::Pt2 {
-                path: name_or_path.to_string(),
-                source,
-            });
+        return Ok(Resolved::Archive(path));
     }
     if path.extension().is_some_and(|e| e == "pth" || e == "pt") {
         if !path.exists() {
@@ -230,16 +265,10 @@ pub fn load_model_with_modal(
                 message: "no such file".into(),
             });
         }
-        let stem = path.file_stem().map_or_else(
-            || "sevennet".to_string(),
-            |s| s.to_string_lossy().into_owned(),
-        );
-        return crate::SevenNetModel::load(path, &stem, modal)
-            .map(|m| Box::new(m) as Box<dyn Model>);
+        return Ok(Resolved::Checkpoint(path));
     }
     if path.extension().is_some_and(|e| e == "toml") || path.exists() {
-        not_applicable(name_or_path)?;
-        return load_toml(path);
+        return lennard_jones_file(path).map(Resolved::LennardJonesFile);
     }
     Err(ModelError::Unknown {
         name: name_or_path.to_string(),
@@ -249,10 +278,6 @@ pub fn load_model_with_modal(
             .collect::<Vec<_>>()
             .join(", "),
     })
-}
-
-fn load_toml(path: &Path) -> Result<Box<dyn Model>, ModelError> {
-    lennard_jones_file(path).map(|lj| Box::new(lj) as Box<dyn Model>)
 }
 
 /// A model's parameters in the form a backend with its own kernels (the
@@ -274,35 +299,11 @@ pub fn model_source(name_or_path: &str) -> Result<Option<ModelSource>, ModelErro
     if name_or_path == "lj" {
         return Ok(Some(ModelSource::LennardJones(LennardJones::argon())));
     }
-    if builtin().iter().any(|m| m.name() == name_or_path) {
-        return Ok(None);
-    }
-    if let Some(p) = PRETRAINED_SEVENNETS.iter().find(|p| p.name == name_or_path) {
-        return pretrained_sevennet_path(p).map(|path| Some(ModelSource::SevenNetCheckpoint(path)));
-    }
-    let path = Path::new(name_or_path);
-    if path.extension().is_some_and(|e| e == "pt2") {
-        return Ok(None);
-    }
-    if path.extension().is_some_and(|e| e == "pth" || e == "pt") {
-        if !path.is_file() {
-            return Err(ModelError::Io {
-                path: name_or_path.to_string(),
-                message: "no such file".into(),
-            });
-        }
-        return Ok(Some(ModelSource::SevenNetCheckpoint(path.to_path_buf())));
-    }
-    if path.extension().is_some_and(|e| e == "toml") || path.exists() {
-        return lennard_jones_file(path).map(|lj| Some(ModelSource::LennardJones(lj)));
-    }
-    Err(ModelError::Unknown {
-        name: name_or_path.to_string(),
-        known: model_names()
-            .into_iter()
-            .map(|(n, _)| n)
-            .collect::<Vec<_>>()
-            .join(", "),
+    Ok(match resolve(name_or_path)? {
+        Resolved::Builtin(_) | Resolved::Archive(_) => None,
+        Resolved::Pretrained(_, path) => Some(ModelSource::SevenNetCheckpoint(path)),
+        Resolved::Checkpoint(path) => Some(ModelSource::SevenNetCheckpoint(path.to_path_buf())),
+        Resolved::LennardJonesFile(lj) => Some(ModelSource::LennardJones(lj)),
     })
 }
 
