@@ -747,14 +747,7 @@ fn run_rank_with(
     };
     // The energy and virial sums over ranks ride on the step reduction.
     evaluator.defer_global_sums(true);
-    let mut source = match field {
-        Some(field) => RankForceSource::System {
-            field,
-            pbc: topology.pbc,
-            phases: Default::default(),
-        },
-        None => RankForceSource::Engine(Box::new(evaluator)),
-    };
+    let mut source = RankForceSource::new(evaluator, field, topology.pbc);
     let last_step = start.step + config.steps;
     let mut traffic = StepTraffic::default();
     let mut forces = run.evaluate(&mut state, &mut source)?;

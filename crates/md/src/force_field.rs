@@ -65,7 +65,24 @@ pub(crate) enum RankForceSource<'a, 'm> {
     },
 }
 
-impl RankForceSource<'_, '_> {
+impl<'a, 'm> RankForceSource<'a, 'm> {
+    /// The rank's engine evaluator, or `field` in its place when given
+    /// (`pbc`: the system's periodic axes).
+    pub(crate) fn new(
+        evaluator: RankEvaluator<'m>,
+        field: Option<&'a mut dyn SystemForceField>,
+        pbc: [bool; 3],
+    ) -> Self {
+        match field {
+            Some(field) => Self::System {
+                field,
+                pbc,
+                phases: EvalPhases::default(),
+            },
+            None => Self::Engine(Box::new(evaluator)),
+        }
+    }
+
     /// Evaluates `state` and leaves the owned forces in `state.forces` (the
     /// returned [`RankForces`] has an empty `forces`). Collective for the
     /// engine; a force field runs on the one rank alone.

@@ -426,14 +426,7 @@ fn relax_rank_with(
         ),
         comm,
     )?;
-    let mut ev = match field {
-        Some(field) => RankForceSource::System {
-            field,
-            pbc: topology.pbc,
-            phases: Default::default(),
-        },
-        None => RankForceSource::Engine(Box::new(ev)),
-    };
+    let mut ev = RankForceSource::new(ev, field, topology.pbc);
     let mut out = ev.evaluate(&mut state)?;
     let initial_energy = out.energy;
     let mut fire = Fire::new(config.dt);
