@@ -804,35 +804,7 @@ fn bwd_sender_row<T: Real>(
     transpose_ranges(&paths.in_ranges, &sc.row, gh_row, false);
 }
 
-/// The instruction sets the row kernels are compiled for, best first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Isa {
-    /// AVX-512 (F, VL) with AVX2 and FMA: 32 vector registers, which hold
-    /// the single-pass kernels' running sums without spilling.
-    Avx512,
-    /// AVX2 and FMA.
-    Avx2,
-    /// The build's baseline.
-    Base,
-}
-
-impl Isa {
-    /// The best version the running CPU supports.
-    fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("fma") {
-                return if has!("avx512f") && has!("avx512vl") {
-                    Self::Avx512
-                } else {
-                    Self::Avx2
-                };
-            }
-        }
-        Self::Base
-    }
-}
+use ddmlip_float::Isa;
 
 /// Generates copies of a row kernel compiled for AVX-512 and for AVX2+FMA,
 /// and a dispatcher that picks one by [`Isa`]. The arithmetic is identical

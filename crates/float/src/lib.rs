@@ -9,8 +9,10 @@
 //! extends [`Real`]) and the e3nn kernels (`ddmlip-e3nn`) both use them.
 
 mod exp;
+mod isa;
 
 pub use exp::{exp_f32, exp_f64};
+pub use isa::Isa;
 
 use std::fmt::Debug;
 use std::iter::Sum;

@@ -6,36 +6,7 @@
 //! `*` and `+` into a fused multiply-add, so every copy gives the same bits
 //! (the tests compare against the scalar maps).
 
-/// The instruction sets the slice kernels are compiled for, best first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Isa {
-    /// AVX-512 (F, VL) with AVX2 and FMA.
-    Avx512,
-    /// AVX2 and FMA.
-    Avx2,
-    /// The build's baseline.
-    Base,
-}
-
-impl Isa {
-    /// The best version the running CPU supports (the feature checks are
-    /// cached by the standard library: a few loads per call).
-    #[inline]
-    pub(crate) fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("fma") {
-                return if has!("avx512f") && has!("avx512vl") {
-                    Self::Avx512
-                } else {
-                    Self::Avx2
-                };
-            }
-        }
-        Self::Base
-    }
-}
+pub(crate) use ddmlip_float::Isa;
 
 /// Runs `$body` (an expression over the listed locals) compiled for the
 /// best [`Isa`] of the running CPU.
