@@ -76,6 +76,18 @@ impl<'a, T: Scalar> BackwardCtx<'a, T> {
         }
     }
 
+    /// Takes `t`'s gradient out to add into directly, or, when it has none
+    /// yet, a buffer of unspecified content that the caller must fill
+    /// entirely: `(buffer, fresh)`. Hand it back with
+    /// [`BackwardCtx::put_grad`].
+    pub(crate) fn take_grad_or_fresh(&mut self, t: Tensor) -> (Vec<T>, bool) {
+        let len = self.nodes[t.id].rows * self.nodes[t.id].cols;
+        match self.grads[t.id].take() {
+            Some(g) => (g, false),
+            None => (self.pool.for_overwrite(len), true),
+        }
+    }
+
     /// Puts back a gradient from [`BackwardCtx::take_grad`].
     pub(crate) fn put_grad(&mut self, t: Tensor, g: Vec<T>) {
         self.grads[t.id] = Some(g);
@@ -165,6 +177,19 @@ impl<'a, T: Scalar> BackwardCtx<'a, T> {
                 *slot = Some(v);
             }
         }
+    }
+
+    /// Adds into the gradient of `t` through `f(acc, fresh)`: `fresh` says
+    /// `acc` holds unspecified values (no gradient yet), which `f` must then
+    /// overwrite entirely instead of adding into: a GEMM with β = 0 instead
+    /// of a zeroing pass and β = 1.
+    pub(crate) fn accumulate_or_fill(&mut self, t: Tensor, f: impl FnOnce(&mut [T], bool)) {
+        if !self.nodes[t.id].requires_grad {
+            return;
+        }
+        let (mut acc, fresh) = self.take_grad_or_fresh(t);
+        f(&mut acc, fresh);
+        self.grads[t.id] = Some(acc);
     }
 
     /// Adds into the gradient of `t` through a closure over the accumulator.

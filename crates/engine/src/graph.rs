@@ -489,6 +489,22 @@ impl<T: Scalar> Graph<T> {
         t
     }
 
+    /// A constant input whose `rows × cols` values `fill` writes (every
+    /// element) into recycled memory: per-evaluation constants (per-edge
+    /// host values of an imported model) without a fresh allocation each
+    /// time. Atom constants must hold ghost rows consistent with owners.
+    pub fn constant_with(
+        &mut self,
+        rows: usize,
+        cols: usize,
+        domain: RowDomain,
+        fill: impl FnOnce(&mut [T]),
+    ) -> Tensor {
+        let mut value = self.pool.for_overwrite(rows * cols);
+        fill(&mut value);
+        self.constant(value, rows, cols, domain)
+    }
+
     /// A parameter matrix given in f64 (converted to `T`), rows × cols, no gradient.
     pub fn param(
         &mut self,

@@ -136,7 +136,8 @@ impl<T: Scalar> Graph<T> {
         let (_, cols) = self.shape(x);
         let ix = &self.indices[idx.id];
         let rows = ix.values.len();
-        let mut out = self.pool.zeroed(rows * cols);
+        // Every row is copied whole.
+        let mut out = self.pool.for_overwrite(rows * cols);
         gather_rows(&self.nodes[x.id].value, cols, &ix.values, &mut out);
         let nx = &self.nodes[x.id];
         let spec = NodeSpec {

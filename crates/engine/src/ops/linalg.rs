@@ -39,15 +39,16 @@ pub(crate) fn matmul_into<T: Scalar>(
     by_row_blocks(a, c, (m, k, n), k, n, &rows);
 }
 
-/// `ga += g · bᵀ` with g (m×n), b (k×n) → ga (m×k).
+/// `ga += g · bᵀ` with g (m×n), b (k×n) → ga (m×k); `ga = g · bᵀ`
+/// (its content not read) when `overwrite`.
 pub(crate) fn matmul_bt_into<T: Scalar>(
     g: &[T],
     b: &[T],
     ga: &mut [T],
-    m: usize,
-    k: usize,
-    n: usize,
+    (m, k, n): (usize, usize, usize),
+    overwrite: bool,
 ) {
+    let beta = if overwrite { T::zero() } else { T::one() };
     let rows = |gb: &[T], gab: &mut [T]| {
         ddmlip_float::gemm(
             gab.len() / k.max(1),
@@ -60,7 +61,7 @@ pub(crate) fn matmul_bt_into<T: Scalar>(
             b,
             1,
             n as isize,
-            T::one(),
+            beta,
             gab,
             k as isize,
             1,
@@ -109,7 +110,8 @@ impl<T: Scalar> Graph<T> {
                 format!("inner sizes differ: {m}×{k} · {kb}×{n}"),
             ));
         }
-        let mut out = self.pool.zeroed(m * n);
+        // β = 0: the GEMM writes every element without reading it.
+        let mut out = self.pool.for_overwrite(m * n);
         matmul_into(self.value(a), self.value(b), &mut out, m, k, n, false);
         let (na, nb) = (&self.nodes[a.id], &self.nodes[b.id]);
         let spec = NodeSpec {
@@ -138,12 +140,14 @@ impl<T: Scalar> Graph<T> {
             Box::new(move |ctx, g| {
                 if ctx.wants(a) {
                     let bv = ctx.value(b);
-                    ctx.accumulate_with(a, |ga| matmul_bt_into(g, bv, ga, m, k, n));
+                    ctx.accumulate_or_fill(a, |ga, fresh| {
+                        matmul_bt_into(g, bv, ga, (m, k, n), fresh)
+                    });
                 }
                 if ctx.wants(b) {
-                    // gb (k×n) += aᵀ (k×m) · g (m×n)
+                    // gb (k×n) += aᵀ (k×m) · g (m×n); β = 0 when fresh.
                     let av = ctx.value(a);
-                    ctx.accumulate_with(b, |gb| {
+                    ctx.accumulate_or_fill(b, |gb, fresh| {
                         ddmlip_float::gemm(
                             k,
                             m,
@@ -155,7 +159,7 @@ impl<T: Scalar> Graph<T> {
                             g,
                             n as isize,
                             1,
-                            T::one(),
+                            if fresh { T::zero() } else { T::one() },
                             gb,
                             n as isize,
                             1,

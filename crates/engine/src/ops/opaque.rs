@@ -30,6 +30,27 @@ pub trait OpaqueKernel<T: Scalar>: Send + Sync {
     ) -> Option<Result<(), KernelError>> {
         None
     }
+    /// [`OpaqueKernel::backward`] where a gradient buffer may arrive
+    /// *fresh*: `fresh[i]` says `grads[i]` holds unspecified values
+    /// (nothing accumulated into it yet), so the kernel must assign every
+    /// element of it instead of adding. Buffers not fresh are as
+    /// `backward` gets them. The default zeroes the fresh buffers and calls
+    /// `backward`; a kernel overrides it to spare that pass over memory
+    /// (zeroing a row where it is about to write it, in cache, or assigning).
+    fn backward_fresh(
+        &self,
+        inputs: &[&[T]],
+        shapes: &[Shape],
+        grad_out: &[T],
+        grads: &mut [Vec<T>],
+        fresh: &[bool],
+    ) -> Option<Result<(), KernelError>> {
+        for (g, _) in grads.iter_mut().zip(fresh).filter(|(_, &f)| f) {
+            crate::ops::map_into(g, |_| T::zero());
+        }
+        self.backward(inputs, shapes, grad_out, grads)
+    }
+
     /// Whether [`OpaqueKernel::backward`] reads the values of input
     /// `input` (all by default), given which inputs need a gradient
     /// (`wants`, one flag per input). Inputs it does not read may be
@@ -195,24 +216,27 @@ impl<T: Scalar> Graph<T> {
                     .enumerate()
                     .map(|(pos, &t)| if read[pos] { ctx.value(t) } else { &[] })
                     .collect();
-                // Kernels may add into their gradients: start from zero.
+                // Kernels that add get the gradient accumulated so far;
+                // a buffer with nothing in it yet comes fresh (unspecified
+                // content), for the kernel to fill.
                 let skip = k.skips_unwanted_gradients();
                 let adds = k.adds_into_gradients();
-                let mut grads: Vec<Vec<T>> = ins_b
-                    .iter()
-                    .zip(&shapes)
-                    .map(|(&t, &(_, r, c))| {
-                        if skip && !ctx.wants(t) {
-                            Vec::new()
-                        } else if adds && ctx.wants(t) {
-                            // Handed back by the `accumulate` below.
-                            ctx.take_grad(t)
-                        } else {
-                            ctx.zeroed(r * c)
-                        }
-                    })
-                    .collect();
-                match k.backward(&slices, &shapes, g, &mut grads) {
+                let mut fresh = vec![false; ins_b.len()];
+                let mut grads: Vec<Vec<T>> = Vec::with_capacity(ins_b.len());
+                for (i, (&t, &(_, r, c))) in ins_b.iter().zip(&shapes).enumerate() {
+                    grads.push(if skip && !ctx.wants(t) {
+                        Vec::new()
+                    } else if adds && ctx.wants(t) {
+                        // Handed back by the `accumulate` below.
+                        let (buf, is_fresh) = ctx.take_grad_or_fresh(t);
+                        fresh[i] = is_fresh;
+                        buf
+                    } else {
+                        fresh[i] = true;
+                        ctx.for_overwrite(r * c)
+                    });
+                }
+                match k.backward_fresh(&slices, &shapes, g, &mut grads, &fresh) {
                     None => return Err(EngineError::NoBackward { op: op.clone() }),
                     Some(Err(source)) => {
                         return Err(EngineError::Kernel {
