@@ -10,9 +10,11 @@
 
 mod exp;
 mod isa;
+mod trig;
 
 pub use exp::{exp_f32, exp_f64};
 pub use isa::Isa;
+pub use trig::{sin_cos_slice, SIN_COS_REDUCED_MAX};
 
 use std::fmt::Debug;
 use std::iter::Sum;
