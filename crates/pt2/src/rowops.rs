@@ -203,8 +203,18 @@ impl<T: Scalar> OpaqueKernel<T> for RowEinsum {
         &self.name
     }
 
-    // The backward adds each term's gradient into its operand.
+    // The backward adds each term's gradient into its operand (zeroing a
+    // fresh row first).
     fn adds_into_gradients(&self) -> bool {
+        true
+    }
+
+    fn skips_unwanted_gradients(&self) -> bool {
+        true
+    }
+
+    // Each output row is zeroed where it is about to be summed into.
+    fn writes_every_output(&self) -> bool {
         true
     }
 
@@ -242,6 +252,7 @@ impl<T: Scalar> OpaqueKernel<T> for RowEinsum {
                 let first = block * ROWS_PER_TASK;
                 for (i, o) in o_block.chunks_mut(oc).enumerate() {
                     let r = first + i;
+                    o.fill(T::zero());
                     let row = |k: usize| &inputs[k][r * self.in_cols[k]..(r + 1) * self.in_cols[k]];
                     let terms = self.offsets.chunks_exact(width).zip(&coefs);
                     match self.in_cols.len() {
@@ -280,9 +291,20 @@ impl<T: Scalar> OpaqueKernel<T> for RowEinsum {
     fn backward(
         &self,
         inputs: &[&[T]],
-        _shapes: &[Shape],
+        shapes: &[Shape],
         grad_out: &[T],
         grads: &mut [Vec<T>],
+    ) -> Option<Result<(), KernelError>> {
+        self.backward_fresh(inputs, shapes, grad_out, grads, &vec![false; grads.len()])
+    }
+
+    fn backward_fresh(
+        &self,
+        inputs: &[&[T]],
+        shapes: &[Shape],
+        grad_out: &[T],
+        grads: &mut [Vec<T>],
+        fresh: &[bool],
     ) -> Option<Result<(), KernelError>> {
         let coefs = self.coefs_as::<T>();
         let oc = self.out_cols.max(1);
@@ -291,10 +313,10 @@ impl<T: Scalar> OpaqueKernel<T> for RowEinsum {
         // One pass per per-row operand, parallel over its rows:
         // ∂out[o]/∂x_k[i_k] = c · Π_{j≠k} x_j[i_j].
         // An operand left unread (empty, with a non-empty shape) means no
-        // gradient is wanted for the others.
-        let unread = |j: usize| inputs[j].is_empty() && _shapes[j].1 * _shapes[j].2 > 0;
-        for (k, gk) in grads.iter_mut().enumerate() {
-            if (0..n_ops).any(|j| j != k && unread(j)) {
+        // gradient is wanted for the others (their buffers are empty).
+        let unread = |j: usize| inputs[j].is_empty() && shapes[j].1 * shapes[j].2 > 0;
+        for ((k, gk), &fresh) in grads.iter_mut().enumerate().zip(fresh) {
+            if gk.is_empty() || (0..n_ops).any(|j| j != k && unread(j)) {
                 continue;
             }
             let cols = self.in_cols[k].max(1);
@@ -304,6 +326,9 @@ impl<T: Scalar> OpaqueKernel<T> for RowEinsum {
                     let first = block * ROWS_PER_TASK;
                     for (i, gr) in g_block.chunks_mut(cols).enumerate() {
                         let r = first + i;
+                        if fresh {
+                            gr.fill(T::zero());
+                        }
                         let row =
                             |j: usize| &inputs[j][r * self.in_cols[j]..(r + 1) * self.in_cols[j]];
                         let g = &grad_out[r * oc..(r + 1) * oc];
@@ -418,17 +443,21 @@ impl<T: Scalar> OpaqueKernel<T> for RowGather {
         out.par_chunks_mut(n * ROWS_PER_TASK)
             .enumerate()
             .for_each(|(block, o_block)| {
-                for (k, o) in o_block.chunks_mut(n).enumerate() {
-                    let r = block * ROWS_PER_TASK + k;
-                    match &runs {
-                        Some(runs) => {
-                            for run in runs {
-                                let from = r * shapes[run.input].2 + run.col;
-                                o[run.out..run.out + run.len]
-                                    .copy_from_slice(&inputs[run.input][from..from + run.len]);
-                            }
+                let first = block * ROWS_PER_TASK;
+                let rows = o_block.len() / n;
+                match &runs {
+                    // Run by run, each over the block's rows.
+                    Some(runs) => {
+                        for run in runs {
+                            let cols = shapes[run.input].2;
+                            let src = &inputs[run.input][first * cols + run.col..];
+                            let dst = &mut o_block[run.out..];
+                            run_rows(RunOp::Copy, dst, n, src, cols, rows, run.len);
                         }
-                        None => {
+                    }
+                    None => {
+                        for (k, o) in o_block.chunks_mut(n).enumerate() {
+                            let r = first + k;
                             for (oj, &(i, c)) in o.iter_mut().zip(&self.src) {
                                 *oj = inputs[i][r * shapes[i].2 + c];
                             }
@@ -446,16 +475,28 @@ impl<T: Scalar> OpaqueKernel<T> for RowGather {
 
     fn backward(
         &self,
-        _inputs: &[&[T]],
+        inputs: &[&[T]],
         shapes: &[Shape],
         grad_out: &[T],
         grads: &mut [Vec<T>],
     ) -> Option<Result<(), KernelError>> {
+        self.backward_fresh(inputs, shapes, grad_out, grads, &vec![false; grads.len()])
+    }
+
+    fn backward_fresh(
+        &self,
+        _inputs: &[&[T]],
+        shapes: &[Shape],
+        grad_out: &[T],
+        grads: &mut [Vec<T>],
+        fresh: &[bool],
+    ) -> Option<Result<(), KernelError>> {
         let n = self.src.len().max(1);
         // One pass per input, parallel over its rows, over the (output
-        // column, input column) pairs that read it.
+        // column, input column) pairs that read it; a fresh row is zeroed
+        // first, while it is in cache.
         let runs = self.runs();
-        for (i, gi) in grads.iter_mut().enumerate() {
+        for ((i, gi), &fresh) in grads.iter_mut().enumerate().zip(fresh) {
             let cols = shapes[i].2.max(1);
             let pairs: Vec<(usize, usize)> = (self.src.iter().enumerate())
                 .filter(|(_, &(input, _))| input == i)
@@ -467,19 +508,23 @@ impl<T: Scalar> OpaqueKernel<T> for RowGather {
             gi.par_chunks_mut(cols * ROWS_PER_TASK)
                 .enumerate()
                 .for_each(|(block, g_block)| {
-                    for (k, gr) in g_block.chunks_mut(cols).enumerate() {
-                        let r = block * ROWS_PER_TASK + k;
-                        let g = &grad_out[r * n..(r + 1) * n];
-                        match &my_runs {
-                            Some(rs) => {
-                                for run in rs {
-                                    let dst = &mut gr[run.col..run.col + run.len];
-                                    for (d, &x) in dst.iter_mut().zip(&g[run.out..]) {
-                                        *d += x;
-                                    }
-                                }
+                    let first = block * ROWS_PER_TASK;
+                    // A fresh block is zeroed while it is in cache.
+                    if fresh {
+                        g_block.fill(T::zero());
+                    }
+                    match &my_runs {
+                        Some(rs) => {
+                            let rows = g_block.len() / cols;
+                            for run in rs {
+                                let src = &grad_out[first * n + run.out..];
+                                let dst = &mut g_block[run.col..];
+                                run_rows(RunOp::Add, dst, cols, src, n, rows, run.len);
                             }
-                            None => {
+                        }
+                        None => {
+                            for (k, gr) in g_block.chunks_mut(cols).enumerate() {
+                                let g = &grad_out[(first + k) * n..(first + k + 1) * n];
                                 for &(j, c) in &pairs {
                                     gr[c] += g[j];
                                 }
@@ -489,6 +534,86 @@ impl<T: Scalar> OpaqueKernel<T> for RowGather {
                 });
         }
         Some(Ok(()))
+    }
+}
+
+/// What [`run_rows`] does with each element of a run.
+#[derive(Clone, Copy)]
+enum RunOp {
+    Copy,
+    Add,
+}
+
+/// For each of `rows` rows `k`: `dst[k·dst_stride..][..len]` is set to
+/// (`Copy`) or increased by (`Add`) `src[k·src_stride..][..len]`, one run
+/// of columns row by row. Short runs (a few columns of an irreps block)
+/// have their width fixed at compile time, so that each row is a few
+/// vector moves instead of a `memcpy` call or a loop of unknown length.
+fn run_rows<T: Scalar>(
+    op: RunOp,
+    dst: &mut [T],
+    dst_stride: usize,
+    src: &[T],
+    src_stride: usize,
+    rows: usize,
+    len: usize,
+) {
+    macro_rules! fixed {
+        ($($n:literal)*) => {
+            match len {
+                $($n => return run_rows_fixed::<T, $n>(op, dst, dst_stride, src, src_stride, rows),)*
+                _ => {}
+            }
+        };
+    }
+    fixed!(1 2 3 4 5 6 7 8 9 12 15 16 24 32);
+    for k in 0..rows {
+        let d = &mut dst[k * dst_stride..k * dst_stride + len];
+        let s = &src[k * src_stride..k * src_stride + len];
+        match op {
+            RunOp::Copy => d.copy_from_slice(s),
+            RunOp::Add => d.iter_mut().zip(s).for_each(|(d, &s)| *d += s),
+        }
+    }
+}
+
+/// [`run_rows`] for runs of `N` columns.
+#[inline(always)]
+fn run_rows_fixed<T: Scalar, const N: usize>(
+    op: RunOp,
+    dst: &mut [T],
+    dst_stride: usize,
+    src: &[T],
+    src_stride: usize,
+    rows: usize,
+) {
+    // The ranges have exactly N elements (indexing past the end panics,
+    // as any slice would), so the chunks always exist.
+    match op {
+        RunOp::Copy => {
+            for k in 0..rows {
+                let (d, s) = (k * dst_stride, k * src_stride);
+                if let (Some(d), Some(s)) = (
+                    dst[d..d + N].first_chunk_mut::<N>(),
+                    src[s..s + N].first_chunk::<N>(),
+                ) {
+                    *d = *s;
+                }
+            }
+        }
+        RunOp::Add => {
+            for k in 0..rows {
+                let (d, s) = (k * dst_stride, k * src_stride);
+                if let (Some(d), Some(s)) = (
+                    dst[d..d + N].first_chunk_mut::<N>(),
+                    src[s..s + N].first_chunk::<N>(),
+                ) {
+                    for (d, &s) in d.iter_mut().zip(s) {
+                        *d += s;
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -615,9 +740,37 @@ fn broadcast_row<T: Scalar>(
     }
 }
 
+/// For each column `c` of an operand, the output columns that read it
+/// (`map[j] == c`), in ascending order: `sources[starts[c]..starts[c + 1]]`.
+struct ColumnSources {
+    starts: Vec<u32>,
+    sources: Vec<u32>,
+}
+
+impl ColumnSources {
+    fn of(map: &[u32], cols: usize) -> ColumnSources {
+        let mut starts = vec![0u32; cols + 1];
+        for &c in map {
+            starts[c as usize + 1] += 1;
+        }
+        for c in 0..cols {
+            starts[c + 1] += starts[c];
+        }
+        let mut next = starts.clone();
+        let mut sources = vec![0u32; map.len()];
+        for (j, &c) in map.iter().enumerate() {
+            sources[next[c as usize] as usize] = j as u32;
+            next[c as usize] += 1;
+        }
+        ColumnSources { starts, sources }
+    }
+}
+
 /// Adds operand `k`'s gradient within one row into `gr`: `gr[m_k[j]] +=
-/// g[j] · ∂f/∂x_k(a[ma[j]], b[mb[j]])`, in column order (the same sums
-/// whatever the kinds).
+/// g[j] · ∂f/∂x_k(a[ma[j]], b[mb[j]])`. A general map sums each column's
+/// terms (`sources`, ascending output column) in a register and adds the
+/// sum once: adding term by term into memory would chain every add on the
+/// store before it.
 #[inline(always)]
 fn broadcast_row_grad<T: Scalar>(
     partials: impl Fn(T, T) -> (T, T),
@@ -625,7 +778,7 @@ fn broadcast_row_grad<T: Scalar>(
     kinds: [MapKind; 2],
     (a, ma): (&[T], &[u32]),
     (b, mb): (&[T], &[u32]),
-    g: &[T],
+    (g, sources): (&[T], &ColumnSources),
     gr: &mut [T],
 ) {
     let n = g.len();
@@ -653,16 +806,154 @@ fn broadcast_row_grad<T: Scalar>(
             }
         }
         _ => {
-            for ((&gj, &ka), &kb) in g.iter().zip(ma).zip(mb) {
-                let (da, db) = partials(a[ka as usize], b[kb as usize]);
-                if k == 0 {
-                    gr[ka as usize] += gj * da;
-                } else {
-                    gr[kb as usize] += gj * db;
+            for (c, gc) in gr.iter_mut().enumerate() {
+                let from =
+                    &sources.sources[sources.starts[c] as usize..sources.starts[c + 1] as usize];
+                let mut sum = T::zero();
+                for &j in from {
+                    let j = j as usize;
+                    let (da, db) = partials(a[ma[j] as usize], b[mb[j] as usize]);
+                    sum += g[j] * if k == 0 { da } else { db };
                 }
+                *gc += sum;
             }
         }
     }
+}
+
+/// One operand of a broadcast as the gradient loops read it: its values
+/// (a row of zeros for an operand left unread), whether it has a row per
+/// output row, and its columns.
+#[derive(Clone, Copy)]
+struct OperandRows<'v, T> {
+    values: &'v [T],
+    per_row: bool,
+    cols: usize,
+}
+
+impl<'v, T: Scalar> OperandRows<'v, T> {
+    #[inline(always)]
+    fn row(&self, r: usize) -> &'v [T] {
+        let start = if self.per_row { r * self.cols } else { 0 };
+        &self.values[start..start + self.cols]
+    }
+}
+
+/// Whether the maps are the outer product `out[i·nb + k] = a[i] ⊕ b[k]`.
+fn is_outer(maps: &[Vec<u32>; 2], ca: usize, cb: usize) -> bool {
+    maps[0].len() == ca * cb
+        && cb > 0
+        && (maps[0].iter().zip(&maps[1]).enumerate())
+            .all(|(j, (&ka, &kb))| ka as usize == j / cb && kb as usize == j % cb)
+}
+
+/// Operand `k`'s gradient over the rows `first..` of `block` (`cols` per
+/// row) for the common map kinds, each a loop of its own with the kind
+/// matched once: both operands the output's columns, one a per-row
+/// scalar, or an outer product. A fresh block is assigned, else added
+/// into. `false` when the kinds are none of these.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn broadcast_block_grad<T: Scalar>(
+    partials: &impl Fn(T, T) -> (T, T),
+    k: usize,
+    (kinds, outer): ([MapKind; 2], bool),
+    [a, b]: [OperandRows<'_, T>; 2],
+    grad_out: &[T],
+    (first, block, cols): (usize, &mut [T], usize),
+    fresh: bool,
+) -> bool {
+    let n = a.cols.max(b.cols);
+    let n = if outer { a.cols * b.cols } else { n };
+    let put = |dst: &mut T, v: T| {
+        if fresh {
+            *dst = v
+        } else {
+            *dst += v
+        }
+    };
+    let rows = block.chunks_exact_mut(cols.max(1)).enumerate();
+    match (k, kinds) {
+        (_, [MapKind::Same, MapKind::Same]) => {
+            for (i, gr) in rows {
+                let r = first + i;
+                let (x, y, g) = (a.row(r), b.row(r), &grad_out[r * n..(r + 1) * n]);
+                let terms = gr.iter_mut().zip(g).zip(x.iter().zip(y));
+                if k == 0 {
+                    terms.for_each(|((d, &gj), (&x, &y))| put(d, gj * partials(x, y).0));
+                } else {
+                    terms.for_each(|((d, &gj), (&x, &y))| put(d, gj * partials(x, y).1));
+                }
+            }
+        }
+        (0, [MapKind::Same, MapKind::Scalar]) => {
+            for (i, gr) in rows {
+                let r = first + i;
+                let (x, y, g) = (a.row(r), b.row(r)[0], &grad_out[r * n..(r + 1) * n]);
+                for ((d, &gj), &x) in gr.iter_mut().zip(g).zip(x) {
+                    put(d, gj * partials(x, y).0);
+                }
+            }
+        }
+        (1, [MapKind::Scalar, MapKind::Same]) => {
+            for (i, gr) in rows {
+                let r = first + i;
+                let (x, y, g) = (a.row(r)[0], b.row(r), &grad_out[r * n..(r + 1) * n]);
+                for ((d, &gj), &y) in gr.iter_mut().zip(g).zip(y) {
+                    put(d, gj * partials(x, y).1);
+                }
+            }
+        }
+        (1, [MapKind::Same, MapKind::Scalar]) => {
+            for (i, gr) in rows {
+                let r = first + i;
+                let (x, y, g) = (a.row(r), b.row(r)[0], &grad_out[r * n..(r + 1) * n]);
+                let mut sum = T::zero();
+                for (&gj, &x) in g.iter().zip(x) {
+                    sum += gj * partials(x, y).1;
+                }
+                put(&mut gr[0], sum);
+            }
+        }
+        (0, [MapKind::Scalar, MapKind::Same]) => {
+            for (i, gr) in rows {
+                let r = first + i;
+                let (x, y, g) = (a.row(r)[0], b.row(r), &grad_out[r * n..(r + 1) * n]);
+                let mut sum = T::zero();
+                for (&gj, &y) in g.iter().zip(y) {
+                    sum += gj * partials(x, y).0;
+                }
+                put(&mut gr[0], sum);
+            }
+        }
+        _ if outer => {
+            let nb = b.cols;
+            for (i, gr) in rows {
+                let r = first + i;
+                let (x, y, g) = (a.row(r), b.row(r), &grad_out[r * n..(r + 1) * n]);
+                if k == 0 {
+                    for ((d, &x), gi) in gr.iter_mut().zip(x).zip(g.chunks_exact(nb)) {
+                        let mut sum = T::zero();
+                        for (&gj, &y) in gi.iter().zip(y) {
+                            sum += gj * partials(x, y).0;
+                        }
+                        put(d, sum);
+                    }
+                } else {
+                    if fresh {
+                        gr.fill(T::zero());
+                    }
+                    for (&x, gi) in x.iter().zip(g.chunks_exact(nb)) {
+                        for ((d, &gj), &y) in gr.iter_mut().zip(gi).zip(y) {
+                            *d += gj * partials(x, y).1;
+                        }
+                    }
+                }
+            }
+        }
+        _ => return false,
+    }
+    true
 }
 
 impl RowBroadcast {
@@ -703,10 +994,10 @@ impl RowBroadcast {
     fn backward_with<T: Scalar>(
         &self,
         partials: impl Fn(T, T) -> (T, T) + Sync,
-        inputs: &[&[T]],
-        shapes: &[Shape],
+        (inputs, shapes): (&[&[T]], &[Shape]),
         grad_out: &[T],
         grads: &mut [Vec<T>],
+        fresh: &[bool],
     ) {
         let n = self.cols().max(1);
         let [pa, pb] = self.per_row;
@@ -726,6 +1017,28 @@ impl RowBroadcast {
             }
         };
         let (zeros_a, zeros_b) = (stand_in(0, ca), stand_in(1, cb));
+        let sources = [ColumnSources::of(ma, ca), ColumnSources::of(mb, cb)];
+        let shape = (kinds, is_outer(&self.maps, ca, cb));
+        let operand = |i: usize| {
+            let (zeros, per_row, cols) = if i == 0 {
+                (&zeros_a, pa, ca)
+            } else {
+                (&zeros_b, pb, cb)
+            };
+            if unread(i) {
+                OperandRows {
+                    values: &zeros[..],
+                    per_row: false,
+                    cols,
+                }
+            } else {
+                OperandRows {
+                    values: inputs[i],
+                    per_row,
+                    cols,
+                }
+            }
+        };
         let row_grad = |k: usize, r: usize, gr: &mut [T]| {
             let a = if unread(0) {
                 &zeros_a[..]
@@ -738,13 +1051,17 @@ impl RowBroadcast {
                 &inputs[1][if pb { r * cb } else { 0 }..]
             };
             let g = &grad_out[r * n..(r + 1) * n];
+            let g = (g, &sources[k]);
             broadcast_row_grad(&partials, k, kinds, (a, ma), (b, mb), g, gr);
         };
-        for (k, gk) in grads.iter_mut().enumerate() {
+        for ((k, gk), &fresh) in grads.iter_mut().enumerate().zip(fresh) {
             // An empty buffer: this operand needs no gradient (a constant);
             // a partial that reads an unread operand is not wanted either.
             let needs = self.op.needs(k);
             if gk.is_empty() || (0..2).any(|i| needs[i] && unread(i)) {
+                if fresh {
+                    gk.fill(T::zero());
+                }
                 continue;
             }
             let (per_row, cols) = if k == 0 { (pa, ca) } else { (pb, cb) };
@@ -752,12 +1069,25 @@ impl RowBroadcast {
                 gk.par_chunks_mut(cols.max(1) * ROWS_PER_TASK)
                     .enumerate()
                     .for_each(|(block, g_block)| {
+                        let first = block * ROWS_PER_TASK;
+                        let rows = (first, &mut *g_block, cols);
+                        let ops = [operand(0), operand(1)];
+                        if broadcast_block_grad(&partials, k, shape, ops, grad_out, rows, fresh) {
+                            return;
+                        }
                         for (i, gr) in g_block.chunks_mut(cols.max(1)).enumerate() {
+                            // A fresh row is zeroed where it is summed into.
+                            if fresh {
+                                gr.fill(T::zero());
+                            }
                             row_grad(k, block * ROWS_PER_TASK + i, gr);
                         }
                     });
             } else {
                 // One row read by every row: its gradient sums over them.
+                if fresh {
+                    gk.fill(T::zero());
+                }
                 for r in 0..rows {
                     row_grad(k, r, gk);
                 }
@@ -834,19 +1164,30 @@ impl<T: Scalar> OpaqueKernel<T> for RowBroadcast {
         grad_out: &[T],
         grads: &mut [Vec<T>],
     ) -> Option<Result<(), KernelError>> {
-        let (i, s, g) = (inputs, shapes, grad_out);
+        self.backward_fresh(inputs, shapes, grad_out, grads, &vec![false; grads.len()])
+    }
+
+    fn backward_fresh(
+        &self,
+        inputs: &[&[T]],
+        shapes: &[Shape],
+        grad_out: &[T],
+        grads: &mut [Vec<T>],
+        fresh: &[bool],
+    ) -> Option<Result<(), KernelError>> {
+        let (v, g) = ((inputs, shapes), grad_out);
         match self.op {
             BroadcastOp::Add => {
-                self.backward_with(|a, b| BroadcastOp::Add.partials(a, b), i, s, g, grads)
+                self.backward_with(|a, b| BroadcastOp::Add.partials(a, b), v, g, grads, fresh)
             }
             BroadcastOp::Sub => {
-                self.backward_with(|a, b| BroadcastOp::Sub.partials(a, b), i, s, g, grads)
+                self.backward_with(|a, b| BroadcastOp::Sub.partials(a, b), v, g, grads, fresh)
             }
             BroadcastOp::Mul => {
-                self.backward_with(|a, b| BroadcastOp::Mul.partials(a, b), i, s, g, grads)
+                self.backward_with(|a, b| BroadcastOp::Mul.partials(a, b), v, g, grads, fresh)
             }
             BroadcastOp::Div => {
-                self.backward_with(|a, b| BroadcastOp::Div.partials(a, b), i, s, g, grads)
+                self.backward_with(|a, b| BroadcastOp::Div.partials(a, b), v, g, grads, fresh)
             }
         }
         Some(Ok(()))
@@ -893,18 +1234,36 @@ impl<T: Scalar> OpaqueKernel<T> for ClampMin {
         Ok(())
     }
 
+    // The backward adds into the gradient so far, or assigns a fresh one.
+    fn adds_into_gradients(&self) -> bool {
+        true
+    }
+
     fn backward(
+        &self,
+        inputs: &[&[T]],
+        shapes: &[Shape],
+        grad_out: &[T],
+        grads: &mut [Vec<T>],
+    ) -> Option<Result<(), KernelError>> {
+        self.backward_fresh(inputs, shapes, grad_out, grads, &[false])
+    }
+
+    fn backward_fresh(
         &self,
         inputs: &[&[T]],
         _shapes: &[Shape],
         grad_out: &[T],
         grads: &mut [Vec<T>],
+        fresh: &[bool],
     ) -> Option<Result<(), KernelError>> {
         let m = T::from_f64(self.0);
-        for ((gi, &g), &x) in grads[0].iter_mut().zip(grad_out).zip(inputs[0]) {
-            if x > m {
-                *gi += g;
-            }
+        let pass = |g: T, x: T| if x > m { g } else { T::zero() };
+        let gx = grads[0].iter_mut().zip(grad_out).zip(inputs[0]);
+        if fresh.first() == Some(&true) {
+            gx.for_each(|((gi, &g), &x)| *gi = pass(g, x));
+        } else {
+            gx.for_each(|((gi, &g), &x)| *gi += pass(g, x));
         }
         Some(Ok(()))
     }
@@ -920,12 +1279,34 @@ pub(crate) fn sinc(x: f64) -> f64 {
     }
 }
 
-/// The derivative of [`sinc`]: (cos(πx) − sinc(x)) / x, 0 at x = 0.
-fn sinc_derivative(x: f64) -> f64 {
-    if x == 0.0 {
-        0.0
-    } else {
-        ((std::f64::consts::PI * x).cos() - sinc(x)) / x
+/// Elements per block of the sinc kernels: the arguments and their sines
+/// and cosines sit in three arrays on the stack.
+const SINC_BLOCK: usize = 256;
+
+/// Runs `f(x, sinc x, (cos πx − sinc x)/x)` (the value and its derivative,
+/// 1 and 0 at x = 0) over `x` block by block, the sines and cosines from
+/// the vectorised [`ddmlip_float::sin_cos_slice`].
+#[inline(always)]
+fn for_each_sinc<T: Scalar>(x: &[T], mut f: impl FnMut(usize, f64, f64)) {
+    let mut y = [0.0f64; SINC_BLOCK];
+    let mut s = [0.0f64; SINC_BLOCK];
+    let mut c = [0.0f64; SINC_BLOCK];
+    for (b, xb) in x.chunks(SINC_BLOCK).enumerate() {
+        let n = xb.len();
+        for (yi, &xi) in y.iter_mut().zip(xb) {
+            *yi = std::f64::consts::PI * xi.to_f64_lossless();
+        }
+        ddmlip_float::sin_cos_slice(&y[..n], &mut s[..n], &mut c[..n]);
+        for (i, &xi) in xb.iter().enumerate() {
+            let x = xi.to_f64_lossless();
+            let (value, slope) = if x == 0.0 {
+                (1.0, 0.0)
+            } else {
+                let v = s[i] / y[i];
+                (v, (c[i] - v) / x)
+            };
+            f(b * SINC_BLOCK + i, value, slope);
+        }
     }
 }
 
@@ -938,6 +1319,11 @@ impl<T: Scalar> OpaqueKernel<T> for Sinc {
     }
 
     fn writes_every_output(&self) -> bool {
+        true
+    }
+
+    // The backward adds into the gradient so far, or assigns a fresh one.
+    fn adds_into_gradients(&self) -> bool {
         true
     }
 
@@ -954,21 +1340,37 @@ impl<T: Scalar> OpaqueKernel<T> for Sinc {
         _shapes: &[Shape],
         out: &mut [T],
     ) -> Result<(), KernelError> {
-        for (o, &x) in out.iter_mut().zip(inputs[0]) {
-            *o = T::from_f64(sinc(x.to_f64_lossless()));
-        }
+        for_each_sinc(inputs[0], |i, value, _| out[i] = T::from_f64(value));
         Ok(())
     }
 
     fn backward(
         &self,
         inputs: &[&[T]],
-        _shapes: &[Shape],
+        shapes: &[Shape],
         grad_out: &[T],
         grads: &mut [Vec<T>],
     ) -> Option<Result<(), KernelError>> {
-        for ((gi, &g), &x) in grads[0].iter_mut().zip(grad_out).zip(inputs[0]) {
-            *gi += g * T::from_f64(sinc_derivative(x.to_f64_lossless()));
+        self.backward_fresh(inputs, shapes, grad_out, grads, &[false])
+    }
+
+    fn backward_fresh(
+        &self,
+        inputs: &[&[T]],
+        _shapes: &[Shape],
+        grad_out: &[T],
+        grads: &mut [Vec<T>],
+        fresh: &[bool],
+    ) -> Option<Result<(), KernelError>> {
+        let gx = &mut grads[0];
+        if fresh.first() == Some(&true) {
+            for_each_sinc(inputs[0], |i, _, slope| {
+                gx[i] = grad_out[i] * T::from_f64(slope)
+            });
+        } else {
+            for_each_sinc(inputs[0], |i, _, slope| {
+                gx[i] += grad_out[i] * T::from_f64(slope)
+            });
         }
         Some(Ok(()))
     }
@@ -1061,12 +1463,44 @@ mod tests {
         (loss, grads)
     }
 
+    /// The gradients of Σ w ⊙ (kernel(inputs) + kernel(inputs)): the
+    /// second kernel's backward runs first and finds no gradient (fresh
+    /// buffers), the first's then adds into what the second left.
+    fn grads_of_twice(
+        kernel: &Arc<dyn OpaqueKernel<f64>>,
+        inputs: &[(Vec<f64>, usize)],
+        rows: usize,
+    ) -> Vec<Vec<f64>> {
+        let mut g = Graph::<f64>::new();
+        let leaves: Vec<_> = inputs
+            .iter()
+            .map(|(v, cols)| g.leaf(v.clone(), rows, *cols, RowDomain::Edge))
+            .collect();
+        let y1 = g.rowwise(kernel.clone(), &leaves).unwrap();
+        let y2 = g.rowwise(kernel.clone(), &leaves).unwrap();
+        let y = g.add(y1, y2).unwrap();
+        let w = values(g.value(y).len(), 0.37);
+        g.grad(y, Some(w), &leaves).unwrap()
+    }
+
+    /// Finite differences of the kernel's backward, and the backward adding
+    /// into an accumulated gradient (twice the kernel, twice the gradient)
+    /// as well as it fills a fresh one.
     fn check_gradients(
         kernel: Arc<dyn OpaqueKernel<f64>>,
         inputs: Vec<(Vec<f64>, usize)>,
         rows: usize,
     ) {
         let (_, grads) = eval(&kernel, &inputs, rows);
+        let twice = grads_of_twice(&kernel, &inputs, rows);
+        for (k, (once, twice)) in grads.iter().zip(&twice).enumerate() {
+            for (i, (a, b)) in once.iter().zip(twice).enumerate() {
+                assert!(
+                    (2.0 * a - b).abs() <= 1e-14 * (1.0 + b.abs()),
+                    "input {k}[{i}]: twice the kernel gives {b}, not 2 × {a}"
+                );
+            }
+        }
         let h = 1e-6;
         for (k, (v, _)) in inputs.iter().enumerate() {
             // Perturbs element i of input k in copies of the inputs.

@@ -110,10 +110,11 @@ fn check<T: Scalar>(tol: f64) {
         let round = |v: &[f64]| -> Vec<T> { v.iter().map(|&x| T::from_f64(x)).collect() };
         let (a, b, w) = (round(&a), round(&b), round(&w));
 
-        // Naive reference in T: output, and gradients summed in column order.
+        // Naive reference: the output in T, the gradients summed in f64 (the
+        // kernel's order of summation is its own).
         let mut want = vec![T::zero(); rows * n];
-        let mut want_ga = vec![T::zero(); ra * ca];
-        let mut want_gb = vec![T::zero(); rb * cb];
+        let mut sum_ga = vec![0.0f64; ra * ca];
+        let mut sum_gb = vec![0.0f64; rb * cb];
         for r in 0..rows {
             for j in 0..n {
                 let ia = if per_row[0] { r * ca } else { 0 } + maps[0][j] as usize;
@@ -122,10 +123,12 @@ fn check<T: Scalar>(tol: f64) {
                 want[r * n + j] = T::from_f64(apply(op, x, y));
                 let (da, db) = partials(op, x, y);
                 let g = w[r * n + j].to_f64_lossless();
-                want_ga[ia] = T::from_f64(want_ga[ia].to_f64_lossless() + g * da);
-                want_gb[ib] = T::from_f64(want_gb[ib].to_f64_lossless() + g * db);
+                sum_ga[ia] += g * da;
+                sum_gb[ib] += g * db;
             }
         }
+        let want_ga: Vec<T> = sum_ga.iter().map(|&x| T::from_f64(x)).collect();
+        let want_gb: Vec<T> = sum_gb.iter().map(|&x| T::from_f64(x)).collect();
         let close = |got: &[T], want: &[T], what: &str| {
             let scale = want
                 .iter()

@@ -54,7 +54,7 @@ impl<T: Scalar> Run<'_, T> {
                 }
             }
             Arg::AsTensor(bn) => {
-                let mut b = self.get(&bn.name)?.clone();
+                let mut b = self.get(&bn.name)?;
                 if alpha != 1.0 {
                     b = match b {
                         Val::T { t, shape } => Val::T {

@@ -243,7 +243,41 @@ impl<T: Scalar> Run<'_, T> {
             return Err("scatter_add along other than dimension 0".into());
         }
         let src = self.tensor_arg(node, "src")?;
-        let (iv, ishape) = int_values(&self.tensor_arg(node, "index")?)?;
+        let raw_index = match self.arg(node, "index")? {
+            Arg::AsTensor(t) => self.get_raw(&t.name)?.clone(),
+            other => {
+                return Err(format!(
+                    "argument `index` should be a tensor, found {other:?}"
+                ))
+            }
+        };
+        // An index broadcast from one value per row is that column, with
+        // where it came from (the runtime's centre or neighbour index).
+        if let Val::IntRows {
+            rows,
+            shape,
+            origin,
+        } = raw_index
+        {
+            let src_shape = value_shape(&src)?;
+            if shape != src_shape {
+                return Err(format!(
+                    "scatter_add with an index of shape {shape:?} for a source of shape {src_shape:?}"
+                ));
+            }
+            let n = rows.len();
+            let index = self.synthetic(
+                node,
+                "index",
+                Val::Int {
+                    v: rows,
+                    shape: vec![n],
+                    origin,
+                },
+            )?;
+            return self.scatter_as_index_add(node, index);
+        }
+        let (iv, ishape) = int_values(&raw_index.widened()?)?;
         let src_shape = value_shape(&src)?;
         if ishape != src_shape {
             return Err(format!(
@@ -272,6 +306,12 @@ impl<T: Scalar> Run<'_, T> {
                 origin: Origin::Other,
             },
         )?;
+        self.scatter_as_index_add(node, index)
+    }
+
+    /// The `scatter_add` `node` as an `index_add` of its source through
+    /// `index` (one target row per source row).
+    fn scatter_as_index_add(&mut self, node: &Node, index: Arg) -> Res<()> {
         let as_index_add = Node {
             op: "aten.index_add.default".into(),
             args: vec![

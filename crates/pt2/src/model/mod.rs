@@ -156,6 +156,43 @@ enum Val {
     Zeros {
         shape: Vec<usize>,
     },
+    /// An integer tensor of `shape` whose row `r` holds `rows[r]` in every
+    /// element: an index broadcast along columns (`index.unsqueeze(-1)
+    /// .expand_as(src)` for a `scatter_add`), kept as one value per row
+    /// (the wide form would be millions of integers written and scanned
+    /// every evaluation). [`Run::get`] hands it out as a `Val::Int`;
+    /// `scatter_add` reads it as it is.
+    IntRows {
+        rows: Arc<Vec<i64>>,
+        shape: Vec<usize>,
+        origin: Origin,
+    },
+}
+
+impl Val {
+    /// An [`Val::IntRows`] as the integer tensor it stands for; any other
+    /// value as it is.
+    fn widened(self) -> Res<Val> {
+        match self {
+            Val::IntRows {
+                rows,
+                shape,
+                origin: _,
+            } => {
+                let width = numel(shape.get(1..).unwrap_or(&[]));
+                let mut v = Vec::with_capacity(rows.len() * width);
+                for &x in rows.iter() {
+                    v.extend(std::iter::repeat_n(x, width));
+                }
+                Ok(Val::Int {
+                    v: Arc::new(v),
+                    shape,
+                    origin: Origin::Other,
+                })
+            }
+            other => Ok(other),
+        }
+    }
 }
 
 type Res<T> = Result<T, String>;
@@ -425,7 +462,13 @@ impl<'a, T: Scalar> Run<'a, T> {
         Ok(run)
     }
 
-    fn get(&self, name: &str) -> Res<&Val> {
+    /// The value of `name` (an [`Val::IntRows`] widened).
+    fn get(&self, name: &str) -> Res<Val> {
+        self.get_raw(name)?.clone().widened()
+    }
+
+    /// The value of `name` as stored.
+    fn get_raw(&self, name: &str) -> Res<&Val> {
         self.values.get(name).ok_or_else(|| {
             if self.archive.program.user_inputs().get(4) == Some(&name) {
                 "the cell input is read by the graph, which ddmlip supports for one system per evaluation only".to_string()
@@ -442,7 +485,7 @@ impl<'a, T: Scalar> Run<'a, T> {
 
     fn tensor_arg(&self, node: &Node, name: &str) -> Res<Val> {
         match self.arg(node, name)? {
-            Arg::AsTensor(t) => self.get(&t.name).cloned(),
+            Arg::AsTensor(t) => self.get(&t.name),
             other => Err(format!(
                 "argument `{name}` should be a tensor, found {other:?}"
             )),
@@ -454,7 +497,7 @@ impl<'a, T: Scalar> Run<'a, T> {
             Arg::AsInt(v) => Ok(*v),
             Arg::AsSymInt(SymIntArg::AsInt(v)) => Ok(*v),
             Arg::AsSymInt(SymIntArg::AsName(n)) => match self.get(n)? {
-                Val::Sym(v) => Ok(*v as i64),
+                Val::Sym(v) => Ok(v as i64),
                 _ => Err(format!("`{n}` is not a symbolic int")),
             },
             other => Err(format!(
@@ -551,15 +594,29 @@ impl<'a, T: Scalar> Run<'a, T> {
         shape: &[usize],
         domain: RowDomain,
     ) -> Res<Tensor> {
-        let full = broadcast_host(v, from, shape)?;
         let (r, c) = layout(shape);
-        let values = full.into_iter().map(T::from_f64).collect();
         let domain = if domain == RowDomain::None && shape.is_empty() {
             RowDomain::None
         } else {
             domain
         };
-        Ok(self.g.constant(values, r, c, domain))
+        // Values already of the shape are converted straight into the
+        // graph's recycled memory (per-edge constants come every step).
+        let wide;
+        let full = if from == shape {
+            v
+        } else {
+            wide = broadcast_host(v, from, shape)?;
+            &wide[..]
+        };
+        if full.len() != r * c {
+            return Err("a constant whose values do not fill its shape".into());
+        }
+        Ok(self.g.constant_with(r, c, domain, |out| {
+            for (o, &x) in out.iter_mut().zip(full) {
+                *o = T::from_f64(x);
+            }
+        }))
     }
 
     /// The host values of a value without gradient (ints as floats).
@@ -590,7 +647,7 @@ impl<'a, T: Scalar> Run<'a, T> {
     fn outputs(mut self) -> Res<ModelOutputs> {
         let names = &self.archive.program.outputs;
         let n_atoms = self.inputs.numbers.len();
-        let energy = match self.get(&names[0])?.clone() {
+        let energy = match self.get(&names[0])? {
             Val::T { t, .. } => {
                 if self.g.domain(t) != RowDomain::System {
                     return Err("the energy output is not a sum over atoms".into());
@@ -604,7 +661,7 @@ impl<'a, T: Scalar> Run<'a, T> {
                     .constant(vec![T::from_f64(v[0]); n], n, 1, RowDomain::System)
             }
         };
-        let atomic = match self.get(&names[1])?.clone() {
+        let atomic = match self.get(&names[1])? {
             Val::T { t, .. } => t,
             other => {
                 let (v, s) = Self::host_values(&other).ok_or("unexpected atomic energies")?;
@@ -626,6 +683,7 @@ fn value_shape(v: &Val) -> Res<Vec<usize>> {
     match v {
         Val::T { shape, .. }
         | Val::Int { shape, .. }
+        | Val::IntRows { shape, .. }
         | Val::Host { shape, .. }
         | Val::Zeros { shape } => Ok(shape.clone()),
         Val::Sym(_) => Err("a symbolic int where a tensor was expected".into()),

@@ -10,11 +10,8 @@ impl<T: Scalar> Run<'_, T> {
             "aten.sym_size.int" => {
                 let x = self.tensor_arg(node, "self")?;
                 let shape = match &x {
-                    Val::T { shape, .. }
-                    | Val::Int { shape, .. }
-                    | Val::Host { shape, .. }
-                    | Val::Zeros { shape } => shape.clone(),
                     Val::Sym(_) => return Err("sym_size of a symbolic int".into()),
+                    other => value_shape(other)?,
                 };
                 let d = norm_dim(self.int_arg(node, "dim")?, shape.len())?;
                 self.set(node, Val::Sym(shape[d]))
@@ -71,7 +68,7 @@ impl<T: Scalar> Run<'_, T> {
             "aten.index.Tensor" => {
                 let x = self.tensor_arg(node, "self")?;
                 let idx = match self.arg(node, "indices")? {
-                    Arg::AsTensors(ts) if ts.len() == 1 => self.get(&ts[0].name)?.clone(),
+                    Arg::AsTensors(ts) if ts.len() == 1 => self.get(&ts[0].name)?,
                     other => {
                         return Err(format!(
                             "indexing with {other:?}; one index tensor is supported"
@@ -222,6 +219,8 @@ impl<T: Scalar> Run<'_, T> {
                         Val::T { t, shape }
                     }
                     Val::Int { v, origin, .. } => Val::Int { v, shape, origin },
+                    // `tensor_arg` hands indices out widened.
+                    Val::IntRows { .. } => return Err("reshape of an unwidened index".into()),
                     Val::Host { v, .. } => Val::Host { v, shape },
                     Val::Zeros { .. } => Val::Zeros { shape },
                     Val::Sym(_) => return Err("reshape of a symbolic int".into()),
@@ -238,7 +237,7 @@ impl<T: Scalar> Run<'_, T> {
                 };
                 let bias = match node.arg("bias") {
                     Some(Arg::AsTensor(b)) => Some(
-                        Self::host_values(self.get(&b.name)?)
+                        Self::host_values(&self.get(&b.name)?)
                             .ok_or("a differentiable bias is not supported")?,
                     ),
                     _ => None,
@@ -454,7 +453,7 @@ impl<T: Scalar> Run<'_, T> {
                     return Err("as many outputs as inputs expected".into());
                 }
                 for (t, out) in names.iter().zip(&node.outputs) {
-                    let x = self.get(&t.name)?.clone();
+                    let x = self.get(&t.name)?;
                     let v = self.reshape_or_expand(x, out, true)?;
                     self.values.insert(out.clone(), v);
                 }
@@ -581,7 +580,7 @@ impl<T: Scalar> Run<'_, T> {
                 let dim = norm_dim(self.int_arg(node, "dim")?, out_shape.len())?;
                 let parts: Vec<Val> = names
                     .iter()
-                    .map(|t| self.get(&t.name).cloned())
+                    .map(|t| self.get(&t.name))
                     .collect::<Res<_>>()?;
                 // Each part's shape with the concatenated dimension explicit
                 // (stack inserts a dimension of 1).
@@ -619,7 +618,7 @@ impl<T: Scalar> Run<'_, T> {
                 }
                 let parts: Vec<Val> = names
                     .iter()
-                    .map(|t| self.get(&t.name).cloned())
+                    .map(|t| self.get(&t.name))
                     .collect::<Res<_>>()?;
                 let out = self.out_name(node)?.to_string();
                 let v = self.einsum(parts, specs, out_labels, &out)?;

@@ -70,8 +70,24 @@ impl<T: Scalar> Run<'_, T> {
                 let origin = if xs == shape { origin } else { Origin::Other };
                 Ok(Val::Int { v, shape, origin })
             }
-            // An index broadcast along columns (`index.unsqueeze(-1).expand_as(src)`
-            // for a `scatter_add`) stays an integer tensor.
+            // An index of one value per row broadcast along columns
+            // (`index.unsqueeze(-1).expand_as(src)` for a `scatter_add`)
+            // keeps one value per row.
+            Val::Int {
+                v,
+                shape: xs,
+                origin,
+            } if shape.len() > 1
+                && xs
+                    .first()
+                    .is_some_and(|&r| r == v.len() && Some(&r) == shape.first()) =>
+            {
+                Ok(Val::IntRows {
+                    rows: v,
+                    shape,
+                    origin,
+                })
+            }
             Val::Int { v, shape: xs, .. } => {
                 let wide = broadcast_host(&v, &xs, &shape)?;
                 Ok(Val::Int {
