@@ -288,16 +288,6 @@ impl<T: Scalar> OpaqueKernel<T> for RowEinsum {
         (0..wants.len()).any(|k| k != input && wants[k])
     }
 
-    fn backward(
-        &self,
-        inputs: &[&[T]],
-        shapes: &[Shape],
-        grad_out: &[T],
-        grads: &mut [Vec<T>],
-    ) -> Option<Result<(), KernelError>> {
-        self.backward_fresh(inputs, shapes, grad_out, grads, &vec![false; grads.len()])
-    }
-
     fn backward_fresh(
         &self,
         inputs: &[&[T]],
@@ -473,16 +463,6 @@ impl<T: Scalar> OpaqueKernel<T> for RowGather {
         false
     }
 
-    fn backward(
-        &self,
-        inputs: &[&[T]],
-        shapes: &[Shape],
-        grad_out: &[T],
-        grads: &mut [Vec<T>],
-    ) -> Option<Result<(), KernelError>> {
-        self.backward_fresh(inputs, shapes, grad_out, grads, &vec![false; grads.len()])
-    }
-
     fn backward_fresh(
         &self,
         _inputs: &[&[T]],
@@ -587,32 +567,31 @@ fn run_rows_fixed<T: Scalar, const N: usize>(
     src_stride: usize,
     rows: usize,
 ) {
-    // The ranges have exactly N elements (indexing past the end panics,
-    // as any slice would), so the chunks always exist.
+    let rows = (dst, dst_stride, src, src_stride, rows);
     match op {
-        RunOp::Copy => {
-            for k in 0..rows {
-                let (d, s) = (k * dst_stride, k * src_stride);
-                if let (Some(d), Some(s)) = (
-                    dst[d..d + N].first_chunk_mut::<N>(),
-                    src[s..s + N].first_chunk::<N>(),
-                ) {
-                    *d = *s;
-                }
-            }
-        }
+        RunOp::Copy => each_fixed_row::<T, N>(rows, |d, s| *d = *s),
         RunOp::Add => {
-            for k in 0..rows {
-                let (d, s) = (k * dst_stride, k * src_stride);
-                if let (Some(d), Some(s)) = (
-                    dst[d..d + N].first_chunk_mut::<N>(),
-                    src[s..s + N].first_chunk::<N>(),
-                ) {
-                    for (d, &s) in d.iter_mut().zip(s) {
-                        *d += s;
-                    }
-                }
-            }
+            each_fixed_row::<T, N>(rows, |d, s| d.iter_mut().zip(s).for_each(|(d, &s)| *d += s))
+        }
+    }
+}
+
+/// `f(dst row k, src row k)` over `rows` rows of `N` elements at the given
+/// strides: one loop per `f`, its arithmetic inlined. The ranges have
+/// exactly N elements (indexing past the end panics, as any slice would),
+/// so the chunks always exist.
+#[inline(always)]
+fn each_fixed_row<T: Scalar, const N: usize>(
+    (dst, dst_stride, src, src_stride, rows): (&mut [T], usize, &[T], usize, usize),
+    f: impl Fn(&mut [T; N], &[T; N]),
+) {
+    for k in 0..rows {
+        let (d, s) = (k * dst_stride, k * src_stride);
+        if let (Some(d), Some(s)) = (
+            dst[d..d + N].first_chunk_mut::<N>(),
+            src[s..s + N].first_chunk::<N>(),
+        ) {
+            f(d, s);
         }
     }
 }
@@ -1157,16 +1136,6 @@ impl<T: Scalar> OpaqueKernel<T> for RowBroadcast {
         (0..2).any(|k| wants.get(k) == Some(&true) && self.op.needs(k)[input])
     }
 
-    fn backward(
-        &self,
-        inputs: &[&[T]],
-        shapes: &[Shape],
-        grad_out: &[T],
-        grads: &mut [Vec<T>],
-    ) -> Option<Result<(), KernelError>> {
-        self.backward_fresh(inputs, shapes, grad_out, grads, &vec![false; grads.len()])
-    }
-
     fn backward_fresh(
         &self,
         inputs: &[&[T]],
@@ -1237,16 +1206,6 @@ impl<T: Scalar> OpaqueKernel<T> for ClampMin {
     // The backward adds into the gradient so far, or assigns a fresh one.
     fn adds_into_gradients(&self) -> bool {
         true
-    }
-
-    fn backward(
-        &self,
-        inputs: &[&[T]],
-        shapes: &[Shape],
-        grad_out: &[T],
-        grads: &mut [Vec<T>],
-    ) -> Option<Result<(), KernelError>> {
-        self.backward_fresh(inputs, shapes, grad_out, grads, &[false])
     }
 
     fn backward_fresh(
@@ -1342,16 +1301,6 @@ impl<T: Scalar> OpaqueKernel<T> for Sinc {
     ) -> Result<(), KernelError> {
         for_each_sinc(inputs[0], |i, value, _| out[i] = T::from_f64(value));
         Ok(())
-    }
-
-    fn backward(
-        &self,
-        inputs: &[&[T]],
-        shapes: &[Shape],
-        grad_out: &[T],
-        grads: &mut [Vec<T>],
-    ) -> Option<Result<(), KernelError>> {
-        self.backward_fresh(inputs, shapes, grad_out, grads, &[false])
     }
 
     fn backward_fresh(

@@ -20,7 +20,9 @@ pub trait OpaqueKernel<T: Scalar>: Send + Sync {
     /// Computes the output into `out` (zeroed, sized from `output_shape`).
     fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), KernelError>;
     /// Adds input gradients into `grads` (one zeroed buffer per input) given
-    /// the output gradient. `None` means the kernel has no backward.
+    /// the output gradient. `None` means the kernel has no backward. A
+    /// kernel implements this or [`OpaqueKernel::backward_fresh`], which the
+    /// engine calls (its default zeroes the fresh buffers and calls this).
     fn backward(
         &self,
         _inputs: &[&[T]],
