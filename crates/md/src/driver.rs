@@ -622,7 +622,11 @@ pub fn run_rank(
     comm: Box<dyn Communicator>,
     sink: Option<&mut dyn MdSink>,
 ) -> Result<Option<MdSummary>, MdError> {
-    run_rank_with(model, topology, start, config, comm, sink, None)
+    // On a pool worker, so that each step's parallel loops run in place
+    // (MPI is started `Serialized`: any one thread may call it).
+    ddmlip_engine::on_pool_worker(|| {
+        run_rank_with(model, topology, start, config, comm, sink, None)
+    })
 }
 
 /// Runs `config.steps` MD steps on one rank with the forces of `field`

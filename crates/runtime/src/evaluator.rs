@@ -84,25 +84,11 @@ impl<'m> Evaluator<'m> {
             .resize_with(if single { 1 } else { opts.ranks }, RankBuffers::default);
         if single {
             let held = &mut self.buffers[0];
-            return on_pool_worker(|| match opts.dtype {
+            return ddmlip_engine::on_pool_worker(|| match opts.dtype {
                 DType::F64 => evaluate_single(model, batch, opts, &mut held.f64, &mut held.pairs),
                 DType::F32 => evaluate_single(model, batch, opts, &mut held.f32, &mut held.pairs),
             });
         }
         evaluate_threads(model, batch, opts, &mut self.buffers)
-    }
-}
-
-/// Runs `body` on a worker of the current rayon pool (the global one when
-/// the caller is not a worker). Every parallel loop of an evaluation started
-/// from outside the pool would otherwise hand its work to the workers and
-/// put the caller to sleep until they finish: one wake-up and one sleep per
-/// op, which on one thread is all overhead. On a worker the loops run in
-/// place, the worker itself taking part.
-fn on_pool_worker<R: Send>(body: impl FnOnce() -> R + Send) -> R {
-    if rayon::current_thread_index().is_some() {
-        body()
-    } else {
-        rayon::scope(|_| body())
     }
 }

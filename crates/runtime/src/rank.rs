@@ -118,6 +118,17 @@ pub fn evaluate_on_communicator(
     opts: &EvalOptions,
     comm: Box<dyn Communicator>,
 ) -> Result<RankResult, EvalError> {
+    // On a pool worker (MPI is started `Serialized`: any one thread may call it).
+    ddmlip_engine::on_pool_worker(|| evaluate_this_rank(model, batch, opts, comm))
+}
+
+/// [`evaluate_on_communicator`]'s body.
+fn evaluate_this_rank(
+    model: &dyn Model,
+    batch: &[System],
+    opts: &EvalOptions,
+    comm: Box<dyn Communicator>,
+) -> Result<RankResult, EvalError> {
     let started = Instant::now();
     let ranks = comm.size();
     let prepared = check_batch(model, batch)
