@@ -1242,6 +1242,9 @@ pub(crate) fn sinc(x: f64) -> f64 {
 /// and cosines sit in three arrays on the stack.
 const SINC_BLOCK: usize = 256;
 
+/// Elements per rayon task of the sinc kernels.
+const SINC_TASK: usize = 16 * SINC_BLOCK;
+
 /// Runs `f(x, sinc x, (cos πx − sinc x)/x)` (the value and its derivative,
 /// 1 and 0 at x = 0) over `x` block by block, the sines and cosines from
 /// the vectorised [`ddmlip_float::sin_cos_slice`].
@@ -1299,7 +1302,9 @@ impl<T: Scalar> OpaqueKernel<T> for Sinc {
         _shapes: &[Shape],
         out: &mut [T],
     ) -> Result<(), KernelError> {
-        for_each_sinc(inputs[0], |i, value, _| out[i] = T::from_f64(value));
+        out.par_chunks_mut(SINC_TASK)
+            .zip(inputs[0].par_chunks(SINC_TASK))
+            .for_each(|(o, x)| for_each_sinc(x, |i, value, _| o[i] = T::from_f64(value)));
         Ok(())
     }
 
@@ -1311,16 +1316,18 @@ impl<T: Scalar> OpaqueKernel<T> for Sinc {
         grads: &mut [Vec<T>],
         fresh: &[bool],
     ) -> Option<Result<(), KernelError>> {
-        let gx = &mut grads[0];
-        if fresh.first() == Some(&true) {
-            for_each_sinc(inputs[0], |i, _, slope| {
-                gx[i] = grad_out[i] * T::from_f64(slope)
+        let fresh = fresh.first() == Some(&true);
+        grads[0]
+            .par_chunks_mut(SINC_TASK)
+            .zip(inputs[0].par_chunks(SINC_TASK))
+            .zip(grad_out.par_chunks(SINC_TASK))
+            .for_each(|((gx, x), g)| {
+                if fresh {
+                    for_each_sinc(x, |i, _, slope| gx[i] = g[i] * T::from_f64(slope));
+                } else {
+                    for_each_sinc(x, |i, _, slope| gx[i] += g[i] * T::from_f64(slope));
+                }
             });
-        } else {
-            for_each_sinc(inputs[0], |i, _, slope| {
-                gx[i] += grad_out[i] * T::from_f64(slope)
-            });
-        }
         Some(Ok(()))
     }
 }

@@ -29,6 +29,7 @@ use ddmlip_engine::{
     EngineError, Graph, Index, ModelForward, ModelInfo, ModelInputs, ModelOutputs, RowDomain,
     Scalar, SpeciesSupport, Tensor,
 };
+use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
@@ -613,9 +614,13 @@ impl<'a, T: Scalar> Run<'a, T> {
             return Err("a constant whose values do not fill its shape".into());
         }
         Ok(self.g.constant_with(r, c, domain, |out| {
-            for (o, &x) in out.iter_mut().zip(full) {
-                *o = T::from_f64(x);
-            }
+            out.par_chunks_mut(1 << 14)
+                .zip(full.par_chunks(1 << 14))
+                .for_each(|(o, v)| {
+                    for (o, &x) in o.iter_mut().zip(v) {
+                        *o = T::from_f64(x);
+                    }
+                })
         }))
     }
 
