@@ -51,7 +51,7 @@ pub enum RowDomain {
 /// one wake-up and one sleep per op, which on one thread is all overhead
 /// (16 % of an imported NequIP evaluation). On a worker the loops run in
 /// place, the worker itself taking part. Single-process evaluations, an MPI
-/// rank's evaluation and an MPI rank's MD run go through it.
+/// rank's evaluation, MD run and relaxation go through it.
 pub fn on_pool_worker<R: Send>(body: impl FnOnce() -> R + Send) -> R {
     if rayon::current_thread_index().is_some() {
         body()

@@ -354,7 +354,10 @@ pub fn relax_rank(
     config: &RelaxConfig,
     comm: Box<dyn Communicator>,
 ) -> Result<Option<RelaxSummary>, MdError> {
-    relax_rank_with(model, topology, cell, positions, config, comm, None)
+    // On a pool worker, as `run_rank` (MPI is started `Serialized`).
+    ddmlip_engine::on_pool_worker(|| {
+        relax_rank_with(model, topology, cell, positions, config, comm, None)
+    })
 }
 
 /// Relaxes on one rank with the forces of `field` (the whole system per
