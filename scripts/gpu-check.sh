@@ -7,7 +7,8 @@
 #   DIR (default target/gpu-check) holds the test executables to run, e.g.
 #     cargo test -p ddmlip-cuda --no-run   # then copy target/debug/deps/gpu-* there
 #   and optionally a `ddmlip` binary built with `--features cuda`, which is
-#   then checked end to end (eval on cuda vs cpu, a bad device index).
+#   then checked end to end (eval on cuda vs cpu, a bad device index, md and
+#   relax on cuda vs cpu, validate and eval split over ranks sharing the GPU).
 # Environment: DDMLIP_FIXTURE_XYZ (the SevenNet-0 fixture frames, if the
 # tests cannot find them next to the repository), DDMLIP_GPU_INDEX (device).
 set -u
@@ -28,7 +29,7 @@ for exe in "$dir"/*; do
     out=$("$exe" --test-threads=1 --nocapture 2>&1)
     # What each test measured, and every panic with its message line.
     echo "$out" | awk '/panicked at/ {print; if ((getline line) > 0) print "    " line; next}
-        /^test |lj (f64|f32) case|sevennet f(64|32) GPU|TIMING|systems, |SKIPPED/ {print}'
+        /^test |lj (f64|f32) case|sevennet f(64|32) GPU|TIMING|systems, |ranks: energy|split vs one rank|SKIPPED/ {print}'
 
     counts=$(echo "$out" | sed -n 's/^test result: [a-zA-Z]*\. \([0-9]*\) passed; \([0-9]*\) failed.*/\1 \2/p')
     p=${counts% *} f=${counts#* }
@@ -116,12 +117,43 @@ PY
         check "md $1 on cuda" 0 '"ensemble"' "$cli" "${md[@]}" --device cuda --output "$gpu"
         "$cli" "${md[@]}" --output "$cpu" >/dev/null 2>&1
         same_final "md $1 on cuda follows the cpu run" "$gpu" "$cpu"
+        check "md $1 on cuda, 3 ranks sharing it" 0 '"ensemble"' "$cli" "${md[@]}" --device cuda --ranks 3 --output "$gpu"
+        same_final "md $1 on cuda with 3 ranks follows the cpu run" "$gpu" "$cpu"
         rl=(relax --model "$1" --structure "$2" --fmax 0.01 --max-steps 300 --json)
         check "relax $1 on cuda" 0 '"converged":true' "$cli" "${rl[@]}" --device cuda --output "$gpu"
         "$cli" "${rl[@]}" --output "$cpu" >/dev/null 2>&1
         same_final "relax $1 on cuda follows the cpu run" "$gpu" "$cpu"
+        check "relax $1 on cuda, 2 ranks sharing it" 0 '"converged":true' "$cli" "${rl[@]}" --device cuda --ranks 2 --output "$gpu"
+        same_final "relax $1 on cuda with 2 ranks follows the cpu run" "$gpu" "$cpu"
     done
-    check "md on cuda refuses --ranks 2" 2 "--ranks > 1" "$cli" md --model lj --structure "$ar" --ensemble nve --dt 1 --steps 1 --ranks 2 --device cuda
+    check "md on cuda refuses --backend mpi" 2 "--backend mpi" "$cli" md --model lj --structure "$ar" --ensemble nve --dt 1 --steps 1 --backend mpi --device cuda
+    # Split runs on one GPU: ranks sharing it give the one-rank answer.
+    check "validate lj on cuda, 4 ranks" 0 "PASSED" "$cli" validate --model lj --structure "$ar" --device cuda --ranks 4
+    check "validate sevennet-0 on cuda, 4 ranks" 0 "PASSED" "$cli" validate --model sevennet-0 --structure "$si64" --device cuda --ranks 4
+    check "validate sevennet-0 on cuda f32, 3 ranks" 0 "PASSED" "$cli" validate --model sevennet-0 --structure "$si64" --device cuda --ranks 3 --dtype f32
+    check "eval sevennet-0 on cuda, 2 ranks" 0 '"ranks":2' "$cli" eval --model sevennet-0 --structure "$si64" --device cuda --ranks 2 --json
+    check "validate sevennet-0, 4 ranks over --gpus 0,0" 0 "PASSED" "$cli" validate --model sevennet-0 --structure "$si64" --device cuda --ranks 4 --gpus 0,0
+    # One MPI process per rank (here two sharing the one GPU), with a ddmlip
+    # built with `--features mpi,cuda` next to the other as ddmlip-mpi.
+    mpicli="$dir/ddmlip-mpi"
+    if [[ -x $mpicli ]] && command -v mpirun >/dev/null; then
+        export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+        "$cli" eval --model sevennet-0 --structure "$si64" --device cuda --json >"$gpu" 2>"$log"
+        check "eval sevennet-0 --backend mpi on cuda, 2 processes" 0 '"ranks":2' \
+            mpirun --oversubscribe -n 2 "$mpicli" eval --backend mpi --device cuda --gpus 0 --model sevennet-0 --structure "$si64" --json
+        grep '^{' "$log" > "$cpu"
+        python3 - "$gpu" "$cpu" <<'PY' >"$log" 2>&1
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+fa = [x for f in a["forces"] for x in f]; fb = [x for f in b["forces"] for x in f]
+de = abs(a["energy"][0] - b["energy"][0]) / max(1.0, abs(a["energy"][0]))
+df = max(abs(x - y) for x, y in zip(fa, fb)) / max(abs(x) for x in fa) if len(fa) == len(fb) else float("inf")
+print(f"MPI split vs one GPU rank: energy {de:.1e}, forces {df:.1e} relative")
+sys.exit(0 if de < 1e-10 and df < 1e-10 else 1)
+PY
+        if [[ $? == 0 ]]; then passed=$((passed + 1)); echo "cli mpi split equals one rank ok"; else failed=$((failed + 1)); failures+=("cli mpi split equals one rank"); echo "cli mpi split equals one rank FAILED"; fi
+        sed 's/^/    /' "$log"
+    fi
     rm -f "$ar" "$si64" "$gpu" "$cpu"
     rm -f "$xyz" "$log"
 fi

@@ -30,12 +30,22 @@ pub(crate) struct GpuEngine {
     device: CudaDevice,
     model: GpuModel,
     precision: Precision,
+    /// Ranks sharing the GPU (1: the whole system on one rank).
+    ranks: usize,
+    /// Deadline of every blocking exchange between ranks.
+    timeout: std::time::Duration,
 }
 
 impl GpuEngine {
     /// Loads `model` (a name or path with a GPU path: `lj`, a Lennard-Jones
     /// model file, a SevenNet name or checkpoint) on CUDA device `index`.
-    pub(crate) fn new(model: &str, index: usize, precision: Precision) -> Result<Self, PyErr> {
+    pub(crate) fn new(
+        model: &str,
+        index: usize,
+        precision: Precision,
+        ranks: usize,
+        timeout: std::time::Duration,
+    ) -> Result<Self, PyErr> {
         let source = ddmlip_models::model_source(model)
             .map_err(|e| PyValueError::new_err(e.to_string()))?
             .ok_or_else(|| {
@@ -60,13 +70,28 @@ impl GpuEngine {
             device,
             model,
             precision,
+            ranks,
+            timeout,
         })
     }
 
     /// Energy, forces, stress and per-atom energies of `system`.
     pub(crate) fn evaluate(&self, system: &System) -> Result<GpuOutput, PyErr> {
-        self.model
-            .evaluate(&self.device, system, self.precision)
+        if self.ranks > 1 {
+            ddmlip_cuda::evaluate_decomposed(
+                &self.model,
+                &self.device,
+                system,
+                self.precision,
+                self.ranks,
+                self.timeout,
+            )
+            .map(|d| d.output)
             .map_err(gpu_error)
+        } else {
+            self.model
+                .evaluate(&self.device, system, self.precision)
+                .map_err(gpu_error)
+        }
     }
 }

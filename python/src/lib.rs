@@ -225,6 +225,12 @@ impl Engine {
         device: &str,
     ) -> PyResult<Self> {
         let device = gpu::parse_device(device)?;
+        if device != ddmlip::Device::Cpu && spec_json.is_some() {
+            return Err(PyValueError::new_err(
+                "spec does not apply to device=\"cuda\": the GPU models split the same way \
+                 every time (ghost node features refreshed after every interaction block)",
+            ));
+        }
         let opts = EvalOptions {
             dtype: parse_dtype(dtype)?,
             ranks,
@@ -241,17 +247,13 @@ impl Engine {
         let gpu = match device {
             ddmlip::Device::Cpu => None,
             ddmlip::Device::Cuda(index) => {
-                if ranks > 1 || opts.spec.is_some() {
-                    return Err(PyValueError::new_err(
-                        "device=\"cuda\" runs one rank on one GPU: ranks > 1 and spec are not \
-                         supported with it yet",
-                    ));
-                }
                 let precision = match opts.dtype {
                     DType::F32 => ddmlip_cuda::Precision::F32,
                     _ => ddmlip_cuda::Precision::F64,
                 };
-                let engine = py.detach(|| gpu::GpuEngine::new(model, index, precision))?;
+                let timeout = opts.timeout;
+                let engine =
+                    py.detach(|| gpu::GpuEngine::new(model, index, precision, ranks, timeout))?;
                 Some(Mutex::new(engine))
             }
         };

@@ -1,7 +1,7 @@
-"""`Calculator(device=...)`: the device is checked, GPU runs are one rank,
-models without a GPU path and machines without a GPU are refused with a
-`ValueError` that says which. On a GPU machine (``DDMLIP_GPU_TESTS=1``)
-the GPU results equal the CPU's in float64."""
+"""`Calculator(device=...)`: the device is checked, models without a GPU
+path and machines without a GPU are refused with a `ValueError` that says
+which. On a GPU machine (``DDMLIP_GPU_TESTS=1``) the GPU results equal the
+CPU's in float64, on one rank and on ranks sharing the GPU."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ def test_device_names_are_checked():
             ddmlip.Calculator("lj", device=bad)
 
 
-def test_a_gpu_runs_one_rank():
-    with pytest.raises(ValueError, match="one rank on one GPU"):
-        ddmlip.Calculator("lj", ranks=2, device="cuda")
+def test_a_spec_does_not_apply_to_a_gpu():
+    with pytest.raises(ValueError, match="spec does not apply"):
+        ddmlip.Calculator("lj", ranks=2, spec={}, device="cuda")
 
 
 def test_a_model_without_a_gpu_path_is_refused():
@@ -65,3 +65,18 @@ def test_gpu_equals_cpu_in_float64(sevennet_fixtures, sevennet_available):
                 for calculated in (a, b):
                     with pytest.raises(PropertyNotImplementedError):
                         calculated.get_stress()
+
+
+@pytest.mark.skipif(not GPU, reason="needs a GPU and DDMLIP_GPU_TESTS=1")
+def test_ranks_sharing_a_gpu_equal_one_rank(sevennet_fixtures, sevennet_available):
+    frames = read(sevennet_fixtures, ":")
+    one = ddmlip.Calculator("sevennet-0", device="cuda")
+    split = ddmlip.Calculator("sevennet-0", ranks=3, device="cuda")
+    for atoms in frames:
+        a, b = atoms.copy(), atoms.copy()
+        a.calc, b.calc = one, split
+        e_one, e_split = a.get_potential_energy(), b.get_potential_energy()
+        assert abs(e_split - e_one) <= 1e-10 * max(1.0, abs(e_one)), (e_split, e_one)
+        assert max_rel(b.get_forces(), a.get_forces()) <= 1e-10
+        if atoms.pbc.any():
+            assert max_rel(b.get_stress(), a.get_stress()) <= 1e-10

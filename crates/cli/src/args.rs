@@ -95,4 +95,9 @@ pub struct EvalArgs {
     /// models with a CUDA path: lj).
     #[arg(long, default_value = "cpu")]
     pub(crate) device: crate::device::Device,
+    /// GPUs of the ranks with `--device cuda` and `--ranks N`, round-robin:
+    /// a list (`0,1,2,3`) or `all` (every GPU this machine has); default:
+    /// every rank on the `--device` GPU.
+    #[arg(long)]
+    pub(crate) gpus: Option<crate::device::GpuList>,
 }

@@ -26,6 +26,57 @@ pub fn cuda_model(model_arg: &str) -> Result<ddmlip_models::ModelSource, CliErro
 /// Where a command evaluates (`--device cpu|cuda[:N]`).
 pub use ddmlip::Device;
 
+/// `--gpus`: the GPUs the ranks of a split GPU run go to, round-robin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuList {
+    /// Every GPU of the machine, in index order.
+    All,
+    /// These device indices, in this order.
+    Indices(Vec<usize>),
+}
+
+impl std::str::FromStr for GpuList {
+    type Err = String;
+
+    /// Parses `all` or a comma-separated list of device indices.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "all" {
+            return Ok(Self::All);
+        }
+        let indices: Result<Vec<usize>, _> = s.split(',').map(|x| x.trim().parse()).collect();
+        match indices {
+            Ok(v) if !v.is_empty() => Ok(Self::Indices(v)),
+            _ => Err(format!(
+                "`{s}`: expected `all` or a comma-separated list of GPU indices (e.g. 0,1,2,3)"
+            )),
+        }
+    }
+}
+
+/// The device indices of a GPU run: `--gpus` when given (`count` GPUs
+/// for `all`), else the one `--device` GPU.
+pub fn gpu_indices(
+    device_index: usize,
+    gpus: Option<&GpuList>,
+    count: impl FnOnce() -> usize,
+) -> Vec<usize> {
+    match gpus {
+        None => vec![device_index],
+        Some(GpuList::Indices(v)) => v.clone(),
+        Some(GpuList::All) => (0..count().max(1)).collect(),
+    }
+}
+
+/// Refuses `--gpus` without `--device cuda`.
+pub fn gpus_need_cuda(device: Device, gpus: Option<&GpuList>) -> Result<(), CliError> {
+    if gpus.is_some() && device == Device::Cpu {
+        return Err(CliError::input(anyhow!(
+            "--gpus places the ranks of a GPU run: it needs --device cuda"
+        )));
+    }
+    Ok(())
+}
+
 /// Refuses `--device cuda` in a build without the `cuda` feature.
 #[cfg(not(feature = "cuda"))]
 pub fn no_cuda_build() -> CliError {
@@ -35,28 +86,57 @@ pub fn no_cuda_build() -> CliError {
     ))
 }
 
+#[cfg(all(feature = "cuda", feature = "mpi"))]
+pub use gpu::eval_mpi;
 #[cfg(feature = "cuda")]
-pub use gpu::{bench_model, eval, force_field};
+pub use gpu::{bench_model, eval, force_field, rank_force_fields, validate};
+
+/// What `validate --device cuda` compares.
+pub struct GpuValidation<'a> {
+    /// The model argument.
+    pub model: &'a str,
+    /// Fidelity of a multi-fidelity checkpoint.
+    pub modal: Option<&'a str>,
+    /// The structure file.
+    pub structure: &'a std::path::Path,
+    /// Ranks of the split run (at least 2).
+    pub ranks: usize,
+    /// Precision of both runs.
+    pub dtype: crate::args::Precision,
+    /// Absolute tolerance per output.
+    pub atol: f64,
+    /// Tolerance relative to the output's largest |reference| entry.
+    pub rtol: f64,
+    /// Print the report as JSON.
+    pub json: bool,
+    /// Deadline of every blocking exchange.
+    pub timeout: std::time::Duration,
+    /// The device index (the one-rank reference runs there).
+    pub index: usize,
+    /// `--gpus`: where the split run's ranks go.
+    pub gpus: Option<&'a GpuList>,
+}
+
+#[cfg(not(feature = "cuda"))]
+/// `validate --device cuda` in a build without CUDA: exit 2 (after the model check).
+pub fn validate(v: &GpuValidation<'_>) -> Result<u8, CliError> {
+    cuda_model(v.model)?;
+    Err(no_cuda_build())
+}
 
 /// Refuses `--device cuda` together with what runs on the CPU engine only:
-/// `--ranks` > 1, `--backend mpi`, or `what_else` (a flag name) when set.
-pub fn one_gpu_only(
-    command: &str,
-    ranks: Option<usize>,
-    mpi: bool,
-    what_else: Option<&str>,
-) -> Result<(), CliError> {
-    let refused = if ranks.is_some_and(|r| r > 1) {
-        Some("--ranks > 1")
-    } else if mpi {
+/// `--backend mpi`, or `what_else` (a flag name) when set. (`--ranks N`
+/// puts N ranks on the one GPU.)
+pub fn gpu_ranks_only(command: &str, mpi: bool, what_else: Option<&str>) -> Result<(), CliError> {
+    let refused = if mpi {
         Some("--backend mpi")
     } else {
         what_else
     };
     match refused {
         Some(flag) => Err(CliError::input(anyhow!(
-            "`{command} --device cuda` runs one rank on one GPU: {flag} is not supported with \
-             it yet (use --device cpu)"
+            "`{command} --device cuda` runs its ranks as threads sharing one GPU: {flag} is not \
+             supported with it yet (use --device cpu)"
         ))),
         None => Ok(()),
     }
@@ -76,10 +156,40 @@ pub fn force_field(
 }
 
 #[cfg(not(feature = "cuda"))]
+/// `md|relax --device cuda --ranks N` in a build without CUDA: exit 2
+/// (after the model check).
+pub fn rank_force_fields(
+    model: &str,
+    _modal: Option<&str>,
+    _dtype: crate::args::Precision,
+    _gpus: (usize, Option<&GpuList>),
+    _ranks: usize,
+    _pbc: [bool; 3],
+) -> Result<Vec<Box<dyn ddmlip_md::RankForceField>>, CliError> {
+    cuda_model(model)?;
+    Err(no_cuda_build())
+}
+
+#[cfg(not(feature = "cuda"))]
 /// `eval --device cuda` in a build without CUDA: exit 2 (after the model check).
 pub fn eval(a: &crate::args::EvalArgs, _index: usize) -> Result<u8, CliError> {
     cuda_model(&a.model)?;
     Err(no_cuda_build())
+}
+
+/// How `bench model --device cuda` times.
+pub struct GpuBench<'a> {
+    /// Precision.
+    pub dtype: crate::args::Precision,
+    /// Timed evaluations per rank count (after one warm-up).
+    pub repeats: usize,
+    /// Rank counts to time (1: the whole system on one rank; more: ranks
+    /// sharing the GPU).
+    pub ranks: &'a [usize],
+    /// One JSON object per rank count on stdout.
+    pub json: bool,
+    /// The device index.
+    pub index: usize,
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -87,10 +197,7 @@ pub fn eval(a: &crate::args::EvalArgs, _index: usize) -> Result<u8, CliError> {
 pub fn bench_model(
     model: &str,
     _system: impl FnOnce() -> Result<(ddmlip::System, String), CliError>,
-    _dtype: crate::args::Precision,
-    _repeats: usize,
-    _json: bool,
-    _index: usize,
+    _bench: GpuBench<'_>,
 ) -> Result<u8, CliError> {
     cuda_model(model)?;
     Err(no_cuda_build())
@@ -103,9 +210,15 @@ mod gpu {
     use crate::error::CliError;
     use crate::input::read_structure;
     use anyhow::anyhow;
-    use ddmlip_cuda::{CudaDevice, CudaError, GpuModel, LjParameters, Precision};
+    use ddmlip_cuda::{
+        evaluate_on_gpus, CudaDevice, CudaError, GpuModel, GpuOutput, GpuPlacement, GpuRankReport,
+        LjParameters, Precision,
+    };
     use ddmlip_models::ModelSource;
     use serde_json::json;
+
+    /// How long a rank of a split GPU run waits for a peer before giving up.
+    const RANK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
     fn precision(p: PrecisionArg) -> Precision {
         match p {
@@ -170,6 +283,71 @@ mod gpu {
             }
             ModelSource::SevenNetCheckpoint(path) => {
                 GpuModel::sevennet(dev, &path, modal, p).map_err(gpu_error)
+            }
+        }
+    }
+
+    /// The GPUs of a run, each with the model loaded on it; the first is
+    /// where one-rank evaluations run.
+    struct Gpus {
+        loaded: Vec<(CudaDevice, GpuModel)>,
+    }
+
+    impl Gpus {
+        /// Opens the GPUs `--device`/`--gpus` name and loads the model on each.
+        fn open(
+            model: &str,
+            modal: Option<&str>,
+            p: Precision,
+            index: usize,
+            list: Option<&super::GpuList>,
+        ) -> Result<Self, CliError> {
+            let resolved = cuda_model(model)?;
+            let count = || ddmlip_cuda::device_count().unwrap_or(1);
+            let mut loaded = Vec::new();
+            for i in super::gpu_indices(index, list, count) {
+                let dev = open(i)?;
+                let m = load(resolved.clone(), &dev, p, modal)?;
+                // The weights were uploaded on this stream; ranks' streams read them.
+                dev.synchronize().map_err(gpu_error)?;
+                loaded.push((dev, m));
+            }
+            Ok(Self { loaded })
+        }
+
+        fn first(&self) -> (&CudaDevice, &GpuModel) {
+            let (d, m) = &self.loaded[0];
+            (d, m)
+        }
+
+        fn placements(&self) -> Vec<GpuPlacement<'_>> {
+            self.loaded
+                .iter()
+                .map(|(device, model)| GpuPlacement { device, model })
+                .collect()
+        }
+
+        /// `cuda:0 (…)`, or every GPU's description joined.
+        fn describe(&self) -> String {
+            let all: Vec<String> = self.loaded.iter().map(|(d, _)| describe(d)).collect();
+            all.join(", ")
+        }
+
+        /// One evaluation of `sys`: the first GPU for one rank, else
+        /// `ranks` ranks over the GPUs round-robin (with their reports).
+        fn evaluate(
+            &self,
+            sys: &ddmlip::System,
+            p: Precision,
+            ranks: usize,
+            timeout: std::time::Duration,
+        ) -> Result<(GpuOutput, Option<Vec<GpuRankReport>>), CudaError> {
+            if ranks > 1 || self.loaded.len() > 1 {
+                evaluate_on_gpus(&self.placements(), sys, p, ranks, timeout)
+                    .map(|d| (d.output, Some(d.ranks)))
+            } else {
+                let (dev, model) = self.first();
+                model.evaluate(dev, sys, p).map(|o| (o, None))
             }
         }
     }
@@ -250,30 +428,194 @@ mod gpu {
         }))
     }
 
-    /// `eval --device cuda:N`: every frame on the GPU, one after another.
-    pub fn eval(a: &EvalArgs, index: usize) -> Result<u8, CliError> {
-        if a.ranks.is_some_and(|r| r > 1) || a.spec.is_some() {
-            return Err(CliError::input(anyhow!(
-                "--device cuda runs one process on one GPU: --ranks > 1 and --spec are not \
-                 supported with it yet"
-            )));
+    /// One rank's rows on a GPU that several ranks share: the rank's own
+    /// stream, the model's weights shared.
+    struct GpuRankField {
+        dev: CudaDevice,
+        model: std::sync::Arc<GpuModel>,
+        precision: Precision,
+        /// Whether the system has a periodic axis (∂E/∂ε is zero otherwise).
+        periodic: bool,
+        /// The rank's rows as a cluster, its memory reused every step.
+        local: ddmlip::System,
+    }
+
+    fn md_error(e: CudaError) -> ddmlip_md::MdError {
+        use ddmlip_md::MdError;
+        match e {
+            // A peer's failure only echoes the failing rank's own error.
+            CudaError::Comm { .. } => MdError::Comm(e.to_string()),
+            e if e.is_input() => MdError::Input(e.to_string()),
+            e => MdError::ForceField(e.to_string()),
         }
-        let resolved = cuda_model(&a.model)?;
-        let dev = open(index)?;
+    }
+
+    impl ddmlip_md::RankForceField for GpuRankField {
+        fn evaluate(
+            &mut self,
+            rows: &ddmlip_md::LocalRows<'_>,
+            halo: &mut dyn ddmlip_engine::Distributor,
+            forces: &mut [[f64; 3]],
+        ) -> Result<ddmlip_md::SystemEnergy, ddmlip_md::MdError> {
+            let local = &mut self.local;
+            local.positions.clear();
+            local.positions.extend_from_slice(rows.positions);
+            local.numbers.clear();
+            local.numbers.extend_from_slice(rows.numbers);
+            let out = self
+                .model
+                .evaluate_rank(&self.dev, local, self.precision, rows.n_owned, halo)
+                .map_err(md_error)?;
+            if out.forces.len() != forces.len() {
+                return Err(ddmlip_md::MdError::Internal(format!(
+                    "the GPU returned {} forces for {} owned atoms",
+                    out.forces.len(),
+                    forces.len()
+                )));
+            }
+            forces.copy_from_slice(&out.forces);
+            let strain_gradient = if self.periodic {
+                ddmlip_md::strain_gradient_of_stress(&out.virial, 1.0)
+            } else {
+                [0.0; 9]
+            };
+            Ok(ddmlip_md::SystemEnergy {
+                energy: out.energy,
+                strain_gradient,
+                pairs: out.n_pairs,
+            })
+        }
+    }
+
+    /// The force fields of `ranks` ranks on the GPUs `--device`/`--gpus`
+    /// name, round-robin (`md|relax --device cuda --ranks R`): the model
+    /// loaded once per GPU, a stream per rank.
+    pub fn rank_force_fields(
+        model: &str,
+        modal: Option<&str>,
+        dtype: PrecisionArg,
+        (index, gpus): (usize, Option<&super::GpuList>),
+        ranks: usize,
+        pbc: [bool; 3],
+    ) -> Result<Vec<Box<dyn ddmlip_md::RankForceField>>, CliError> {
+        let p = precision(dtype);
+        let loaded = Gpus::open(model, modal, p, index, gpus)?;
+        eprintln!("forces from {}, {ranks} ranks", loaded.describe());
+        let shared: Vec<(CudaDevice, std::sync::Arc<GpuModel>)> = loaded
+            .loaded
+            .into_iter()
+            .map(|(d, m)| (d, std::sync::Arc::new(m)))
+            .collect();
+        (0..ranks)
+            .map(|r| {
+                let (dev, model) = &shared[r % shared.len()];
+                let field = GpuRankField {
+                    dev: dev.fork().map_err(gpu_error)?,
+                    model: std::sync::Arc::clone(model),
+                    precision: p,
+                    periodic: pbc.iter().any(|&x| x),
+                    local: ddmlip::System::default(),
+                };
+                Ok(Box::new(field) as Box<dyn ddmlip_md::RankForceField>)
+            })
+            .collect()
+    }
+
+    /// `eval --device cuda:N [--ranks R]`: every frame on the GPU, one
+    /// after another; with `--ranks R > 1` each frame split over R ranks
+    /// sharing the GPU.
+    pub fn eval(a: &EvalArgs, index: usize) -> Result<u8, CliError> {
+        let ranks = a.ranks.unwrap_or(1);
+        if ranks == 0 {
+            return Err(CliError::input(anyhow!("--ranks must be at least 1")));
+        }
         let p = precision(a.dtype);
-        let model = load(resolved, &dev, p, a.modal.as_deref())?;
+        let gpus = Gpus::open(&a.model, a.modal.as_deref(), p, index, a.gpus.as_ref())?;
         let mut frames = read_structure(&a.structure)?;
-        let dtype = dtype_name(a.dtype);
         let mut results = Vec::with_capacity(frames.len());
+        let mut rank_reports = Vec::with_capacity(frames.len());
         for (k, sys) in frames.iter().enumerate() {
-            let r = model
-                .evaluate(&dev, sys, p)
+            let (r, reports) = gpus
+                .evaluate(sys, p, ranks, RANK_TIMEOUT)
                 .map_err(gpu_error)
                 .map_err(|e| e.context_frame(k))?;
             results.push(r);
+            rank_reports.extend(reports);
         }
+        report_eval(
+            a,
+            &gpus.describe(),
+            ranks,
+            &mut frames,
+            &results,
+            &rank_reports,
+        )
+    }
+
+    /// `eval --backend mpi --device cuda`: this process's rank of an MPI
+    /// job, one GPU per process, round-robin by rank over `--gpus`
+    /// (default: every GPU of the machine). Every process reads the input
+    /// and loads the model on its GPU; all agree that they could before
+    /// the first exchange. Rank 0 prints and writes.
+    #[cfg(feature = "mpi")]
+    pub fn eval_mpi(a: &EvalArgs, index: usize) -> Result<u8, CliError> {
+        use crate::mpi::{abort, agree_on_input, SharedComm};
+        use ddmlip_comm::{Communicator, DEFAULT_TIMEOUT};
+        let comm = SharedComm::init(DEFAULT_TIMEOUT)?;
+        let (rank, size) = (comm.rank(), comm.size());
+        let p = precision(a.dtype);
+        let verdict = (|| {
+            let frames = read_structure(&a.structure)?;
+            let resolved = cuda_model(&a.model)?;
+            let list = a.gpus.clone().unwrap_or(super::GpuList::All);
+            let count = || ddmlip_cuda::device_count().unwrap_or(1);
+            let indices = super::gpu_indices(index, Some(&list), count);
+            let dev = open(indices[rank % indices.len()])?;
+            let model = load(resolved, &dev, p, a.modal.as_deref())?;
+            Ok::<_, CliError>((frames, dev, model))
+        })();
+        if let Err(status) = agree_on_input(&comm, &verdict) {
+            return Ok(status);
+        }
+        let Ok((mut frames, dev, model)) = verdict else {
+            return Err(abort(&comm, "inconsistent input verdict".into()));
+        };
+        let gpu = GpuPlacement {
+            device: &dev,
+            model: &model,
+        };
+        let (mut results, mut rank_reports) = (Vec::new(), Vec::new());
+        for (k, sys) in frames.iter().enumerate() {
+            match ddmlip_cuda::evaluate_on_communicator(gpu, sys, p, Box::new(comm.handle())) {
+                Ok(Some(d)) => {
+                    results.push(d.output);
+                    rank_reports.push(d.ranks);
+                }
+                Ok(None) => {}
+                Err(e) => return Err(abort(&comm, format!("frame {k}: {e}"))),
+            }
+        }
+        let device = format!("{} (rank 0 of {size} MPI processes)", describe(&dev));
+        // Finalise MPI before rank 0 writes: the other ranks are done.
+        drop(comm);
+        if rank != 0 {
+            return Ok(0);
+        }
+        report_eval(a, &device, size, &mut frames, &results, &rank_reports)
+    }
+
+    /// Writes `--output` and prints what `eval` on the GPU found.
+    fn report_eval(
+        a: &EvalArgs,
+        device: &str,
+        ranks: usize,
+        frames: &mut [ddmlip::System],
+        results: &[GpuOutput],
+        rank_reports: &[Vec<GpuRankReport>],
+    ) -> Result<u8, CliError> {
+        let dtype = dtype_name(a.dtype);
         if let Some(out) = &a.output {
-            for (sys, r) in frames.iter_mut().zip(&results) {
+            for (sys, r) in frames.iter_mut().zip(results) {
                 sys.set_results(&ddmlip_atoms::Results {
                     energy: r.energy,
                     forces: &r.forces,
@@ -281,10 +623,9 @@ mod gpu {
                     energies: Some(&r.atomic_energies),
                 });
             }
-            ddmlip::write_structure(out, &frames)
+            ddmlip::write_structure(out, frames)
                 .map_err(|e| CliError::input(anyhow!("writing {}: {e}", out.display())))?;
         }
-        let device = describe(&dev);
         if a.json {
             let value = json!({
                 "model": a.model,
@@ -295,7 +636,9 @@ mod gpu {
                 "forces": results.iter().flat_map(|r| r.forces.iter().copied()).collect::<Vec<_>>(),
                 "stress": results.iter().map(|r| r.stress).collect::<Vec<_>>(),
                 "atomic_energies": results.iter().flat_map(|r| r.atomic_energies.iter().copied()).collect::<Vec<_>>(),
-                "frames": results.iter().map(|r| json!({
+                "ranks": ranks,
+                "frames": results.iter().enumerate().map(|(k, r)| json!({
+                    "ranks": rank_reports.get(k).map(|rs| rank_json(rs)),
                     "atoms": r.forces.len(),
                     "pairs": r.n_pairs,
                     "energy": r.energy,
@@ -307,7 +650,12 @@ mod gpu {
             });
             println!("{value}");
         } else {
-            println!("model {} on {device}, {dtype}", a.model);
+            let split = if ranks > 1 {
+                format!(", {ranks} ranks sharing the GPU")
+            } else {
+                String::new()
+            };
+            println!("model {} on {device}, {dtype}{split}", a.model);
             for (k, r) in results.iter().enumerate() {
                 let fmax = r
                     .forces
@@ -328,6 +676,15 @@ mod gpu {
                         .unwrap_or_default()
                 );
             }
+            for (k, rs) in rank_reports.iter().enumerate() {
+                for x in rs {
+                    println!(
+                        "  frame {k} rank {} on cuda:{}: {} owned, {} ghosts, {} pairs, {:.3} s \
+                         ({:.3} s exchanging)",
+                        x.rank, x.device, x.owned, x.ghosts, x.pairs, x.seconds, x.comm_seconds
+                    );
+                }
+            }
             if let Some(out) = &a.output {
                 println!("wrote {}", out.display());
             }
@@ -335,70 +692,219 @@ mod gpu {
         Ok(0)
     }
 
-    /// `bench model --device cuda:N`: median wall time of full GPU
-    /// evaluations (neighbour list + model + copy back) after one warm-up,
-    /// and (SevenNet) the device memory an evaluation holds.
+    /// `bench model --device cuda:N [--ranks R,...]`: per rank count, the
+    /// median wall time of full GPU evaluations (neighbour list + model +
+    /// copy back; with R > 1 ranks sharing the GPU, exchanges included)
+    /// after one warm-up, and (SevenNet, one rank) the device memory an
+    /// evaluation holds.
     pub fn bench_model(
         model_arg: &str,
         system: impl FnOnce() -> Result<(ddmlip::System, String), CliError>,
-        dtype: PrecisionArg,
-        repeats: usize,
-        json: bool,
-        index: usize,
+        b: super::GpuBench<'_>,
     ) -> Result<u8, CliError> {
         let resolved = cuda_model(model_arg)?;
-        let dev = open(index)?;
-        let p = precision(dtype);
+        let dev = open(b.index)?;
+        let p = precision(b.dtype);
         let model = load(resolved, &dev, p, None)?;
         let (sys, what) = system()?;
-        let warm = model.evaluate(&dev, &sys, p).map_err(gpu_error)?;
-        let mut runs = Vec::with_capacity(repeats);
-        let mut peak = warm.peak_bytes;
-        for _ in 0..repeats {
-            let start = std::time::Instant::now();
-            let r = model.evaluate(&dev, &sys, p).map_err(gpu_error)?;
-            runs.push((start.elapsed().as_secs_f64(), r.timings));
-            peak = peak.max(r.peak_bytes);
-        }
-        runs.sort_by(|x, y| x.0.total_cmp(&y.0));
-        let (median, timings) = runs[runs.len() / 2];
-        let atoms = sys.positions.len();
-        let us = median * 1e6 / atoms as f64;
         let device = describe(&dev);
-        let dtype = dtype_name(dtype);
-        if json {
-            println!(
-                "{}",
-                json!({
-                    "model": model_arg, "device": device, "dtype": dtype, "structure": what,
-                    "atoms": atoms, "pairs": warm.n_pairs, "median_s": median,
-                    "neighbors_s": timings.neighbors_s, "model_s": timings.model_s,
-                    "us_per_atom_step": us, "warmup_s": warm.timings.neighbors_s + warm.timings.model_s,
-                    "repeats": repeats, "peak_gpu_bytes": peak,
-                })
-            );
-        } else {
-            let memory = peak
-                .map(|b| {
-                    format!(
-                        "\n  peak GPU memory {:.0} MiB ({:.1} KiB/atom)",
-                        b as f64 / (1u64 << 20) as f64,
-                        b as f64 / 1024.0 / atoms as f64
-                    )
-                })
-                .unwrap_or_default();
-            println!(
-                "{model_arg} {dtype} on {device}: {what}, {atoms} atoms, {} pairs\n  median {:.3} ms per \
-                 evaluation ({us:.4} µs/atom/step) of {}: neighbour list {:.3} ms, model + copy \
-                 back {:.3} ms{memory}",
-                warm.n_pairs,
-                median * 1e3,
-                repeats,
-                timings.neighbors_s * 1e3,
-                timings.model_s * 1e3
-            );
+        let dtype = dtype_name(b.dtype);
+        let atoms = sys.positions.len();
+        let once = |ranks: usize| {
+            if ranks > 1 {
+                let gpu = GpuPlacement {
+                    device: &dev,
+                    model: &model,
+                };
+                evaluate_on_gpus(&[gpu], &sys, p, ranks, RANK_TIMEOUT).map(|d| d.output)
+            } else {
+                model.evaluate(&dev, &sys, p)
+            }
+            .map_err(gpu_error)
+        };
+        for &ranks in b.ranks {
+            let warm = once(ranks)?;
+            let mut runs = Vec::with_capacity(b.repeats);
+            let mut peak = warm.peak_bytes;
+            for _ in 0..b.repeats {
+                let start = std::time::Instant::now();
+                let r = once(ranks)?;
+                runs.push((start.elapsed().as_secs_f64(), r.timings));
+                peak = peak.max(r.peak_bytes);
+            }
+            // Ranks measure the driver's free memory while others allocate.
+            if ranks > 1 {
+                peak = None;
+            }
+            runs.sort_by(|x, y| x.0.total_cmp(&y.0));
+            let (median, timings) = runs[runs.len() / 2];
+            let us = median * 1e6 / atoms as f64;
+            if b.json {
+                println!(
+                    "{}",
+                    json!({
+                        "model": model_arg, "device": device, "dtype": dtype, "structure": what,
+                        "atoms": atoms, "pairs": warm.n_pairs, "ranks": ranks, "median_s": median,
+                        "neighbors_s": timings.neighbors_s, "model_s": timings.model_s,
+                        "us_per_atom_step": us,
+                        "warmup_s": warm.timings.neighbors_s + warm.timings.model_s,
+                        "repeats": b.repeats, "peak_gpu_bytes": peak,
+                    })
+                );
+            } else {
+                let memory = peak
+                    .map(|bytes| {
+                        format!(
+                            "\n  peak GPU memory {:.0} MiB ({:.1} KiB/atom)",
+                            bytes as f64 / (1u64 << 20) as f64,
+                            bytes as f64 / 1024.0 / atoms as f64
+                        )
+                    })
+                    .unwrap_or_default();
+                let split = if ranks > 1 {
+                    format!(", {ranks} ranks sharing the GPU")
+                } else {
+                    String::new()
+                };
+                println!(
+                    "{model_arg} {dtype} on {device}{split}: {what}, {atoms} atoms, {} pairs\n  \
+                     median {:.3} ms per evaluation ({us:.4} µs/atom/step) of {}: neighbour \
+                     list {:.3} ms, model + copy back {:.3} ms{memory}",
+                    warm.n_pairs,
+                    median * 1e3,
+                    b.repeats,
+                    timings.neighbors_s * 1e3,
+                    timings.model_s * 1e3
+                );
+            }
         }
         Ok(0)
+    }
+
+    /// `validate --device cuda:N`: every frame on one GPU rank, then split
+    /// over `ranks` ranks sharing the GPU; energy, forces, stress and
+    /// per-atom energies compared per output. Exit 0 when all pass, 1 when
+    /// one does not.
+    pub fn validate(v: &super::GpuValidation<'_>) -> Result<u8, CliError> {
+        use ddmlip_validate::{deviation, Deviation};
+        let p = precision(v.dtype);
+        let gpus = Gpus::open(v.model, v.modal, p, v.index, v.gpus)?;
+        let (dev, model) = gpus.first();
+        let frames = read_structure(v.structure)?;
+        let mut reference = Vec::with_capacity(frames.len());
+        let mut split = Vec::with_capacity(frames.len());
+        for (k, sys) in frames.iter().enumerate() {
+            let one = model
+                .evaluate(dev, sys, p)
+                .map_err(gpu_error)
+                .map_err(|e| e.context_frame(k))?;
+            let many = evaluate_on_gpus(&gpus.placements(), sys, p, v.ranks, v.timeout)
+                .map_err(gpu_error)
+                .map_err(|e| e.context_frame(k))?;
+            reference.push(one);
+            split.push(many);
+        }
+        let nan6 = [f64::NAN; 6];
+        let outputs: Vec<(&str, &str, Deviation)> = {
+            // One output of every frame, flattened, in both runs.
+            let pick = |what: &dyn Fn(&ddmlip_cuda::GpuOutput) -> Vec<f64>| {
+                let one: Vec<f64> = reference.iter().flat_map(what).collect();
+                let many: Vec<f64> = split.iter().flat_map(|d| what(&d.output)).collect();
+                deviation(&one, &many)
+            };
+            vec![
+                ("energy", "eV", pick(&|r| vec![r.energy])),
+                (
+                    "forces",
+                    "eV/Å",
+                    pick(&|r| r.forces.iter().flatten().copied().collect()),
+                ),
+                (
+                    "stress",
+                    "eV/Å³",
+                    pick(&|r| r.stress.unwrap_or(nan6).to_vec()),
+                ),
+                (
+                    "atomic_energies",
+                    "eV",
+                    pick(&|r| r.atomic_energies.clone()),
+                ),
+            ]
+        };
+        let ok = outputs.iter().all(|(_, _, d)| d.within(v.atol, v.rtol));
+        let device = gpus.describe();
+        let dtype = dtype_name(v.dtype);
+        if v.json {
+            let value = json!({
+                "model": v.model,
+                "device": device,
+                "dtype": dtype,
+                "ranks": v.ranks,
+                "atol": v.atol,
+                "rtol": v.rtol,
+                "ok": ok,
+                "outputs": outputs.iter().map(|(name, _, d)| ((*name).to_string(), json!({
+                    "max_abs": d.abs, "max_rel": d.rel, "ratio": d.ratio,
+                    "passed": d.within(v.atol, v.rtol),
+                }))).collect::<serde_json::Map<_, _>>(),
+                "frames": split.iter().map(|d| json!({
+                    "atoms": d.output.forces.len(),
+                    "ranks": rank_json(&d.ranks),
+                })).collect::<Vec<_>>(),
+            });
+            println!("{value}");
+        } else {
+            println!(
+                "validate {} on {device}, {dtype}: {} frame(s), one GPU rank against {} ranks",
+                v.model,
+                frames.len(),
+                v.ranks
+            );
+            for (k, d) in split.iter().enumerate() {
+                let owned: Vec<String> = d.ranks.iter().map(|x| x.owned.to_string()).collect();
+                let ghosts: Vec<String> = d.ranks.iter().map(|x| x.ghosts.to_string()).collect();
+                println!(
+                    "frame {k}: {} atoms; ranks own {} and hold {} ghosts",
+                    d.output.forces.len(),
+                    owned.join("/"),
+                    ghosts.join("/")
+                );
+            }
+            for (name, unit, d) in &outputs {
+                println!(
+                    "  {name:<16} max |Δ| {:.3e} {unit:<6} relative {:.3e}  {}",
+                    d.abs,
+                    d.rel,
+                    if d.within(v.atol, v.rtol) {
+                        "passed"
+                    } else {
+                        "FAILED"
+                    }
+                );
+            }
+            println!(
+                "{}: the {}-rank split {} the one-rank answer (atol {:e}, rtol {:e})",
+                if ok { "PASSED" } else { "FAILED" },
+                v.ranks,
+                if ok { "gives" } else { "does not give" },
+                v.atol,
+                v.rtol
+            );
+        }
+        Ok(if ok { 0 } else { crate::error::EXIT_FAILED })
+    }
+
+    /// Per-rank reports as JSON.
+    fn rank_json(ranks: &[GpuRankReport]) -> Vec<serde_json::Value> {
+        ranks
+            .iter()
+            .map(|x| {
+                json!({
+                    "rank": x.rank, "device": x.device, "owned": x.owned, "ghosts": x.ghosts,
+                    "pairs": x.pairs, "seconds": x.seconds, "comm_seconds": x.comm_seconds,
+                })
+            })
+            .collect()
     }
 
     trait FrameContext {

@@ -86,6 +86,17 @@ fn device_cuda_without_a_usable_gpu_is_exit_2_saying_why() {
         ],
         short_md(xyz, &["--device", "cuda"]),
         model_args("relax", "sevennet-0", xyz_si, &["--device", "cuda"]),
+        model_args("eval", "lj", xyz, &["--device", "cuda", "--ranks", "2"]),
+        model_args(
+            "eval",
+            "lj",
+            xyz,
+            &["--device", "cuda", "--ranks", "2", "--gpus", "all"],
+        ),
+        short_md(xyz, &["--device", "cuda", "--ranks", "2"]),
+        model_args("relax", "lj", xyz, &["--device", "cuda", "--ranks", "3"]),
+        model_args("validate", "lj", xyz, &["--device", "cuda", "--ranks", "2"]),
+        model_args("validate", "sevennet-0", xyz_si, &["--device", "cuda"]),
     ] {
         let (code, _, err) = run(&args);
         assert_eq!(code, 2, "{args:?}: {err}");
@@ -144,9 +155,9 @@ fn device_names_are_checked_and_cpu_is_the_default() {
 /// Two silicon atoms in a diamond cell (SevenNet-0 knows Si).
 const SI_XYZ: &str = "2\nLattice=\"5.43 0 0 0 5.43 0 0 0 5.43\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\nSi 0.02 0 0\nSi 1.36 1.33 1.37\n";
 
-/// `md`/`relax --device cuda` run one rank on one GPU: split runs, MPI and
-/// trajectory validation are refused naming the flag, before any device is
-/// opened (so the answer is the same with and without a GPU).
+/// `md`/`relax --device cuda` run their ranks as threads sharing one GPU:
+/// MPI and trajectory validation are refused naming the flag, before any
+/// device is opened (so the answer is the same with and without a GPU).
 #[test]
 fn md_and_relax_on_a_gpu_refuse_what_needs_the_cpu_engine() {
     let dir = tempfile::tempdir().unwrap();
@@ -155,10 +166,9 @@ fn md_and_relax_on_a_gpu_refuse_what_needs_the_cpu_engine() {
     let md = short_md(xyz, &[]);
     let relax = model_args("relax", "lj", xyz, &[]);
     for (base, extra, flag) in [
-        (&md[..], &["--ranks", "2"][..], "--ranks > 1"),
         (&md[..], &["--backend", "mpi"][..], "--backend mpi"),
         (&md[..], &["--validate", "--ranks", "1"][..], "--validate"),
-        (&relax[..], &["--ranks", "3"][..], "--ranks > 1"),
+        (&relax[..], &["--backend", "mpi"][..], "--backend mpi"),
     ] {
         let args: Vec<&str> = base
             .iter()
@@ -169,8 +179,67 @@ fn md_and_relax_on_a_gpu_refuse_what_needs_the_cpu_engine() {
         let (code, _, err) = run(&args);
         assert_eq!(code, 2, "{args:?}: {err}");
         assert!(
-            err.contains(flag) && err.contains("one rank on one GPU") && !err.contains("panicked"),
+            err.contains(flag)
+                && err.contains("threads sharing one GPU")
+                && !err.contains("panicked"),
             "{args:?}: {err}"
         );
     }
+}
+
+/// `validate --device cuda` checks the GPU models' own split: what belongs
+/// to spec inference or to MPI is refused naming the flag, and so is a
+/// split into fewer than two ranks, before any device is opened.
+#[test]
+fn validate_and_eval_on_a_gpu_refuse_what_does_not_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let xyz = structure(&dir);
+    let xyz = xyz.to_str().unwrap();
+    let spec = dir.path().join("spec.json");
+    std::fs::write(&spec, "{}").unwrap();
+    let spec = spec.to_str().unwrap();
+    for (extra, says) in [
+        (&["--spec", spec][..], "--spec does not apply"),
+        (&["--spec-out", spec][..], "--spec-out does not apply"),
+        (&["--backend", "mpi"][..], "--backend mpi"),
+        (&["--ranks", "1"][..], "--ranks must be at least 2"),
+    ] {
+        let args = model_args(
+            "validate",
+            "lj",
+            xyz,
+            &[extra, &["--device", "cuda"]].concat(),
+        );
+        let (code, _, err) = run(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(
+            err.contains(says) && !err.contains("panicked"),
+            "{args:?}: {err}"
+        );
+    }
+    for (extra, says) in [
+        (
+            &["--gpus", "0,x", "--device", "cuda"][..],
+            "expected `all` or a comma-separated list",
+        ),
+        (
+            &["--gpus", "0"][..],
+            "--gpus places the ranks of a GPU run: it needs --device cuda",
+        ),
+    ] {
+        let args = model_args("eval", "lj", xyz, extra);
+        let (code, _, err) = run(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(
+            err.contains(says) && !err.contains("panicked"),
+            "{args:?}: {err}"
+        );
+    }
+    let args = model_args("eval", "lj", xyz, &["--spec", spec, "--device", "cuda"]);
+    let (code, _, err) = run(&args);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--spec does not apply to --device cuda"),
+        "{err}"
+    );
 }

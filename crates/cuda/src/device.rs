@@ -81,7 +81,9 @@ impl CudaDevice {
         let ctx =
             CudaContext::new(index).map_err(|e| CudaError::driver("creating a context", e))?;
         // SAFETY: every buffer of this crate is allocated, used and freed on
-        // the one stream below (cuBLAS is bound to it too), so cudarc's
+        // one stream (cuBLAS is bound to it too); the only data read from
+        // other streams ([`CudaDevice::fork`]'s ranks) is model weights,
+        // synchronised after upload and never written again. So cudarc's
         // cross-stream event tracking (two events recorded per argument of
         // every launch) has nothing to order.
         unsafe { ctx.disable_event_tracking() };
@@ -110,6 +112,30 @@ impl CudaDevice {
             blas,
             module,
             kernel_source,
+        })
+    }
+
+    /// Another handle on the same device for a second rank: same context
+    /// and kernels, its own stream and cuBLAS handle, so that its work
+    /// queues independently of this handle's. Buffers are per stream;
+    /// read-only data (model weights) uploaded through one handle may be
+    /// read through another once the uploading stream was synchronised.
+    pub fn fork(&self) -> Result<Self, CudaError> {
+        let stream = self
+            .ctx
+            .new_stream()
+            .map_err(|e| CudaError::driver("creating a stream", e))?;
+        let blas = CudaBlas::new(stream.clone())
+            .map_err(|e| CudaError::driver("creating the cuBLAS handle", format!("{e:?}")))?;
+        Ok(Self {
+            index: self.index,
+            name: self.name.clone(),
+            capability: self.capability,
+            ctx: Arc::clone(&self.ctx),
+            stream,
+            blas,
+            module: Arc::clone(&self.module),
+            kernel_source: self.kernel_source,
         })
     }
 

@@ -83,6 +83,15 @@ pub enum CudaError {
     /// Bad input the CPU path would also reject.
     #[error("{0}")]
     Input(String),
+    /// A halo exchange or reduction between the ranks of a decomposed run
+    /// failed (a peer failed or timed out).
+    #[error("rank {rank}: {message}")]
+    Comm {
+        /// The rank that saw the failure.
+        rank: usize,
+        /// What failed, from the communicator.
+        message: String,
+    },
 }
 
 impl CudaError {
@@ -101,6 +110,9 @@ impl CudaError {
     /// exit status 2 in the command line, `ValueError` in Python. Driver
     /// and kernel-compilation failures are not.
     pub fn is_input(&self) -> bool {
-        !matches!(self, Self::Driver { .. } | Self::Compile { .. })
+        !matches!(
+            self,
+            Self::Driver { .. } | Self::Compile { .. } | Self::Comm { .. }
+        )
     }
 }

@@ -15,6 +15,7 @@
 //! run over CSR rows in a fixed order and totals come from fixed-order
 //! block reductions, so a run gives the same bits every time.
 
+mod decomposed;
 mod device;
 mod error;
 pub mod kernels;
@@ -23,12 +24,16 @@ mod model;
 mod neighbors;
 pub mod sevennet;
 
+pub use decomposed::{
+    evaluate_decomposed, evaluate_on_communicator, evaluate_on_gpus, DecomposedOutput,
+    GpuPlacement, GpuRankReport,
+};
 pub use device::{arch_name, check_libraries, device_count, CudaDevice};
 pub use error::CudaError;
-pub use lj::{evaluate_lj, LjParameters, LjResult, Precision};
+pub use lj::{evaluate_lj, evaluate_lj_rank, LjParameters, LjResult, Precision};
 pub use model::{GpuModel, GpuOutput};
 pub use neighbors::{GpuNeighborList, GpuTimings};
-pub use sevennet::{GpuSevenNet, SevenNetResult};
+pub use sevennet::{GpuSevenNet, RankRows, SevenNetResult};
 
 /// `bytes` as GiB with two decimals (for messages).
 pub(crate) fn format_gib(bytes: u64) -> String {

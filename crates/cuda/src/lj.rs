@@ -59,23 +59,9 @@ pub enum Precision {
     F32,
 }
 
-/// Results of one evaluation, copied to the host.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LjResult {
-    /// Total energy (eV).
-    pub energy: f64,
-    /// Per-atom energies (eV), one per atom.
-    pub atomic_energies: Vec<f64>,
-    /// Forces (eV/Å), one per atom.
-    pub forces: Vec<[f64; 3]>,
-    /// Stress (eV/Å³, ASE sign, Voigt xx yy zz yz xz xy) for periodic
-    /// systems with a cell of positive volume; `None` otherwise.
-    pub stress: Option<[f64; 6]>,
-    /// Pairs in the full neighbour list.
-    pub n_pairs: usize,
-    /// Where the time went.
-    pub timings: GpuTimings,
-}
+/// Results of one Lennard-Jones evaluation, copied to the host: the
+/// fields every GPU model gives (`peak_bytes` is `None`).
+pub type LjResult = crate::GpuOutput;
 
 fn has_stress(system: &System) -> Option<f64> {
     let periodic = system.pbc.iter().any(|&p| p);
@@ -90,6 +76,39 @@ pub fn evaluate_lj(
     system: &System,
     params: &LjParameters,
     precision: Precision,
+) -> Result<LjResult, CudaError> {
+    evaluate_lj_rows(device, system, params, precision, None)
+}
+
+/// One rank's part of a decomposed Lennard-Jones evaluation: `local` holds
+/// the rank's `n_owned` owned atoms first, then its ghosts (images within
+/// the cutoff of its domain, at their image positions; no cell). A pair
+/// potential needs no exchange: an owned atom's row of the full list sees
+/// every neighbour. Returns the energy and virial summed over the owned
+/// atoms (to be summed over ranks), their per-atom energies and forces
+/// (complete), no stress.
+pub fn evaluate_lj_rank(
+    device: &CudaDevice,
+    local: &System,
+    params: &LjParameters,
+    precision: Precision,
+    n_owned: usize,
+) -> Result<LjResult, CudaError> {
+    if n_owned > local.len() {
+        return Err(CudaError::Input(format!(
+            "a rank owns {n_owned} atoms but holds only {}",
+            local.len()
+        )));
+    }
+    evaluate_lj_rows(device, local, params, precision, Some(n_owned))
+}
+
+fn evaluate_lj_rows(
+    device: &CudaDevice,
+    system: &System,
+    params: &LjParameters,
+    precision: Precision,
+    n_owned: Option<usize>,
 ) -> Result<LjResult, CudaError> {
     for (name, v) in [
         ("epsilon", params.epsilon),
@@ -123,15 +142,34 @@ pub fn evaluate_lj(
         energy_shift: params.energy_shift(),
     };
     let basis: Vec<f64> = list.frame.basis.iter().flatten().copied().collect();
-    let (atomic, forces, sums) = match precision {
-        Precision::F64 => run::<f64>(device, &list, &basis, kp, "lj_f64", "column_sums_f64")?,
+    let owned = n_owned.unwrap_or(n);
+    let (mut atomic, mut forces, sums) = match precision {
+        Precision::F64 => run::<f64>(
+            device,
+            &list,
+            &basis,
+            kp,
+            ["lj_f64", "column_sums_f64"],
+            owned,
+        )?,
         Precision::F32 => {
             let basis32: Vec<f32> = basis.iter().map(|&x| x as f32).collect();
-            run::<f32>(device, &list, &basis32, kp, "lj_f32", "column_sums_f32")?
+            run::<f32>(
+                device,
+                &list,
+                &basis32,
+                kp,
+                ["lj_f32", "column_sums_f32"],
+                owned,
+            )?
         }
     };
+    atomic.truncate(owned);
+    forces.truncate(owned);
     let model_s = start.elapsed().as_secs_f64();
-    let stress = has_stress(system).map(|v| {
+    let mut virial = [0.0; 6];
+    virial.copy_from_slice(&sums[1..7]);
+    let stress = has_stress(system).filter(|_| n_owned.is_none()).map(|v| {
         let mut s = [0.0; 6];
         for (k, out) in s.iter_mut().enumerate() {
             *out = sums[1 + k] / v;
@@ -143,11 +181,13 @@ pub fn evaluate_lj(
         atomic_energies: atomic,
         forces,
         stress,
+        virial,
         n_pairs: list.n_pairs,
         timings: GpuTimings {
             neighbors_s,
             model_s,
         },
+        peak_bytes: None,
     })
 }
 
@@ -160,8 +200,8 @@ fn run<T>(
     list: &GpuNeighborList,
     basis: &[T],
     kp: LjKernelParams,
-    kernel: &str,
-    sums_kernel: &str,
+    [kernel, sums_kernel]: [&str; 2],
+    n_owned: usize,
 ) -> Result<Outputs, CudaError>
 where
     T: DeviceRepr + cudarc::driver::ValidAsZeroBits + Copy + Into<f64> + 'static,
@@ -246,9 +286,12 @@ where
         Ok(())
     };
     {
+        // Only the first `n_owned` rows count (all of them outside a
+        // decomposition).
         let (mut e_out, mut w_out) = sums.split_at_mut(1);
-        reduce(per_row.slice(0..n), n32, 1, &mut e_out)?;
-        reduce(per_row.slice(n..7 * n), n32, 6, &mut w_out)?;
+        let owned32 = n_owned as u32;
+        reduce(per_row.slice(0..n_owned), owned32, 1, &mut e_out)?;
+        reduce(per_row.slice(n..n + 6 * n_owned), owned32, 6, &mut w_out)?;
     }
     let rows = stream
         .clone_dtoh(&per_row)

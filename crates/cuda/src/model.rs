@@ -1,8 +1,14 @@
 //! One entry point for every model with a GPU path, so that the command
 //! line, the MD force field and the Python calculator drive them alike.
 
-use crate::{evaluate_lj, CudaDevice, CudaError, GpuSevenNet, GpuTimings, LjParameters, Precision};
+use crate::lj::evaluate_lj_rank;
+use crate::sevennet::RankRows;
+use crate::{
+    evaluate_lj, CudaDevice, CudaError, GpuSevenNet, GpuTimings, LjParameters, Precision,
+    SevenNetResult,
+};
 use ddmlip_atoms::System;
+use ddmlip_engine::Distributor;
 use std::path::Path;
 
 /// A model loaded on a GPU.
@@ -23,6 +29,9 @@ pub struct GpuOutput {
     /// Stress (eV/Å³, ASE sign, Voigt xx yy zz yz xz xy) for periodic
     /// systems with a cell of positive volume; `None` otherwise.
     pub stress: Option<[f64; 6]>,
+    /// Virial (eV, Voigt order; the stress times the volume), also for
+    /// systems without a cell.
+    pub virial: [f64; 6],
     /// Per-atom energies (eV).
     pub atomic_energies: Vec<f64>,
     /// Directed pairs of the neighbour list.
@@ -67,30 +76,45 @@ impl GpuModel {
         precision: Precision,
     ) -> Result<GpuOutput, CudaError> {
         match self {
-            Self::Lj(params) => {
-                let r = evaluate_lj(device, system, params, precision)?;
-                Ok(GpuOutput {
-                    energy: r.energy,
-                    forces: r.forces,
-                    stress: r.stress,
-                    atomic_energies: r.atomic_energies,
-                    n_pairs: r.n_pairs,
-                    timings: r.timings,
-                    peak_bytes: None,
-                })
-            }
-            Self::SevenNet(m) => {
-                let r = m.evaluate(device, system)?;
-                Ok(GpuOutput {
-                    energy: r.energy,
-                    forces: r.forces,
-                    stress: r.stress,
-                    atomic_energies: r.atomic_energies,
-                    n_pairs: r.n_pairs,
-                    timings: r.timings,
-                    peak_bytes: Some(r.peak_bytes),
-                })
-            }
+            Self::Lj(params) => evaluate_lj(device, system, params, precision),
+            Self::SevenNet(m) => m.evaluate(device, system).map(Into::into),
+        }
+    }
+
+    /// One rank's part of a decomposed evaluation (see
+    /// [`crate::evaluate_decomposed`]): `local` holds the rank's `n_owned`
+    /// owned atoms, then its ghosts at their image positions (no cell);
+    /// `halo` is the rank's plan and communicator. Energy and virial are
+    /// this rank's share (summed over its owned atoms), per-atom energies
+    /// and forces are its owned atoms' (complete), `stress` is `None`.
+    pub fn evaluate_rank(
+        &self,
+        device: &CudaDevice,
+        local: &System,
+        precision: Precision,
+        n_owned: usize,
+        halo: &mut dyn Distributor,
+    ) -> Result<GpuOutput, CudaError> {
+        match self {
+            Self::Lj(params) => evaluate_lj_rank(device, local, params, precision, n_owned),
+            Self::SevenNet(m) => m
+                .evaluate_rank(device, local, RankRows { n_owned, halo })
+                .map(Into::into),
+        }
+    }
+}
+
+impl From<SevenNetResult> for GpuOutput {
+    fn from(r: SevenNetResult) -> Self {
+        Self {
+            energy: r.energy,
+            forces: r.forces,
+            stress: r.stress,
+            virial: r.virial,
+            atomic_energies: r.atomic_energies,
+            n_pairs: r.n_pairs,
+            timings: r.timings,
+            peak_bytes: Some(r.peak_bytes),
         }
     }
 }

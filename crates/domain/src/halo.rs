@@ -24,6 +24,24 @@ pub struct LocalHaloPlan {
     pub recvs: Vec<(usize, Vec<u32>)>,
 }
 
+impl From<&crate::HaloPlan> for LocalHaloPlan {
+    /// The plan of one rank of a single-system partition.
+    fn from(plan: &crate::HaloPlan) -> Self {
+        let rows = |lists: &[(usize, Vec<usize>)]| -> Vec<(usize, Vec<u32>)> {
+            lists
+                .iter()
+                .map(|(peer, rows)| (*peer, rows.iter().map(|&r| r as u32).collect()))
+                .collect()
+        };
+        Self {
+            n_owned: plan.n_owned,
+            n_local: plan.n_local,
+            sends: rows(&plan.sends),
+            recvs: rows(&plan.recvs),
+        }
+    }
+}
+
 /// A rank's decomposition runtime as the engine sees it.
 pub struct HaloRuntime {
     /// The communicator the exchanges go through.

@@ -4,7 +4,7 @@
 use crate::checkpoint::{Checkpoint, CHECKPOINT_FORMAT, CHECKPOINT_VERSION};
 use crate::collective::{gather_rows, periodic_volume, reduce, stress_voigt};
 use crate::config::{CellDof, Ensemble, MdConfig, StartState, ThermostatState};
-use crate::force_field::{RankForceSource, SystemForceField};
+use crate::force_field::{ExternalForces, RankForceSource, SystemForceField};
 use crate::mat3::invert3;
 use crate::phases::{lap, DriverPhases, StepPhases};
 use crate::process::Counters;
@@ -651,9 +651,33 @@ pub fn run_with_force_field(
         config,
         comm,
         Some(sink),
-        Some(field),
+        Some(ExternalForces::System(field)),
     )?
     .ok_or_else(|| MdError::Internal("the one rank returned no result".into()))
+}
+
+/// [`run_rank`] with the forces of `field`, this rank's rows per call (a
+/// model with its own kernels, e.g. a GPU model whose ranks share the
+/// device), in place of the engine's. `model` gives the cutoff and spec of
+/// the rank's rows and is never evaluated.
+pub fn run_rank_with_force_field(
+    model: &dyn Model,
+    topology: &Topology,
+    start: &StartState,
+    config: &MdConfig,
+    comm: Box<dyn Communicator>,
+    sink: Option<&mut dyn MdSink>,
+    field: &mut dyn crate::force_field::RankForceField,
+) -> Result<Option<MdSummary>, MdError> {
+    run_rank_with(
+        model,
+        topology,
+        start,
+        config,
+        comm,
+        sink,
+        Some(ExternalForces::Rank(field)),
+    )
 }
 
 fn run_rank_with(
@@ -663,7 +687,7 @@ fn run_rank_with(
     config: &MdConfig,
     comm: Box<dyn Communicator>,
     mut sink: Option<&mut dyn MdSink>,
-    field: Option<&mut dyn SystemForceField>,
+    field: Option<ExternalForces<'_>>,
 ) -> Result<Option<MdSummary>, MdError> {
     config.check()?;
     let n_atoms = topology.len();

@@ -1,7 +1,8 @@
 //! Forces from outside the engine: a [`SystemForceField`] evaluates the
 //! whole system in one call (a model with its own kernels, such as the GPU
 //! models), and the MD driver and FIRE use it in place of the engine on one
-//! rank.
+//! rank; a [`RankForceField`] evaluates one rank's rows of a decomposed
+//! system and is used on every rank.
 //!
 //! The driver keeps everything else as it is: the state, the integrators,
 //! thermostats and barostats, checkpoints, sinks. The rank's skin list is
@@ -10,10 +11,11 @@
 //! run of the same structure.
 
 use crate::phases::EvalPhases;
-use crate::rank_eval::{RankEvaluator, RankForces};
+use crate::rank_eval::{LocalRows, RankEvaluator, RankForces};
 use crate::state::RankState;
 use crate::MdError;
 use ddmlip_atoms::Cell;
+use ddmlip_engine::{DataMut, Distributor};
 
 /// What one whole-system evaluation gives besides the forces.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -48,8 +50,40 @@ pub trait SystemForceField: Send {
     ) -> Result<SystemEnergy, MdError>;
 }
 
+/// A force field that evaluates one rank's rows of a decomposed system (a
+/// model with its own kernels that splits as the engine does, e.g. a GPU
+/// model with ranks sharing the device).
+///
+/// `rows` are the rank's owned atoms then its ghost images (within the
+/// cutoff plus the skin of its domain, at their image positions; the
+/// candidate pairs may be ignored); `halo` is the rank's plan and
+/// communicator for the exchanges the model needs between its layers;
+/// `forces` (eV/Å) has one row per owned atom and is overwritten with
+/// their complete forces. The returned energy and ∂E/∂ε are this rank's
+/// shares (its owned atoms' energies and its edges' virial), summed over
+/// ranks by the caller. Every rank is called once per evaluation.
+pub trait RankForceField: Send {
+    /// This rank's share of the energy and ∂E/∂ε, and its owned forces.
+    /// Errors as [`SystemForceField::evaluate`]'s.
+    fn evaluate(
+        &mut self,
+        rows: &LocalRows<'_>,
+        halo: &mut dyn Distributor,
+        forces: &mut [[f64; 3]],
+    ) -> Result<SystemEnergy, MdError>;
+}
+
+/// Forces from outside the engine for a run.
+pub enum ExternalForces<'a> {
+    /// The whole system per call, on one rank.
+    System(&'a mut dyn SystemForceField),
+    /// This rank's rows per call, on every rank.
+    Rank(&'a mut dyn RankForceField),
+}
+
 /// What evaluates a rank's forces in a run: the engine on the rank's rows,
-/// or a whole-system force field (one rank only).
+/// a whole-system force field (one rank only), or a force field of the
+/// rank's rows.
 pub(crate) enum RankForceSource<'a, 'm> {
     /// The engine model, decomposed.
     Engine(Box<RankEvaluator<'m>>),
@@ -63,6 +97,15 @@ pub(crate) enum RankForceSource<'a, 'm> {
         /// no phases the driver can see).
         phases: EvalPhases,
     },
+    /// A force field of this rank's rows.
+    Rank {
+        /// The force field.
+        field: &'a mut dyn RankForceField,
+        /// Periodic axes of the system (∂E/∂ε is zero without any).
+        pbc: [bool; 3],
+        /// The field's calls, all counted as `forward`.
+        phases: EvalPhases,
+    },
 }
 
 impl<'a, 'm> RankForceSource<'a, 'm> {
@@ -70,15 +113,13 @@ impl<'a, 'm> RankForceSource<'a, 'm> {
     /// (`pbc`: the system's periodic axes).
     pub(crate) fn new(
         evaluator: RankEvaluator<'m>,
-        field: Option<&'a mut dyn SystemForceField>,
+        field: Option<ExternalForces<'a>>,
         pbc: [bool; 3],
     ) -> Self {
+        let phases = EvalPhases::default();
         match field {
-            Some(field) => Self::System {
-                field,
-                pbc,
-                phases: EvalPhases::default(),
-            },
+            Some(ExternalForces::System(field)) => Self::System { field, pbc, phases },
+            Some(ExternalForces::Rank(field)) => Self::Rank { field, pbc, phases },
             None => Self::Engine(Box::new(evaluator)),
         }
     }
@@ -116,6 +157,42 @@ impl<'a, 'm> RankForceSource<'a, 'm> {
                     strain_partial: false,
                 })
             }
+            Self::Rank { field, pbc, phases } => {
+                let started = std::time::Instant::now();
+                let n = state.n_owned();
+                state.forces.resize(n, [0.0; 3]);
+                let rows = LocalRows {
+                    positions: &state.positions,
+                    numbers: &state.numbers,
+                    n_owned: n,
+                    centers: &state.centers,
+                    neighbors: &state.neighbors,
+                    cell: state.cell,
+                };
+                let halo = state
+                    .halo
+                    .as_mut()
+                    .ok_or_else(|| MdError::Internal("the rank has no halo runtime".into()))?;
+                let out = field.evaluate(&rows, halo, &mut state.forces)?;
+                // The shares summed over ranks, in rank order.
+                let mut sums = [0.0; 10];
+                sums[0] = out.energy;
+                if pbc.iter().any(|&p| p) {
+                    sums[1..].copy_from_slice(&out.strain_gradient);
+                }
+                halo.all_reduce_sum(DataMut::F64(&mut sums))?;
+                let mut strain_gradient = [0.0; 9];
+                strain_gradient.copy_from_slice(&sums[1..]);
+                phases.forward += started.elapsed().as_secs_f64();
+                Ok(RankForces {
+                    energy: sums[0],
+                    forces: Vec::new(),
+                    strain_gradient,
+                    pairs: out.pairs,
+                    energy_partial: false,
+                    strain_partial: false,
+                })
+            }
         }
     }
 }
@@ -125,7 +202,7 @@ impl RankForceSource<'_, '_> {
     pub(crate) fn phases(&self) -> EvalPhases {
         match self {
             Self::Engine(evaluator) => evaluator.phases(),
-            Self::System { phases, .. } => *phases,
+            Self::System { phases, .. } | Self::Rank { phases, .. } => *phases,
         }
     }
 
@@ -133,7 +210,9 @@ impl RankForceSource<'_, '_> {
     pub(crate) fn reset_phases(&mut self) {
         match self {
             Self::Engine(evaluator) => evaluator.reset_phases(),
-            Self::System { phases, .. } => *phases = EvalPhases::default(),
+            Self::System { phases, .. } | Self::Rank { phases, .. } => {
+                *phases = EvalPhases::default()
+            }
         }
     }
 }

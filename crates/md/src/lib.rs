@@ -35,15 +35,20 @@ pub use config::{
     maxwell_boltzmann, CellDof, Ensemble, MdConfig, StartState, ThermostatState,
     DEFAULT_MAX_IMBALANCE, DEFAULT_REPARTITION_EVERY,
 };
-pub use driver::{run_rank, run_with_force_field};
-pub use force_field::{strain_gradient_of_stress, SystemEnergy, SystemForceField};
+pub use driver::{run_rank, run_rank_with_force_field, run_with_force_field};
+pub use force_field::{
+    strain_gradient_of_stress, ExternalForces, RankForceField, SystemEnergy, SystemForceField,
+};
 pub use phases::{EvalPhases, StepPhases};
 pub use progress::{StepObserver, StepProgress};
 pub use rank_eval::{LocalRows, RankEvaluator, RankForces};
-pub use relax::{relax_rank, relax_with_force_field, CellRelax, RelaxConfig, RelaxSummary};
+pub use relax::{
+    relax_rank, relax_rank_with_force_field, relax_with_force_field, CellRelax, RelaxConfig,
+    RelaxSummary,
+};
 pub use sink::{Frame, MdSink, MdSummary, StepTraffic, ThermoRow};
 pub use state::{gather_by_gid, BuildOptions, RankState, Rows, Share, Topology};
-pub use threads::{relax_threads, run_threads};
+pub use threads::{relax_threads, relax_threads_with_fields, run_threads, run_threads_with_fields};
 
 use ddmlip_engine::EngineError;
 use thiserror::Error;

@@ -20,7 +20,7 @@
 //! rebuilds the decomposition.
 
 use crate::collective::{gather_rows, periodic_volume, reduce, stress_voigt};
-use crate::force_field::{RankForceSource, SystemForceField};
+use crate::force_field::{ExternalForces, RankForceSource, SystemForceField};
 use crate::mat3::{invert3, mul3, row_times, transpose3, Mat3, IDENTITY};
 use crate::progress::{StepObserver, StepProgress};
 use crate::rank_eval::RankForces;
@@ -374,8 +374,39 @@ pub fn relax_with_force_field(
 ) -> Result<RelaxSummary, MdError> {
     config.check()?;
     let comm = crate::threads::single_rank_comm()?;
-    relax_rank_with(model, topology, cell, positions, config, comm, Some(field))?
-        .ok_or_else(|| MdError::Internal("the one rank returned no result".into()))
+    relax_rank_with(
+        model,
+        topology,
+        cell,
+        positions,
+        config,
+        comm,
+        Some(ExternalForces::System(field)),
+    )?
+    .ok_or_else(|| MdError::Internal("the one rank returned no result".into()))
+}
+
+/// [`relax_rank`] with the forces of `field`, this rank's rows per call,
+/// in place of the engine's; `model` gives the cutoff and spec of the
+/// rank's rows and is never evaluated.
+pub fn relax_rank_with_force_field(
+    model: &dyn Model,
+    topology: &Topology,
+    cell: Cell,
+    positions: &[[f64; 3]],
+    config: &RelaxConfig,
+    comm: Box<dyn Communicator>,
+    field: &mut dyn crate::force_field::RankForceField,
+) -> Result<Option<RelaxSummary>, MdError> {
+    relax_rank_with(
+        model,
+        topology,
+        cell,
+        positions,
+        config,
+        comm,
+        Some(ExternalForces::Rank(field)),
+    )
 }
 
 fn relax_rank_with(
@@ -385,7 +416,7 @@ fn relax_rank_with(
     positions: &[[f64; 3]],
     config: &RelaxConfig,
     comm: Box<dyn Communicator>,
-    field: Option<&mut dyn SystemForceField>,
+    field: Option<ExternalForces<'_>>,
 ) -> Result<Option<RelaxSummary>, MdError> {
     config.check()?;
     let started = std::time::Instant::now();

@@ -1,8 +1,9 @@
 //! Running a job as N thread ranks of this process.
 
 use crate::config::{MdConfig, StartState};
-use crate::driver::run_rank;
-use crate::relax::{relax_rank, RelaxConfig, RelaxSummary};
+use crate::driver::{run_rank, run_rank_with_force_field};
+use crate::force_field::RankForceField;
+use crate::relax::{relax_rank, relax_rank_with_force_field, RelaxConfig, RelaxSummary};
 use crate::sink::{MdSink, MdSummary};
 use crate::state::Topology;
 use crate::MdError;
@@ -124,6 +125,73 @@ pub fn relax_threads(
     on_thread_ranks(ranks, |comm| {
         relax_rank(model, topology, cell, positions, config, comm)
     })
+}
+
+/// Runs an MD job on one thread rank per entry of `fields`, each rank's
+/// forces from its own field (see [`RankForceField`]); `model` gives the
+/// cutoff and spec of the ranks' rows and is never evaluated. Rank 0
+/// writes to `sink`.
+pub fn run_threads_with_fields(
+    model: &dyn Model,
+    topology: &Topology,
+    start: &StartState,
+    config: &MdConfig,
+    fields: Vec<Box<dyn RankForceField>>,
+    sink: &mut dyn MdSink,
+) -> Result<MdSummary, MdError> {
+    config.check()?;
+    let ranks = fields.len();
+    let fields: Vec<Mutex<Box<dyn RankForceField>>> = fields.into_iter().map(Mutex::new).collect();
+    let sink = Mutex::new(Some(sink));
+    on_thread_ranks(ranks, |comm| {
+        let mine = if comm.rank() == 0 {
+            sink.lock().ok().and_then(|mut s| s.take())
+        } else {
+            None
+        };
+        let mut field = rank_field(&fields, comm.rank())?;
+        run_rank_with_force_field(model, topology, start, config, comm, mine, field.as_mut())
+    })
+}
+
+/// Relaxes a structure on one thread rank per entry of `fields`, each
+/// rank's forces from its own field; `model` as in
+/// [`run_threads_with_fields`].
+pub fn relax_threads_with_fields(
+    model: &dyn Model,
+    topology: &Topology,
+    cell: Cell,
+    positions: &[[f64; 3]],
+    config: &RelaxConfig,
+    fields: Vec<Box<dyn RankForceField>>,
+) -> Result<RelaxSummary, MdError> {
+    config.check()?;
+    let ranks = fields.len();
+    let fields: Vec<Mutex<Box<dyn RankForceField>>> = fields.into_iter().map(Mutex::new).collect();
+    on_thread_ranks(ranks, |comm| {
+        let mut field = rank_field(&fields, comm.rank())?;
+        relax_rank_with_force_field(
+            model,
+            topology,
+            cell,
+            positions,
+            config,
+            comm,
+            field.as_mut(),
+        )
+    })
+}
+
+/// Rank `rank`'s force field (each is locked by its rank alone).
+fn rank_field(
+    fields: &[Mutex<Box<dyn RankForceField>>],
+    rank: usize,
+) -> Result<std::sync::MutexGuard<'_, Box<dyn RankForceField>>, MdError> {
+    fields
+        .get(rank)
+        .ok_or_else(|| MdError::Internal(format!("no force field for rank {rank}")))?
+        .lock()
+        .map_err(|_| MdError::Internal(format!("rank {rank}'s force field was poisoned")))
 }
 
 /// The communicator of a one-rank world (a run whose forces come from a

@@ -52,6 +52,41 @@ pub(crate) fn compare(
     c
 }
 
+/// How far `other` is from `reference`, entry by entry, as the
+/// validation's comparison measures it: the largest |d − r|, that over the largest |r| (0 when
+/// equal, ∞ for a NaN on one side only or a length mismatch), and the
+/// least-squares scale of `other` onto `reference`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Deviation {
+    /// Largest absolute difference.
+    pub abs: f64,
+    /// `abs` relative to the largest |reference| entry.
+    pub rel: f64,
+    /// `Σ d·r / Σ r²` (NaN when the reference is all zero).
+    pub ratio: f64,
+}
+
+impl Deviation {
+    /// Whether it is within tolerance: `abs ≤ atol` or `rel ≤ rtol` (the
+    /// validation's pass rule).
+    pub fn within(&self, atol: f64, rtol: f64) -> bool {
+        self.abs <= atol || self.rel <= rtol
+    }
+}
+
+/// The [`Deviation`] of `other` from `reference` (matched by position).
+pub fn deviation(reference: &[f64], other: &[f64]) -> Deviation {
+    if reference.len() != other.len() {
+        return Deviation {
+            abs: f64::INFINITY,
+            rel: f64::INFINITY,
+            ratio: f64::NAN,
+        };
+    }
+    let (abs, rel, ratio) = diff(reference, other);
+    Deviation { abs, rel, ratio }
+}
+
 fn diff(r: &[f64], d: &[f64]) -> (f64, f64, f64) {
     let mut abs: f64 = 0.0;
     let mut scale: f64 = 0.0;

@@ -27,6 +27,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
+pub use compare::{deviation, Deviation};
 pub use report::{
     Attempt, AttemptDiagnostics, Diagnostics, HaloCompleteness, Inferred, LayerDivergence,
     MissingNeighbors, Preflight, ReceptiveField, StopReason, TraceReport, TranslatedError,

@@ -10,11 +10,17 @@ use ddmlip::{DType, EvalOptions};
 
 /// Runs `eval`; `--backend mpi` runs this process's rank of an MPI job.
 pub fn run(a: EvalArgs) -> Result<u8, CliError> {
+    crate::device::gpus_need_cuda(a.device, a.gpus.as_ref())?;
     if let crate::device::Device::Cuda(index) = a.device {
-        if a.backend == Backend::Mpi {
+        if a.spec.is_some() {
             return Err(CliError::input(anyhow::anyhow!(
-                "--device cuda runs one process on one GPU; --backend mpi is not supported with it yet"
+                "--spec does not apply to --device cuda: the GPU models split the same way \
+                 every time (ghost node features refreshed after every interaction block); \
+                 `ddmlip validate --device cuda` checks that split"
             )));
+        }
+        if a.backend == Backend::Mpi {
+            return gpu_mpi(&a, index);
         }
         return crate::device::eval(&a, index);
     }
@@ -82,4 +88,22 @@ pub fn run(a: EvalArgs) -> Result<u8, CliError> {
         print!("{report}");
     }
     Ok(0)
+}
+
+/// `eval --backend mpi --device cuda`: one GPU per MPI process; needs both
+/// the `mpi` and the `cuda` features (exit 2 naming the missing one).
+fn gpu_mpi(a: &EvalArgs, index: usize) -> Result<u8, CliError> {
+    #[cfg(all(feature = "mpi", feature = "cuda"))]
+    {
+        crate::device::eval_mpi(a, index)
+    }
+    #[cfg(not(all(feature = "mpi", feature = "cuda")))]
+    {
+        let _ = index;
+        crate::device::cuda_model(&a.model)?;
+        Err(CliError::input(anyhow::anyhow!(
+            "`eval --backend mpi --device cuda` needs a ddmlip built with both MPI and CUDA \
+             support: `cargo build --release -p ddmlip-cli --features mpi,cuda`"
+        )))
+    }
 }

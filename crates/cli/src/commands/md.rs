@@ -108,10 +108,15 @@ pub struct MdArgs {
     backend: Backend,
     #[arg(long, value_enum, default_value_t = Precision::F64)]
     dtype: Precision,
-    /// Where forces are evaluated: cpu, or cuda[:N] (one rank on one GPU;
+    /// Where forces are evaluated: cpu, or cuda[:N] (--ranks N: ranks sharing the GPU;
     /// build with --features cuda; models with a CUDA path: lj, SevenNet).
     #[arg(long, default_value = "cpu")]
     device: crate::device::Device,
+    /// GPUs of the ranks with `--device cuda` and `--ranks N`, round-robin:
+    /// a list (`0,1,2,3`) or `all` (every GPU this machine has); default:
+    /// every rank on the `--device` GPU.
+    #[arg(long)]
+    gpus: Option<crate::device::GpuList>,
     #[arg(long, value_enum, default_value_t = BalanceArg::Geometric)]
     balance: BalanceArg,
     /// Rebuilds between full (collective) repartitions that re-place the
@@ -541,6 +546,7 @@ impl Drop for ClearOnDrop {
 
 /// Runs `ddmlip md`.
 pub fn md(a: MdArgs) -> Result<u8, CliError> {
+    crate::device::gpus_need_cuda(a.device, a.gpus.as_ref())?;
     let prepared = prepare(&a)?;
     let stop = Arc::new(AtomicBool::new(false));
     // SIGINT sets the flag; the run stops after the current step with a
@@ -556,24 +562,47 @@ pub fn md(a: MdArgs) -> Result<u8, CliError> {
     config.on_step = bar.as_ref().map(|(_, observer)| observer.clone());
     let clear = bar.map(|(bar, _)| ClearOnDrop(bar));
     if let crate::device::Device::Cuda(index) = a.device {
-        crate::device::one_gpu_only(
+        crate::device::gpu_ranks_only(
             "md",
-            a.ranks,
             a.backend == Backend::Mpi,
             a.validate.then_some("--validate"),
         )?;
-        let mut field = crate::device::force_field(&a.model, a.modal.as_deref(), a.dtype, index)?;
-        let mut sink = FileSink::new(&a, &prepared)?;
-        let out = ddmlip_md::run_with_force_field(
-            prepared.model.as_ref(),
-            &prepared.topology,
-            &prepared.start,
-            &config,
-            field.as_mut(),
-            &mut sink,
-        );
+        let ranks = a.ranks.unwrap_or(1);
+        let out = if ranks != 1 {
+            let fields = crate::device::rank_force_fields(
+                &a.model,
+                a.modal.as_deref(),
+                a.dtype,
+                (index, a.gpus.as_ref()),
+                ranks,
+                prepared.topology.pbc,
+            )?;
+            let mut sink = FileSink::new(&a, &prepared)?;
+            let out = ddmlip_md::run_threads_with_fields(
+                prepared.model.as_ref(),
+                &prepared.topology,
+                &prepared.start,
+                &config,
+                fields,
+                &mut sink,
+            );
+            (out, sink)
+        } else {
+            let mut field =
+                crate::device::force_field(&a.model, a.modal.as_deref(), a.dtype, index)?;
+            let mut sink = FileSink::new(&a, &prepared)?;
+            let out = ddmlip_md::run_with_force_field(
+                prepared.model.as_ref(),
+                &prepared.topology,
+                &prepared.start,
+                &config,
+                field.as_mut(),
+                &mut sink,
+            );
+            (out, sink)
+        };
         drop(clear);
-        return finish(&a, out, &sink);
+        return finish(&a, out.0, &out.1);
     }
     if a.validate {
         return super::md_validate::validate_trajectory(

@@ -46,10 +46,15 @@ pub struct RelaxArgs {
     backend: Backend,
     #[arg(long, value_enum, default_value_t = Precision::F64)]
     dtype: Precision,
-    /// Where forces are evaluated: cpu, or cuda[:N] (one rank on one GPU;
+    /// Where forces are evaluated: cpu, or cuda[:N] (--ranks N: ranks sharing the GPU;
     /// build with --features cuda; models with a CUDA path: lj, SevenNet).
     #[arg(long, default_value = "cpu")]
     device: crate::device::Device,
+    /// GPUs of the ranks with `--device cuda` and `--ranks N`, round-robin:
+    /// a list (`0,1,2,3`) or `all` (every GPU this machine has); default:
+    /// every rank on the `--device` GPU.
+    #[arg(long)]
+    gpus: Option<crate::device::GpuList>,
     #[arg(long, value_enum, default_value_t = BalanceArg::Geometric)]
     balance: BalanceArg,
     /// The relaxed structure with energy, forces and stress (extended XYZ).
@@ -69,6 +74,7 @@ fn md_error(e: MdError) -> CliError {
 
 /// Runs `ddmlip relax`.
 pub fn relax(a: RelaxArgs) -> Result<u8, CliError> {
+    crate::device::gpus_need_cuda(a.device, a.gpus.as_ref())?;
     if a.pressure.is_some() && !a.cell {
         return Err(CliError::input(anyhow!(
             "--pressure sets the target of the cell relaxation; it needs --cell"
@@ -108,18 +114,39 @@ pub fn relax(a: RelaxArgs) -> Result<u8, CliError> {
     let clear = bar.map(|(bar, _)| super::md::ClearOnDrop(bar));
     let s = match (a.device, a.backend) {
         (crate::device::Device::Cuda(index), backend) => {
-            crate::device::one_gpu_only("relax", a.ranks, backend == Backend::Mpi, None)?;
-            let mut field =
-                crate::device::force_field(&a.model, a.modal.as_deref(), a.dtype, index)?;
-            ddmlip_md::relax_with_force_field(
-                model.as_ref(),
-                &topology,
-                cell,
-                &system.positions,
-                &config,
-                field.as_mut(),
-            )
-            .map_err(md_error)?
+            crate::device::gpu_ranks_only("relax", backend == Backend::Mpi, None)?;
+            let ranks = a.ranks.unwrap_or(1);
+            if ranks != 1 {
+                let fields = crate::device::rank_force_fields(
+                    &a.model,
+                    a.modal.as_deref(),
+                    a.dtype,
+                    (index, a.gpus.as_ref()),
+                    ranks,
+                    topology.pbc,
+                )?;
+                ddmlip_md::relax_threads_with_fields(
+                    model.as_ref(),
+                    &topology,
+                    cell,
+                    &system.positions,
+                    &config,
+                    fields,
+                )
+                .map_err(md_error)?
+            } else {
+                let mut field =
+                    crate::device::force_field(&a.model, a.modal.as_deref(), a.dtype, index)?;
+                ddmlip_md::relax_with_force_field(
+                    model.as_ref(),
+                    &topology,
+                    cell,
+                    &system.positions,
+                    &config,
+                    field.as_mut(),
+                )
+                .map_err(md_error)?
+            }
         }
         (_, Backend::Threads) => ddmlip_md::relax_threads(
             model.as_ref(),

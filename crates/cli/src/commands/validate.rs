@@ -64,6 +64,17 @@ pub struct ValidateArgs {
     /// Deadline (s) of every blocking communication call.
     #[arg(long, default_value_t = 120.0, allow_negative_numbers = true)]
     timeout: f64,
+    /// Where both runs evaluate: cpu, or cuda[:N] (build with --features
+    /// cuda; models with a CUDA path: lj, SevenNet). On a GPU the reference
+    /// is the one-rank GPU run and the split run puts `--ranks` ranks on
+    /// the same GPU, split as the GPU models always split (no spec to infer).
+    #[arg(long, default_value = "cpu")]
+    device: crate::device::Device,
+    /// GPUs of the ranks with `--device cuda` and `--ranks N`, round-robin:
+    /// a list (`0,1,2,3`) or `all` (every GPU this machine has); default:
+    /// every rank on the `--device` GPU.
+    #[arg(long)]
+    gpus: Option<crate::device::GpuList>,
 }
 
 /// Everything a validation needs, read and checked.
@@ -146,6 +157,10 @@ fn finish(a: &ValidateArgs, report: &TraceReport) -> Result<u8, CliError> {
 
 /// Runs the validation; exit status 0 pass, 1 fail (2 comes back as an error).
 pub fn run(a: ValidateArgs) -> Result<u8, CliError> {
+    crate::device::gpus_need_cuda(a.device, a.gpus.as_ref())?;
+    if let crate::device::Device::Cuda(index) = a.device {
+        return validate_gpu(&a, index);
+    }
     if a.backend == Backend::Mpi {
         return validate_mpi(a);
     }
@@ -156,6 +171,52 @@ pub fn run(a: ValidateArgs) -> Result<u8, CliError> {
         e
     })?;
     finish(&a, &report)
+}
+
+/// `validate --device cuda:N`: one GPU against `--ranks` ranks sharing it.
+fn validate_gpu(a: &ValidateArgs, index: usize) -> Result<u8, CliError> {
+    let refused = if a.backend == Backend::Mpi {
+        Some("--backend mpi (the ranks are threads sharing the GPU)")
+    } else if a.spec.is_some() {
+        Some("--spec")
+    } else if a.spec_out.is_some() {
+        Some("--spec-out")
+    } else {
+        None
+    };
+    if let Some(flag) = refused {
+        return Err(CliError::input(anyhow!(
+            "`validate --device cuda` checks the GPU models' own split (ghost node features \
+             refreshed after every interaction block), with no spec to infer: {flag} does not \
+             apply to it"
+        )));
+    }
+    if !(a.timeout.is_finite() && a.timeout > 0.0) {
+        return Err(CliError::input(anyhow!(
+            "--timeout must be a positive number of seconds, got {}",
+            a.timeout
+        )));
+    }
+    let ranks = a.ranks.unwrap_or(DEFAULT_RANKS);
+    if ranks < 2 {
+        return Err(CliError::input(anyhow!(
+            "--ranks must be at least 2 to compare a split run with the one-rank run, got {ranks}"
+        )));
+    }
+    let defaults = ValidateOptions::for_dtype(a.dtype.into());
+    crate::device::validate(&crate::device::GpuValidation {
+        model: &a.model,
+        modal: a.modal.as_deref(),
+        structure: &a.structure,
+        ranks,
+        dtype: a.dtype,
+        atol: a.atol.unwrap_or(defaults.atol),
+        rtol: a.rtol.unwrap_or(defaults.rtol),
+        json: a.json,
+        timeout: Duration::from_secs_f64(a.timeout),
+        index,
+        gpus: a.gpus.as_ref(),
+    })
 }
 
 /// `validate --backend mpi`: this process's rank of an MPI job. Without the

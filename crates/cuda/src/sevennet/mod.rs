@@ -34,6 +34,7 @@ use cudarc::driver::{
 };
 use ddmlip_atoms::System;
 use ddmlip_e3nn::sevennet::SevenNetWeights;
+use ddmlip_engine::{DataMut, Distributor};
 use std::time::Instant;
 
 /// Edges per chunk of the fused radial MLP + convolution: the per-edge
@@ -49,6 +50,8 @@ pub trait GpuFloat: DeviceRepr + ValidAsZeroBits + Copy + Into<f64> + 'static {
     const BYTES: u64;
     /// Rounds an f64.
     fn from_f64(v: f64) -> Self;
+    /// Host rows of this type as the halo exchanges take them.
+    fn rows_mut(v: &mut [Self]) -> DataMut<'_>;
 }
 
 impl GpuFloat for f64 {
@@ -57,6 +60,9 @@ impl GpuFloat for f64 {
     fn from_f64(v: f64) -> Self {
         v
     }
+    fn rows_mut(v: &mut [Self]) -> DataMut<'_> {
+        DataMut::F64(v)
+    }
 }
 
 impl GpuFloat for f32 {
@@ -64,6 +70,9 @@ impl GpuFloat for f32 {
     const BYTES: u64 = 4;
     fn from_f64(v: f64) -> Self {
         v as f32
+    }
+    fn rows_mut(v: &mut [Self]) -> DataMut<'_> {
+        DataMut::F32(v)
     }
 }
 
@@ -101,6 +110,59 @@ struct EdgeParams {
 
 // SAFETY: plain `repr(C)` data matching `struct EdgeParams` in sevennet.cu.
 unsafe impl DeviceRepr for EdgeParams {}
+
+/// A rank's place in a decomposed evaluation: the first `n_owned` atoms of
+/// the system it is given are the ones it owns, the rest are ghosts that
+/// `halo` fills from (and returns gradients to) their owners.
+pub struct RankRows<'a> {
+    /// Atoms this rank owns (the first rows).
+    pub n_owned: usize,
+    /// The rank's halo plan and communicator.
+    pub halo: &'a mut dyn Distributor,
+}
+
+/// Which way a halo exchange goes.
+#[derive(Clone, Copy)]
+enum Exchange {
+    /// Ghost rows get their owners' values.
+    Refresh,
+    /// Ghost rows are added into their owners' rows, then zeroed.
+    ReverseSum,
+}
+
+/// Runs `how` on the `cols`-wide rows of `data` (all local rows) through
+/// the host: the device rows go down, through the communicator, and the
+/// rows the exchange changed come back up.
+fn exchange<T: GpuFloat>(
+    device: &CudaDevice,
+    data: &mut CudaSlice<T>,
+    cols: usize,
+    rank: &mut RankRows<'_>,
+    how: Exchange,
+) -> Result<(), CudaError> {
+    let stream = device.stream();
+    let mut host = stream
+        .clone_dtoh(data)
+        .map_err(dev_err("downloading halo rows"))?;
+    let halo = &mut *rank.halo;
+    let done = match how {
+        Exchange::Refresh => halo.refresh(T::rows_mut(&mut host), cols),
+        Exchange::ReverseSum => halo.reverse_sum(T::rows_mut(&mut host), cols),
+    };
+    done.map_err(|e| CudaError::Comm {
+        rank: halo.rank(),
+        message: e.to_string(),
+    })?;
+    // A refresh changes only the ghost rows; a reverse sum owned and ghost rows.
+    let from = match how {
+        Exchange::Refresh => rank.n_owned * cols,
+        Exchange::ReverseSum => 0,
+    };
+    let mut dst = data.slice_mut(from..);
+    stream
+        .memcpy_htod(&host[from..], &mut dst)
+        .map_err(dev_err("uploading halo rows"))
+}
 
 /// Results of one evaluation, copied to the host.
 #[derive(Debug, Clone, PartialEq)]
@@ -398,6 +460,33 @@ impl GpuSevenNet {
         device: &CudaDevice,
         system: &System,
     ) -> Result<SevenNetResult, CudaError> {
+        self.evaluate_rows(device, system, None)
+    }
+
+    /// One rank's part of a decomposed evaluation: `local` holds the rank's
+    /// owned atoms (rows `0..rank.n_owned`) and then its ghosts (images
+    /// within the cutoff of its domain, at their image positions; no cell).
+    /// Node features of the ghosts come from their owners through
+    /// `rank.halo` after every interaction block, and their gradients go
+    /// back the same way, so the owned rows get the single-process values.
+    /// Returns this rank's share: energy and virial summed over its owned
+    /// atoms and edges (to be summed over ranks), per-atom energies and
+    /// forces of its owned atoms (complete), no stress.
+    pub fn evaluate_rank(
+        &self,
+        device: &CudaDevice,
+        local: &System,
+        rank: RankRows<'_>,
+    ) -> Result<SevenNetResult, CudaError> {
+        self.evaluate_rows(device, local, Some(rank))
+    }
+
+    fn evaluate_rows(
+        &self,
+        device: &CudaDevice,
+        system: &System,
+        mut rank: Option<RankRows<'_>>,
+    ) -> Result<SevenNetResult, CudaError> {
         let types: Vec<i32> = system
             .numbers
             .iter()
@@ -448,8 +537,8 @@ impl GpuSevenNet {
             return Err(refuse(fit));
         }
         let run = match &self.net {
-            Net::F64(net) => net.run(device, &list, &row_start, &types, cap),
-            Net::F32(net) => net.run(device, &list, &row_start, &types, cap),
+            Net::F64(net) => net.run(device, &list, &row_start, &types, cap, rank.as_mut()),
+            Net::F32(net) => net.run(device, &list, &row_start, &types, cap, rank.as_mut()),
         };
         let out = match run {
             Ok(out) => out,
@@ -464,7 +553,7 @@ impl GpuSevenNet {
         let stress = system
             .cell
             .map(|c| c.volume().abs())
-            .filter(|&v| system.pbc.iter().any(|&p| p) && v > 1e-12)
+            .filter(|&v| rank.is_none() && system.pbc.iter().any(|&p| p) && v > 1e-12)
             .map(|v| out.virial.map(|w| w / v.max(1e-3)));
         Ok(SevenNetResult {
             energy: out.energy,
@@ -747,11 +836,21 @@ where
         row_start: &[u64],
         types: &[i32],
         cap: u64,
+        mut rank: Option<&mut RankRows<'_>>,
     ) -> Result<RunOutput, CudaError> {
         let stream = device.stream();
         let blas = device.blas();
         let (n, ne) = (list.n_atoms, list.n_pairs);
         let (n32, ne64) = (n as u32, ne as u64);
+        // Only owned atoms' energies count: the readout's gradient is seeded
+        // and the energy summed over them.
+        let n_owned = rank.as_ref().map_or(n, |r| r.n_owned);
+        if n_owned > n {
+            return Err(CudaError::Input(format!(
+                "a rank owns {n_owned} atoms but holds only {n}"
+            )));
+        }
+        let owned32 = n_owned as u32;
         let nb = self.edge.n_basis as usize;
         let ds = ((self.edge.lmax + 1) * (self.edge.lmax + 1)) as usize;
         let mut min_free: Option<u64> = None;
@@ -852,7 +951,7 @@ where
         launch!(stream, &self.k.embed_species, grid_1d(u64::from(n32) * u64::from(d0), 256),
             "the species embedding"; &self.embedding, &types_d, &n32, &d0, &mut x)?;
         let mut caches: Vec<(CudaSlice<T>, CudaSlice<T>)> = Vec::with_capacity(self.layers.len());
-        for layer in &self.layers {
+        for (li, layer) in self.layers.iter().enumerate() {
             let (di, dg, dm) = (
                 layer.linear_1.dim_in,
                 layer.dim_gate_in,
@@ -919,6 +1018,13 @@ where
                 &y, &layer.gate_forward, &n32, &dg32, &dout, &layer.gate_activation, &mut next)?;
             x = next;
             caches.push((h, y));
+            // The next block reads its senders' features: ghosts get their
+            // owners' (the readout after the last block reads owned rows only).
+            if let Some(r) = rank.as_deref_mut() {
+                if li + 1 < self.layers.len() {
+                    exchange(device, &mut x, dout as usize, r, Exchange::Refresh)?;
+                }
+            }
         }
         let d_last = self.readout_v.len() as u32;
         let mut energies = zeros::<T>(device, n, "allocating atomic energies")?;
@@ -930,14 +1036,14 @@ where
             let mut e_out = totals.slice_mut(0..1);
             let one = 1u32;
             launch!(stream, &self.k.column_sums, per_row(1, 256), "the energy sum";
-                &energies, &n32, &one, &mut e_out)?;
+                &energies, &owned32, &one, &mut e_out)?;
         }
         sample(device)?;
 
         // Backward.
         let mut gx = zeros::<T>(device, n * d_last as usize, "allocating feature gradients")?;
         launch!(stream, &self.k.readout_bwd, grid_1d(u64::from(n32) * u64::from(d_last), 256),
-            "the readout backward"; &self.readout_v, &types_d, &self.scale, &n32, &d_last, &mut gx)?;
+            "the readout backward"; &self.readout_v, &types_d, &self.scale, &owned32, &d_last, &mut gx)?;
         drop(x);
         let mut grad_emb = zeros::<T>(device, ne * nb, "allocating embedding gradients")?;
         let mut grad_sh = zeros::<T>(device, ne * ds, "allocating SH gradients")?;
@@ -1020,6 +1126,14 @@ where
                 &mut gx_new,
             )?;
             gx = gx_new;
+            // Ghost rows of this block's input were copies of their owners'
+            // rows: their gradients belong to the owners (the first block's
+            // input, the species embedding, depends on no position).
+            if let Some(r) = rank.as_deref_mut() {
+                if li > 0 {
+                    exchange(device, &mut gx, di, r, Exchange::ReverseSum)?;
+                }
+            }
             if li + 1 == self.layers.len() {
                 sample(device)?;
             }
@@ -1044,19 +1158,28 @@ where
         let e_host = stream
             .clone_dtoh(&energies)
             .map_err(dev_err("downloading energies"))?;
-        let f_host = stream
+        let mut f_host = stream
             .clone_dtoh(&forces)
             .map_err(dev_err("downloading forces"))?;
         let t_host = stream
             .clone_dtoh(&totals)
             .map_err(dev_err("downloading totals"))?;
         device.synchronize()?;
+        // Forces on ghosts are parts of their owners' forces.
+        if let Some(r) = rank {
+            let halo = &mut *r.halo;
+            halo.reverse_sum(DataMut::F64(&mut f_host[..3 * n]), 3)
+                .map_err(|e| CudaError::Comm {
+                    rank: halo.rank(),
+                    message: e.to_string(),
+                })?;
+        }
         let mut virial6 = [0.0; 6];
         virial6.copy_from_slice(&t_host[1..7]);
         Ok(RunOutput {
             energy: t_host[0],
-            atomic: e_host[..n].iter().map(|&v| v.into()).collect(),
-            forces: f_host[..3 * n]
+            atomic: e_host[..n_owned].iter().map(|&v| v.into()).collect(),
+            forces: f_host[..3 * n_owned]
                 .chunks_exact(3)
                 .map(|c| [c[0], c[1], c[2]])
                 .collect(),

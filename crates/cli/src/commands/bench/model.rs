@@ -89,7 +89,8 @@ pub struct ModelBenchArgs {
     #[arg(long)]
     pub(crate) json: bool,
     /// Where to evaluate: cpu, or cuda[:N] (build with --features cuda; one
-    /// process on one GPU, so --ranks, --threads and --rounds do not apply).
+    /// process on one GPU, --ranks ranks sharing it; --threads and --rounds
+    /// do not apply).
     #[arg(long, default_value = "cpu")]
     pub(crate) device: Device,
     /// Time each SevenNet kernel phase (forward and backward per layer:
@@ -302,13 +303,19 @@ pub fn run(a: &ModelBenchArgs) -> Result<u8, CliError> {
                 "--repeats and --repeat must be at least 1"
             )));
         }
+        if a.ranks.is_empty() || a.ranks.contains(&0) {
+            return Err(CliError::input(anyhow!("--ranks must list counts ≥ 1")));
+        }
         return crate::device::bench_model(
             &a.model,
             || bench_system(a),
-            a.dtype,
-            a.repeats,
-            a.json,
-            index,
+            crate::device::GpuBench {
+                dtype: a.dtype,
+                repeats: a.repeats,
+                ranks: &a.ranks,
+                json: a.json,
+                index,
+            },
         );
     }
     if a.ranks.is_empty() || a.ranks.contains(&0) {
