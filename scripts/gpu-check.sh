@@ -117,6 +117,7 @@ PY
         check "md $1 on cuda" 0 '"ensemble"' "$cli" "${md[@]}" --device cuda --output "$gpu"
         "$cli" "${md[@]}" --output "$cpu" >/dev/null 2>&1
         same_final "md $1 on cuda follows the cpu run" "$gpu" "$cpu"
+        check "md --validate $1 on cuda, 3 ranks" 0 'PASS' "$cli" md --model "$1" --structure "$2" --ensemble langevin --temperature 600 --dt 1 --steps 20 --seed 4 --device cuda --ranks 3 --validate
         check "md $1 on cuda, 3 ranks sharing it" 0 '"ensemble"' "$cli" "${md[@]}" --device cuda --ranks 3 --output "$gpu"
         same_final "md $1 on cuda with 3 ranks follows the cpu run" "$gpu" "$cpu"
         rl=(relax --model "$1" --structure "$2" --fmax 0.01 --max-steps 300 --json)

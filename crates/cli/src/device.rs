@@ -55,6 +55,7 @@ impl std::str::FromStr for GpuList {
 
 /// The device indices of a GPU run: `--gpus` when given (`count` GPUs
 /// for `all`), else the one `--device` GPU.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub fn gpu_indices(
     device_index: usize,
     gpus: Option<&GpuList>,
@@ -92,6 +93,7 @@ pub use gpu::eval_mpi;
 pub use gpu::{bench_model, eval, force_field, rank_force_fields, validate};
 
 /// What `validate --device cuda` compares.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub struct GpuValidation<'a> {
     /// The model argument.
     pub model: &'a str,
@@ -178,6 +180,7 @@ pub fn eval(a: &crate::args::EvalArgs, _index: usize) -> Result<u8, CliError> {
 }
 
 /// How `bench model --device cuda` times.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub struct GpuBench<'a> {
     /// Precision.
     pub dtype: crate::args::Precision,

@@ -94,6 +94,7 @@ fn device_cuda_without_a_usable_gpu_is_exit_2_saying_why() {
             &["--device", "cuda", "--ranks", "2", "--gpus", "all"],
         ),
         short_md(xyz, &["--device", "cuda", "--ranks", "2"]),
+        short_md(xyz, &["--device", "cuda", "--ranks", "2", "--validate"]),
         model_args("relax", "lj", xyz, &["--device", "cuda", "--ranks", "3"]),
         model_args("validate", "lj", xyz, &["--device", "cuda", "--ranks", "2"]),
         model_args("validate", "sevennet-0", xyz_si, &["--device", "cuda"]),
@@ -156,8 +157,8 @@ fn device_names_are_checked_and_cpu_is_the_default() {
 const SI_XYZ: &str = "2\nLattice=\"5.43 0 0 0 5.43 0 0 0 5.43\" Properties=species:S:1:pos:R:3 pbc=\"T T T\"\nSi 0.02 0 0\nSi 1.36 1.33 1.37\n";
 
 /// `md`/`relax --device cuda` run their ranks as threads sharing one GPU:
-/// MPI and trajectory validation are refused naming the flag, before any
-/// device is opened (so the answer is the same with and without a GPU).
+/// MPI is refused naming the flag, before any device is opened (so the
+/// answer is the same with and without a GPU).
 #[test]
 fn md_and_relax_on_a_gpu_refuse_what_needs_the_cpu_engine() {
     let dir = tempfile::tempdir().unwrap();
@@ -167,7 +168,6 @@ fn md_and_relax_on_a_gpu_refuse_what_needs_the_cpu_engine() {
     let relax = model_args("relax", "lj", xyz, &[]);
     for (base, extra, flag) in [
         (&md[..], &["--backend", "mpi"][..], "--backend mpi"),
-        (&md[..], &["--validate", "--ranks", "1"][..], "--validate"),
         (&relax[..], &["--backend", "mpi"][..], "--backend mpi"),
     ] {
         let args: Vec<&str> = base

@@ -562,12 +562,58 @@ pub fn md(a: MdArgs) -> Result<u8, CliError> {
     config.on_step = bar.as_ref().map(|(_, observer)| observer.clone());
     let clear = bar.map(|(bar, _)| ClearOnDrop(bar));
     if let crate::device::Device::Cuda(index) = a.device {
-        crate::device::gpu_ranks_only(
-            "md",
-            a.backend == Backend::Mpi,
-            a.validate.then_some("--validate"),
-        )?;
+        crate::device::gpu_ranks_only("md", a.backend == Backend::Mpi, None)?;
         let ranks = a.ranks.unwrap_or(1);
+        if a.validate {
+            // One GPU rank against `ranks` ranks on the GPU(s).
+            let p = &prepared;
+            let mut run = |r: usize, config: &MdConfig, sink: &mut dyn MdSink| {
+                let model = p.model.as_ref();
+                let summary = if r == 1 {
+                    let mut field =
+                        crate::device::force_field(&a.model, a.modal.as_deref(), a.dtype, index)
+                            .map_err(|e| MdError::Input(format!("{:#}", e.error)))?;
+                    ddmlip_md::run_with_force_field(
+                        model,
+                        &p.topology,
+                        &p.start,
+                        config,
+                        field.as_mut(),
+                        sink,
+                    )?
+                } else {
+                    let fields = crate::device::rank_force_fields(
+                        &a.model,
+                        a.modal.as_deref(),
+                        a.dtype,
+                        (index, a.gpus.as_ref()),
+                        r,
+                        p.topology.pbc,
+                    )
+                    .map_err(|e| MdError::Input(format!("{:#}", e.error)))?;
+                    ddmlip_md::run_threads_with_fields(
+                        model,
+                        &p.topology,
+                        &p.start,
+                        config,
+                        fields,
+                        sink,
+                    )?
+                };
+                drop(summary);
+                Ok(())
+            };
+            return super::md_validate::validate_trajectory(
+                &a.model,
+                &mut run,
+                &prepared.topology,
+                &prepared.start,
+                &config,
+                ranks,
+                a.validate_atol,
+                a.json,
+            );
+        }
         let out = if ranks != 1 {
             let fields = crate::device::rank_force_fields(
                 &a.model,
@@ -605,9 +651,14 @@ pub fn md(a: MdArgs) -> Result<u8, CliError> {
         return finish(&a, out.0, &out.1);
     }
     if a.validate {
+        let p = &prepared;
+        let mut run = |ranks: usize, config: &MdConfig, sink: &mut dyn MdSink| {
+            ddmlip_md::run_threads(p.model.as_ref(), &p.topology, &p.start, config, ranks, sink)
+                .map(drop)
+        };
         return super::md_validate::validate_trajectory(
             &a.model,
-            prepared.model.as_ref(),
+            &mut run,
             &prepared.topology,
             &prepared.start,
             &config,

@@ -143,12 +143,16 @@ struct Report {
     first_departure: Option<Departure>,
 }
 
-/// Runs the job on 1 rank and on `ranks`, compares every step; exit 1 when
-/// they departed by more than `atol`.
+/// Runs an MD job on a rank count with a config, into a sink: the engine
+/// on thread ranks, or a GPU model's force fields.
+pub type RunOn<'a> = dyn FnMut(usize, &MdConfig, &mut dyn MdSink) -> Result<(), MdError> + 'a;
+
+/// Runs the job on 1 rank and on `ranks` through `run`, compares every
+/// step; exit 1 when they departed by more than `atol`.
 #[allow(clippy::too_many_arguments)]
 pub fn validate_trajectory(
     model_name: &str,
-    model: &dyn ddmlip_engine::Model,
+    run: &mut RunOn<'_>,
     topology: &Topology,
     start: &StartState,
     config: &MdConfig,
@@ -167,7 +171,7 @@ pub fn validate_trajectory(
         _ => CliError::failed(e),
     };
     let mut reference = Record::default();
-    ddmlip_md::run_threads(model, topology, start, &config, 1, &mut reference).map_err(fail)?;
+    run(1, &config, &mut reference).map_err(fail)?;
     let inverse = (!start.cell.is_zero())
         .then(|| start.cell.inverse().ok())
         .flatten();
@@ -182,7 +186,7 @@ pub fn validate_trajectory(
         worst: Departure::default(),
         compared: 0,
     };
-    ddmlip_md::run_threads(model, topology, start, &config, ranks, &mut cmp).map_err(fail)?;
+    run(ranks, &config, &mut cmp).map_err(fail)?;
     if cmp.compared != reference.frames.len() {
         return Err(CliError::failed(anyhow!(
             "the decomposed run produced fewer frames than the reference"
