@@ -122,7 +122,11 @@ fn evaluate_lj_rows(
         }
     }
     let start = Instant::now();
-    let list = GpuNeighborList::build(device, system, params.cutoff)?;
+    let mut list = GpuNeighborList::build(device, system, params.cutoff)?;
+    // A rank's ghosts are neighbours only: their own rows would be discarded.
+    if let Some(owned) = n_owned {
+        list.keep_first_centers(device, owned)?;
+    }
     device.synchronize()?;
     let neighbors_s = start.elapsed().as_secs_f64();
     let start = Instant::now();

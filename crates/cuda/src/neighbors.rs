@@ -348,6 +348,35 @@ impl GpuNeighborList {
         })
     }
 
+    /// Keeps the rows of the first `n_centers` atoms and empties the others
+    /// (their pairs stay in memory, past `n_pairs`, unread): a rank needs
+    /// the pairs of its owned atoms only, its ghosts being neighbours.
+    /// Returns the new row offsets, as on the device.
+    pub fn keep_first_centers(
+        &mut self,
+        device: &CudaDevice,
+        n_centers: usize,
+    ) -> Result<Vec<u64>, CudaError> {
+        let stream = device.stream();
+        let mut rows = stream
+            .clone_dtoh(&self.row_start)
+            .map_err(|e| CudaError::driver("downloading the row offsets", e))?;
+        let end = *rows.get(n_centers).ok_or_else(|| {
+            CudaError::Input(format!(
+                "{n_centers} centres asked of a list of {} atoms",
+                self.n_atoms
+            ))
+        })?;
+        for r in &mut rows[n_centers..] {
+            *r = end;
+        }
+        stream
+            .memcpy_htod(&rows, &mut self.row_start)
+            .map_err(|e| CudaError::driver("uploading the row offsets", e))?;
+        self.n_pairs = end as usize;
+        Ok(rows)
+    }
+
     /// Builds the list and waits for it: (list, seconds).
     pub fn build_timed(
         device: &CudaDevice,

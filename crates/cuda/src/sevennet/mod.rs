@@ -508,15 +508,20 @@ impl GpuSevenNet {
         device.synchronize()?;
         let (free_before, _) = device.memory()?;
         let start = Instant::now();
-        let list = GpuNeighborList::build(device, system, self.cutoff())?;
+        let mut list = GpuNeighborList::build(device, system, self.cutoff())?;
+        // A rank's ghosts are senders only: their own rows would compute
+        // messages that the next refresh overwrites.
+        let row_start = match &rank {
+            Some(r) => list.keep_first_centers(device, r.n_owned)?,
+            None => device
+                .stream()
+                .clone_dtoh(&list.row_start)
+                .map_err(dev_err("downloading the row offsets"))?,
+        };
         device.synchronize()?;
         let neighbors_s = start.elapsed().as_secs_f64();
         let start = Instant::now();
         let (n, ne) = (list.n_atoms as u64, list.n_pairs as u64);
-        let row_start = device
-            .stream()
-            .clone_dtoh(&list.row_start)
-            .map_err(dev_err("downloading the row offsets"))?;
         let cap = CHUNK_EDGES.min(ne).max(longest_row(&row_start)).max(1);
         let estimated = self.host.memory_bytes(n, ne, self.float_bytes(), cap);
         // A fifth of the free memory stays in reserve: the stream-ordered
