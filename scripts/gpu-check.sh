@@ -23,13 +23,13 @@ if command -v nvidia-smi >/dev/null; then
 fi
 passed=0 failed=0 failures=()
 for exe in "$dir"/*; do
-    [[ -f $exe && -x $exe && $(basename "$exe") != ddmlip ]] || continue
+    [[ -f $exe && -x $exe && $(basename "$exe") != ddmlip* ]] || continue
     echo "== $(basename "$exe")"
     # --nocapture: the tests print the measured deviations and timings.
     out=$("$exe" --test-threads=1 --nocapture 2>&1)
     # What each test measured, and every panic with its message line.
     echo "$out" | awk '/panicked at/ {print; if ((getline line) > 0) print "    " line; next}
-        /^test |lj (f64|f32) case|sevennet f(64|32) GPU|TIMING|systems, |ranks: energy|split vs one rank|SKIPPED/ {print}'
+        /^test |lj (f64|f32) case|sevennet f(64|32) GPU|TIMING|systems, |ranks: energy|f32 vs f64:|split vs one rank|SKIPPED/ {print}'
 
     counts=$(echo "$out" | sed -n 's/^test result: [a-zA-Z]*\. \([0-9]*\) passed; \([0-9]*\) failed.*/\1 \2/p')
     p=${counts% *} f=${counts#* }

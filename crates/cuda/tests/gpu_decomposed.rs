@@ -2,7 +2,9 @@
 //! one-rank GPU run: Lennard-Jones and SevenNet-0, f64 to 1e-10 relative
 //! (energy, per-atom energies, forces, stress) over 2, 3, 4 and 8 ranks,
 //! periodic, slab and cluster systems, ranks that own nothing, cells
-//! thinner than the halo; f32 to 1e-5; the same bits on a second run.
+//! thinner than the halo; f32 within the f32 path's contract against f64
+//! (Lennard-Jones) or 1e-5 of the one-rank f32 run (SevenNet-0); the same
+//! bits on a second run.
 //! These need an NVIDIA GPU and run only with `DDMLIP_GPU_TESTS=1`
 //! (`scripts/gpu-check.sh`); otherwise each test prints `SKIPPED`.
 
@@ -161,12 +163,39 @@ fn split_lennard_jones_equals_one_rank_in_f64() {
     }
 }
 
+/// f32 splits are held to the f32 path's own contract against f64 (the
+/// one-rank f32 run's tolerances in `tests/gpu.rs`: energy 1e-5, per-atom
+/// energies, forces and stress 1e-4 relative). Two f32 runs that add the
+/// same ~250 pair terms per atom in different orders, from positions
+/// rounded after different image shifts, differ by about as much as each
+/// differs from f64, so the split is compared with f64, not with the
+/// one-rank f32 run's bits.
 #[test]
-fn split_lennard_jones_stays_within_f32_rounding() {
+fn split_lennard_jones_in_f32_keeps_the_f32_contract() {
     let Some(dev) = gpu() else { return };
     let model = lj();
     for (what, sys) in lj_systems() {
-        check(&dev, &model, &sys, Precision::F32, &[2, 4], 1e-5, what);
+        let exact = model.evaluate(&dev, &sys, Precision::F64).unwrap();
+        let one = deviations(&exact, &model.evaluate(&dev, &sys, Precision::F32).unwrap());
+        for r in [2, 4] {
+            let split = evaluate_decomposed(&model, &dev, &sys, Precision::F32, r, TIMEOUT)
+                .unwrap_or_else(|e| panic!("{what}, {r} ranks: {e}"));
+            let d = deviations(&exact, &split.output);
+            eprintln!(
+                "{what} ({} atoms), {r} ranks, f32 vs f64: energy {:.1e} atomic {:.1e} forces {:.1e} stress {:.1e} (one rank: {:.1e} {:.1e} {:.1e} {:.1e})",
+                sys.len(), d[0], d[1], d[2], d[3], one[0], one[1], one[2], one[3]
+            );
+            for ((name, e), tol) in ["energy", "atomic energies", "forces", "stress"]
+                .iter()
+                .zip(d)
+                .zip([1e-5, 1e-4, 1e-4, 1e-4])
+            {
+                assert!(
+                    e <= tol,
+                    "{what}, {r} ranks: f32 {name} differ from f64 by {e:e} relative"
+                );
+            }
+        }
     }
 }
 

@@ -160,6 +160,17 @@ impl Distributor for HaloRuntime {
     fn spec(&self) -> &MLIPSpec {
         &self.spec
     }
+    fn sent_rows(&self) -> Vec<u32> {
+        let mut rows: Vec<u32> = self
+            .plan
+            .sends
+            .iter()
+            .flat_map(|(_, rows)| rows.iter().copied())
+            .collect();
+        rows.sort_unstable();
+        rows.dedup();
+        rows
+    }
 
     fn refresh(&mut self, data: DataMut<'_>, cols: usize) -> Result<(), EngineError> {
         let t0 = Instant::now();
@@ -253,5 +264,82 @@ impl Distributor for HaloRuntime {
 
     fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{halo_plans, partition_system};
+    use ddmlip_atoms::{Cell, System};
+    use ddmlip_comm::{thread_world, ThreadsConfig};
+
+    /// A simple cubic lattice of `n³` atoms `a` apart, slightly displaced.
+    fn lattice(n: usize, a: f64) -> System {
+        let mut positions = Vec::new();
+        for i in 0..n {
+            for j in 0..n {
+                for k in 0..n {
+                    let d = ((positions.len() * 37) % 11) as f64 * 0.01;
+                    positions.push([a * i as f64 + d, a * j as f64 - d, a * k as f64 + 0.5 * d]);
+                }
+            }
+        }
+        let l = a * n as f64;
+        let cell = Cell::new([[l, 0.0, 0.0], [0.0, l, 0.0], [0.0, 0.0, l]]);
+        System::new(
+            positions.clone(),
+            vec![18; positions.len()],
+            Some(cell),
+            [true; 3],
+        )
+    }
+
+    /// A refresh reads only the sent rows (the others hold NaN and no ghost
+    /// gets one), and a reverse sum changes only the sent rows, each of
+    /// which receives at least one ghost's part.
+    #[test]
+    fn exchanges_touch_only_the_sent_rows() {
+        let system = lattice(6, 2.0);
+        for ranks in [1, 2, 3, 4, 8] {
+            let partition = partition_system(&system, ranks, 3.0).unwrap();
+            let plans: Vec<LocalHaloPlan> = halo_plans(&partition).iter().map(Into::into).collect();
+            let comms = thread_world(ranks, ThreadsConfig::default()).unwrap();
+            std::thread::scope(|scope| {
+                for ((comm, plan), domain) in comms.into_iter().zip(plans).zip(&partition.ranks) {
+                    scope.spawn(move || {
+                        let globals = domain.local_globals();
+                        let spec = MLIPSpec::standard_energy_model();
+                        let mut halo = HaloRuntime::new(Box::new(comm), plan, spec);
+                        let (n_owned, n_local, cols) = (halo.n_owned(), halo.n_local(), 2);
+                        let sent = halo.sent_rows();
+                        assert!(sent.windows(2).all(|w| w[0] < w[1]), "ascending, distinct");
+                        assert!(sent.iter().all(|&r| (r as usize) < n_owned));
+                        let mut data = vec![f64::NAN; n_local * cols];
+                        for &r in &sent {
+                            let g = globals[r as usize] as f64;
+                            data[r as usize * cols..][..cols].copy_from_slice(&[g, -g]);
+                        }
+                        halo.refresh(DataMut::F64(&mut data), cols).unwrap();
+                        for i in n_owned..n_local {
+                            let g = globals[i] as f64;
+                            assert_eq!(&data[i * cols..(i + 1) * cols], &[g, -g], "ghost {i}");
+                        }
+                        let mut data = vec![0.0; n_local * cols];
+                        data[n_owned * cols..].fill(1.0);
+                        halo.reverse_sum(DataMut::F64(&mut data), cols).unwrap();
+                        for r in 0..n_owned {
+                            let got = data[r * cols];
+                            if sent.binary_search(&(r as u32)).is_ok() {
+                                assert!(got >= 1.0, "sent row {r} received {got}");
+                            } else {
+                                assert_eq!(got, 0.0, "unsent row {r} changed");
+                            }
+                        }
+                        assert!(data[n_owned * cols..].iter().all(|&x| x == 0.0));
+                    });
+                }
+            });
+        }
     }
 }

@@ -26,6 +26,12 @@ pub trait Distributor: Send {
     fn n_local(&self) -> usize;
     /// The spec this run follows.
     fn spec(&self) -> &MLIPSpec;
+    /// Owned rows that peers hold ghost copies of, ascending and distinct:
+    /// the only owned rows a [`Distributor::refresh`] reads or a
+    /// [`Distributor::reverse_sum`] changes. Default: every owned row.
+    fn sent_rows(&self) -> Vec<u32> {
+        (0..self.n_owned() as u32).collect()
+    }
     /// Overwrites every ghost row with its owner's row (`rows = n_local`, row width `cols`).
     fn refresh(&mut self, data: DataMut<'_>, cols: usize) -> Result<(), EngineError>;
     /// Adds every ghost row into its owner's row, then zeroes the ghost rows.
