@@ -130,40 +130,6 @@ enum Exchange {
     ReverseSum,
 }
 
-/// Runs `how` on the `cols`-wide rows of `data` (all local rows) through
-/// the host: the device rows go down, through the communicator, and the
-/// rows the exchange changed come back up.
-fn exchange<T: GpuFloat>(
-    device: &CudaDevice,
-    data: &mut CudaSlice<T>,
-    cols: usize,
-    rank: &mut RankRows<'_>,
-    how: Exchange,
-) -> Result<(), CudaError> {
-    let stream = device.stream();
-    let mut host = stream
-        .clone_dtoh(data)
-        .map_err(dev_err("downloading halo rows"))?;
-    let halo = &mut *rank.halo;
-    let done = match how {
-        Exchange::Refresh => halo.refresh(T::rows_mut(&mut host), cols),
-        Exchange::ReverseSum => halo.reverse_sum(T::rows_mut(&mut host), cols),
-    };
-    done.map_err(|e| CudaError::Comm {
-        rank: halo.rank(),
-        message: e.to_string(),
-    })?;
-    // A refresh changes only the ghost rows; a reverse sum owned and ghost rows.
-    let from = match how {
-        Exchange::Refresh => rank.n_owned * cols,
-        Exchange::ReverseSum => 0,
-    };
-    let mut dst = data.slice_mut(from..);
-    stream
-        .memcpy_htod(&host[from..], &mut dst)
-        .map_err(dev_err("uploading halo rows"))
-}
-
 /// Results of one evaluation, copied to the host.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SevenNetResult {
@@ -337,6 +303,149 @@ macro_rules! launch {
             .map(|_| ())
             .map_err(|e| CudaError::driver($what, e))
     }};
+}
+
+/// A rank's halo exchanges through the host, moving only the rows that
+/// cross ranks: for a refresh, the owned rows peers read (gathered on the
+/// device) go down and the ghost rows come back up; for a reverse sum, the
+/// ghost rows go down and the sums their owners receive come back up, to be
+/// added on the device. The host rows keep the local row layout the
+/// communicator's plan indexes; every buffer is allocated once per
+/// evaluation and reused by all its exchanges.
+struct HaloStage<T> {
+    /// Owned rows peers read, ascending and distinct (`Distributor::sent_rows`).
+    sent: Vec<u32>,
+    sent_d: CudaSlice<u32>,
+    /// `sent.len()` rows of the widest exchange, on the host and the device.
+    packed: Vec<T>,
+    packed_d: CudaSlice<T>,
+    /// `n_local` rows of the widest exchange: only the sent and ghost rows
+    /// are ever written or read.
+    rows: Vec<T>,
+    n_owned: usize,
+    n_local: usize,
+}
+
+impl<T: GpuFloat> HaloStage<T> {
+    fn new(
+        device: &CudaDevice,
+        rank: &RankRows<'_>,
+        n_local: usize,
+        max_cols: usize,
+    ) -> Result<Self, CudaError> {
+        let sent = rank.halo.sent_rows();
+        if let Some(&bad) = sent.iter().find(|&&r| r as usize >= rank.n_owned) {
+            return Err(CudaError::Comm {
+                rank: rank.halo.rank(),
+                message: format!(
+                    "the halo plan sends row {bad}, but the rank owns only {} rows",
+                    rank.n_owned
+                ),
+            });
+        }
+        let sent_d = if sent.is_empty() {
+            zeros(device, 1, "allocating the sent rows")?
+        } else {
+            device
+                .stream()
+                .clone_htod(&sent)
+                .map_err(dev_err("uploading the sent rows"))?
+        };
+        let zero = T::from_f64(0.0);
+        Ok(Self {
+            packed: vec![zero; sent.len() * max_cols],
+            packed_d: zeros(device, sent.len() * max_cols, "allocating halo buffers")?,
+            rows: vec![zero; n_local * max_cols],
+            sent,
+            sent_d,
+            n_owned: rank.n_owned,
+            n_local,
+        })
+    }
+
+    /// Runs `how` on the `cols`-wide rows of `data` (all `n_local` rows).
+    fn exchange(
+        &mut self,
+        k: &Kernels,
+        device: &CudaDevice,
+        data: &mut CudaSlice<T>,
+        cols: usize,
+        rank: &mut RankRows<'_>,
+        how: Exchange,
+    ) -> Result<(), CudaError> {
+        let stream = device.stream();
+        let (n_sent, ghosts) = (self.sent.len(), self.n_owned * cols..self.n_local * cols);
+        if self.rows.len() < ghosts.end || self.packed.len() < n_sent * cols {
+            return Err(CudaError::Input(format!(
+                "a halo exchange of {cols} columns is wider than its staging"
+            )));
+        }
+        let (q_end, cols32) = (n_sent as u64, cols as u32);
+        let packed = &mut self.packed[..n_sent * cols];
+        let rows = &mut self.rows[..self.n_local * cols];
+        let comm = |halo: &dyn Distributor, e: ddmlip_engine::EngineError| CudaError::Comm {
+            rank: halo.rank(),
+            message: e.to_string(),
+        };
+        match how {
+            Exchange::Refresh => {
+                if n_sent > 0 {
+                    launch!(stream, &k.gather_rows, grid_1d(q_end * u64::from(cols32), 256),
+                        "gathering halo rows"; &*data, &self.sent_d, &0u64, &q_end, &cols32,
+                        &mut self.packed_d)?;
+                    stream
+                        .memcpy_dtoh(&self.packed_d.slice(..n_sent * cols), packed)
+                        .map_err(dev_err("downloading halo rows"))?;
+                }
+                for (&r, src) in self.sent.iter().zip(packed.chunks_exact(cols)) {
+                    let r = r as usize * cols;
+                    rows[r..r + cols].copy_from_slice(src);
+                }
+                rank.halo
+                    .refresh(T::rows_mut(rows), cols)
+                    .map_err(|e| comm(&*rank.halo, e))?;
+                if !ghosts.is_empty() {
+                    stream
+                        .memcpy_htod(&rows[ghosts.clone()], &mut data.slice_mut(ghosts))
+                        .map_err(dev_err("uploading halo rows"))?;
+                }
+            }
+            Exchange::ReverseSum => {
+                if !ghosts.is_empty() {
+                    stream
+                        .memcpy_dtoh(&data.slice(ghosts.clone()), &mut rows[ghosts.clone()])
+                        .map_err(dev_err("downloading halo rows"))?;
+                }
+                // The owners' rows on the host start at zero, so that after
+                // the sum they hold what arrived, which the device then adds.
+                for &r in &self.sent {
+                    let r = r as usize * cols;
+                    rows[r..r + cols].fill(T::from_f64(0.0));
+                }
+                rank.halo
+                    .reverse_sum(T::rows_mut(rows), cols)
+                    .map_err(|e| comm(&*rank.halo, e))?;
+                for (&r, dst) in self.sent.iter().zip(packed.chunks_exact_mut(cols)) {
+                    let r = r as usize * cols;
+                    dst.copy_from_slice(&rows[r..r + cols]);
+                }
+                if n_sent > 0 {
+                    stream
+                        .memcpy_htod(&*packed, &mut self.packed_d.slice_mut(..n_sent * cols))
+                        .map_err(dev_err("uploading halo sums"))?;
+                    launch!(stream, &k.scatter_add_rows, grid_1d(q_end * u64::from(cols32), 256),
+                        "adding halo sums"; &self.packed_d, &self.sent_d, &0u64, &q_end, &cols32,
+                        &mut *data)?;
+                }
+                if !ghosts.is_empty() {
+                    stream
+                        .memset_zeros(&mut data.slice_mut(ghosts))
+                        .map_err(dev_err("zeroing ghost rows"))?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Row-major `C (rows × n) = A (rows × k) · B + beta·C`, with `B` stored
@@ -856,6 +965,16 @@ where
             )));
         }
         let owned32 = n_owned as u32;
+        let max_cols = self
+            .layers
+            .iter()
+            .map(|l| l.dim_out.max(l.linear_1.dim_in))
+            .max()
+            .unwrap_or(1);
+        let mut stage = match rank.as_deref() {
+            Some(r) => Some(HaloStage::<T>::new(device, r, n, max_cols)?),
+            None => None,
+        };
         let nb = self.edge.n_basis as usize;
         let ds = ((self.edge.lmax + 1) * (self.edge.lmax + 1)) as usize;
         let mut min_free: Option<u64> = None;
@@ -1025,9 +1144,9 @@ where
             caches.push((h, y));
             // The next block reads its senders' features: ghosts get their
             // owners' (the readout after the last block reads owned rows only).
-            if let Some(r) = rank.as_deref_mut() {
+            if let (Some(r), Some(stage)) = (rank.as_deref_mut(), stage.as_mut()) {
                 if li + 1 < self.layers.len() {
-                    exchange(device, &mut x, dout as usize, r, Exchange::Refresh)?;
+                    stage.exchange(&self.k, device, &mut x, dout as usize, r, Exchange::Refresh)?;
                 }
             }
         }
@@ -1134,9 +1253,9 @@ where
             // Ghost rows of this block's input were copies of their owners'
             // rows: their gradients belong to the owners (the first block's
             // input, the species embedding, depends on no position).
-            if let Some(r) = rank.as_deref_mut() {
+            if let (Some(r), Some(stage)) = (rank.as_deref_mut(), stage.as_mut()) {
                 if li > 0 {
-                    exchange(device, &mut gx, di, r, Exchange::ReverseSum)?;
+                    stage.exchange(&self.k, device, &mut gx, di, r, Exchange::ReverseSum)?;
                 }
             }
             if li + 1 == self.layers.len() {
