@@ -133,6 +133,7 @@ PY
     check "validate sevennet-0 on cuda, 4 ranks" 0 "PASSED" "$cli" validate --model sevennet-0 --structure "$si64" --device cuda --ranks 4
     check "validate sevennet-0 on cuda f32, 3 ranks" 0 "PASSED" "$cli" validate --model sevennet-0 --structure "$si64" --device cuda --ranks 3 --dtype f32
     check "eval sevennet-0 on cuda, 2 ranks" 0 '"ranks":2' "$cli" eval --model sevennet-0 --structure "$si64" --device cuda --ranks 2 --json
+    check "bench model sevennet-0 on cuda, 2 ranks" 0 "of which exchanging" "$cli" bench model --model sevennet-0 --crystal si --repeat 6 --dtype f32 --device cuda --ranks 1,2 --repeats 2
     check "validate sevennet-0, 4 ranks over --gpus 0,0" 0 "PASSED" "$cli" validate --model sevennet-0 --structure "$si64" --device cuda --ranks 4 --gpus 0,0
     # One MPI process per rank (here two sharing the one GPU), with a ddmlip
     # built with `--features mpi,cuda` next to the other as ddmlip-mpi.

@@ -713,26 +713,35 @@ mod gpu {
         let device = describe(&dev);
         let dtype = dtype_name(b.dtype);
         let atoms = sys.positions.len();
+        // The evaluation, and for a split its slowest rank's wall time and
+        // that rank's time in exchanges (s).
         let once = |ranks: usize| {
             if ranks > 1 {
                 let gpu = GpuPlacement {
                     device: &dev,
                     model: &model,
                 };
-                evaluate_on_gpus(&[gpu], &sys, p, ranks, RANK_TIMEOUT).map(|d| d.output)
+                evaluate_on_gpus(&[gpu], &sys, p, ranks, RANK_TIMEOUT).map(|d| {
+                    let slowest = d
+                        .ranks
+                        .iter()
+                        .max_by(|x, y| x.seconds.total_cmp(&y.seconds))
+                        .map(|x| (x.seconds, x.comm_seconds));
+                    (d.output, slowest)
+                })
             } else {
-                model.evaluate(&dev, &sys, p)
+                model.evaluate(&dev, &sys, p).map(|r| (r, None))
             }
             .map_err(gpu_error)
         };
         for &ranks in b.ranks {
-            let warm = once(ranks)?;
+            let (warm, _) = once(ranks)?;
             let mut runs = Vec::with_capacity(b.repeats);
             let mut peak = warm.peak_bytes;
             for _ in 0..b.repeats {
                 let start = std::time::Instant::now();
-                let r = once(ranks)?;
-                runs.push((start.elapsed().as_secs_f64(), r.timings));
+                let (r, slowest) = once(ranks)?;
+                runs.push((start.elapsed().as_secs_f64(), r.timings, slowest));
                 peak = peak.max(r.peak_bytes);
             }
             // Ranks measure the driver's free memory while others allocate.
@@ -740,7 +749,7 @@ mod gpu {
                 peak = None;
             }
             runs.sort_by(|x, y| x.0.total_cmp(&y.0));
-            let (median, timings) = runs[runs.len() / 2];
+            let (median, timings, slowest) = runs[runs.len() / 2];
             let us = median * 1e6 / atoms as f64;
             if b.json {
                 println!(
@@ -752,6 +761,8 @@ mod gpu {
                         "us_per_atom_step": us,
                         "warmup_s": warm.timings.neighbors_s + warm.timings.model_s,
                         "repeats": b.repeats, "peak_gpu_bytes": peak,
+                        "slowest_rank_s": slowest.map(|x| x.0),
+                        "slowest_rank_exchange_s": slowest.map(|x| x.1),
                     })
                 );
             } else {
@@ -769,10 +780,24 @@ mod gpu {
                 } else {
                     String::new()
                 };
+                // Where a split's time goes: the slowest rank (its exchanges
+                // included) and what runs outside the ranks (partition,
+                // ghost images, assembly).
+                let ranks_line = slowest
+                    .map(|(rank_s, exchange_s)| {
+                        format!(
+                            "\n  slowest rank {:.3} ms, of which exchanging {:.3} ms; outside \
+                             the ranks {:.3} ms",
+                            rank_s * 1e3,
+                            exchange_s * 1e3,
+                            (median - rank_s).max(0.0) * 1e3
+                        )
+                    })
+                    .unwrap_or_default();
                 println!(
                     "{model_arg} {dtype} on {device}{split}: {what}, {atoms} atoms, {} pairs\n  \
                      median {:.3} ms per evaluation ({us:.4} µs/atom/step) of {}: neighbour \
-                     list {:.3} ms, model + copy back {:.3} ms{memory}",
+                     list {:.3} ms, model + copy back {:.3} ms{ranks_line}{memory}",
                     warm.n_pairs,
                     median * 1e3,
                     b.repeats,
