@@ -271,36 +271,15 @@ impl Distributor for HaloRuntime {
 mod tests {
     use super::*;
     use crate::{halo_plans, partition_system};
-    use ddmlip_atoms::{Cell, System};
     use ddmlip_comm::{thread_world, ThreadsConfig};
-
-    /// A simple cubic lattice of `n³` atoms `a` apart, slightly displaced.
-    fn lattice(n: usize, a: f64) -> System {
-        let mut positions = Vec::new();
-        for i in 0..n {
-            for j in 0..n {
-                for k in 0..n {
-                    let d = ((positions.len() * 37) % 11) as f64 * 0.01;
-                    positions.push([a * i as f64 + d, a * j as f64 - d, a * k as f64 + 0.5 * d]);
-                }
-            }
-        }
-        let l = a * n as f64;
-        let cell = Cell::new([[l, 0.0, 0.0], [0.0, l, 0.0], [0.0, 0.0, l]]);
-        System::new(
-            positions.clone(),
-            vec![18; positions.len()],
-            Some(cell),
-            [true; 3],
-        )
-    }
 
     /// A refresh reads only the sent rows (the others hold NaN and no ghost
     /// gets one), and a reverse sum changes only the sent rows, each of
     /// which receives at least one ghost's part.
     #[test]
     fn exchanges_touch_only_the_sent_rows() {
-        let system = lattice(6, 2.0);
+        let mut system = ddmlip_atoms::build::fcc(18, 4.0, 3);
+        ddmlip_atoms::build::rattle_uniform(&mut system, 0.1, 5);
         for ranks in [1, 2, 3, 4, 8] {
             let partition = partition_system(&system, ranks, 3.0).unwrap();
             let plans: Vec<LocalHaloPlan> = halo_plans(&partition).iter().map(Into::into).collect();

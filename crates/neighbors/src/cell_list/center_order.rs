@@ -364,13 +364,8 @@ mod tests {
     #[test]
     fn ranges_balance_cost_not_pairs() {
         let (n, side) = (8192usize, 44.0);
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        let mut uniform = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 11) as f64 / (1u64 << 53) as f64 * side
-        };
+        let mut rng = ddmlip_atoms::build::SplitMix64::new(11);
+        let mut uniform = || (rng.uniform() + 1.0) * 0.5 * side;
         let positions: Vec<[f64; 3]> = (0..n).map(|_| [uniform(), uniform(), uniform()]).collect();
         let cell = Cell::new([[side, 0.0, 0.0], [0.0, side, 0.0], [0.0, 0.0, side]]);
         let opts = NeighborOptions {
