@@ -99,6 +99,15 @@ if all("phase_s" in o and "phase_s" in m for o, m, _ in rows):
         many_ms = 1e3 * med([m["phase_s"][name] for _, m, _ in rows])
         eff = f"{100 * one_ms / (ranks * many_ms):.1f} %" if many_ms > 0 else "-"
         print(f"  {name:<13} {one_ms:10.2f} | {many_ms:10.2f} | {eff}")
+if all("rank_busy_s" in m for _, m, _ in rows):
+    # Each rank's own compute (filter + forward + gradient pass): a max
+    # well above the min is imbalance, and the rest of the force return.
+    b = {k: 1e3 * med([m["rank_busy_s"][k] for _, m, _ in rows]) for k in ("min", "mean", "max")}
+    one_busy = 1e3 * med([o["rank_busy_s"]["max"] for o, _, _ in rows])
+    print(f"{ranks} ranks' own compute per step, ms (median over rounds): min {b['min']:.2f}, "
+          f"mean {b['mean']:.2f}, max {b['max']:.2f}; 1 rank {one_busy:.2f} "
+          f"(efficiency at the mean {100 * one_busy / (ranks * b['mean']):.1f} %, "
+          f"at the max {100 * one_busy / (ranks * b['max']):.1f} %)")
 same = {(o["total_energy"], m["total_energy"]) for o, m, _ in rows}
 if any(abs(a - b) > 1e-10 * abs(a) for a, b in same):
     print(f"warning: 1-rank and {ranks}-rank total energies differ: {sorted(same)}")

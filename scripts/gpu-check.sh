@@ -29,7 +29,7 @@ for exe in "$dir"/*; do
     out=$("$exe" --test-threads=1 --nocapture 2>&1)
     # What each test measured, and every panic with its message line.
     echo "$out" | awk '/panicked at/ {print; if ((getline line) > 0) print "    " line; next}
-        /^test |lj (f64|f32) case|sevennet f(64|32) GPU|TIMING|systems, |ranks: energy|f32 vs f64:|split vs one rank|SKIPPED/ {print}'
+        /^test |lj (f64|f32) case|sevennet f(64|32) GPU|schnet f(64|32) |TIMING|systems, |ranks: energy|f32 vs f64:|split vs one rank|SKIPPED/ {print}'
 
     counts=$(echo "$out" | sed -n 's/^test result: [a-zA-Z]*\. \([0-9]*\) passed; \([0-9]*\) failed.*/\1 \2/p')
     p=${counts% *} f=${counts#* }
@@ -58,7 +58,9 @@ PY
     check "eval lj on cuda" 0 '"device":"cuda:' "$cli" eval --model lj --structure "$xyz" --device cuda --json
     check "eval lj on cpu" 0 '"energy"' "$cli" eval --model lj --structure "$xyz" --device cpu --json
     check "device index out of range" 2 "does not exist" "$cli" eval --model lj --structure "$xyz" --device cuda:99
-    check "model without a CUDA path" 2 "has no CUDA path" "$cli" eval --model schnet-demo --structure "$xyz" --device cuda
+    check "model without a CUDA path" 2 "has no CUDA path" "$cli" eval --model eam-demo --structure "$xyz" --device cuda
+    check "eval schnet-demo on cuda" 0 '"device":"cuda:' "$cli" eval --model schnet-demo --structure "$xyz" --device cuda --json
+    check "bench model schnet-demo on cuda" 0 "µs/atom/step" "$cli" bench model --model schnet-demo --crystal si --repeat 8 --device cuda --repeats 2
     check "bench model lj on cuda" 0 "µs/atom/step" "$cli" bench model --model lj --crystal cu --repeat 4 --device cuda
     # SevenNet-0 (needs the checkpoint: DDMLIP_SEVENNET_CHECKPOINT or the cache).
     si=$(mktemp --suffix=.xyz)
@@ -70,7 +72,8 @@ PY
     rm -f "$si"
     # MD and FIRE with GPU forces follow the same runs with CPU forces (f64):
     # final positions within 1e-8 Å (40 NVE steps of a hot crystal; a short
-    # relaxation). Argon 4x4x4 FCC for lj, silicon 2x2x2 diamond for SevenNet-0.
+    # relaxation). Argon 4x4x4 FCC for lj, silicon 2x2x2 diamond for schnet-demo
+    # and SevenNet-0.
     ar=$(mktemp --suffix=.xyz) si64=$(mktemp --suffix=.xyz)
     python3 - "$ar" "$si64" <<'PY'
 import sys
@@ -111,7 +114,7 @@ PY
         sed 's/^/    /' "$log"
     }
     gpu=$(mktemp --suffix=.xyz) cpu=$(mktemp --suffix=.xyz)
-    for case in "lj $ar" "sevennet-0 $si64"; do
+    for case in "lj $ar" "schnet-demo $si64" "sevennet-0 $si64"; do
         set -- $case
         md=(md --model "$1" --structure "$2" --ensemble nve --dt 1 --steps 40 --init-temperature 900 --seed 3 --json)
         check "md $1 on cuda" 0 '"ensemble"' "$cli" "${md[@]}" --device cuda --output "$gpu"
@@ -131,6 +134,8 @@ PY
     # Split runs on one GPU: ranks sharing it give the one-rank answer.
     check "validate lj on cuda, 4 ranks" 0 "PASSED" "$cli" validate --model lj --structure "$ar" --device cuda --ranks 4
     check "validate sevennet-0 on cuda, 4 ranks" 0 "PASSED" "$cli" validate --model sevennet-0 --structure "$si64" --device cuda --ranks 4
+    check "validate schnet-demo on cuda, 4 ranks" 0 "PASSED" "$cli" validate --model schnet-demo --structure "$si64" --device cuda --ranks 4
+    check "validate schnet-demo on cuda f32, 3 ranks" 0 "PASSED" "$cli" validate --model schnet-demo --structure "$si64" --device cuda --ranks 3 --dtype f32
     check "validate sevennet-0 on cuda f32, 3 ranks" 0 "PASSED" "$cli" validate --model sevennet-0 --structure "$si64" --device cuda --ranks 3 --dtype f32
     check "eval sevennet-0 on cuda, 2 ranks" 0 '"ranks":2' "$cli" eval --model sevennet-0 --structure "$si64" --device cuda --ranks 2 --json
     check "bench model sevennet-0 on cuda, 2 ranks" 0 "of which exchanging" "$cli" bench model --model sevennet-0 --crystal si --repeat 6 --dtype f32 --device cuda --ranks 1,2 --repeats 2

@@ -38,7 +38,7 @@ pub(crate) struct GpuEngine {
 
 impl GpuEngine {
     /// Loads `model` (a name or path with a GPU path: `lj`, a Lennard-Jones
-    /// model file, a SevenNet name or checkpoint) on CUDA device `index`.
+    /// model file, `schnet-demo`, a SevenNet name or checkpoint) on CUDA device `index`.
     pub(crate) fn new(
         model: &str,
         index: usize,
@@ -51,7 +51,7 @@ impl GpuEngine {
             .ok_or_else(|| {
                 PyValueError::new_err(format!(
                     "model `{model}` has no CUDA path yet; models with one: lj, Lennard-Jones \
-                     model files, the SevenNet checkpoints. Use device=\"cpu\" for it"
+                     model files, schnet-demo, the SevenNet checkpoints. Use device=\"cpu\" for it"
                 ))
             })?;
         let device = CudaDevice::open(index).map_err(gpu_error)?;
@@ -64,6 +64,9 @@ impl GpuEngine {
             }),
             ModelSource::SevenNetCheckpoint(path) => {
                 GpuModel::sevennet(&device, &path, None, precision).map_err(gpu_error)?
+            }
+            ModelSource::SchNet(weights) => {
+                GpuModel::schnet(&device, &weights, precision).map_err(gpu_error)?
             }
         };
         Ok(Self {

@@ -31,8 +31,8 @@ def test_a_spec_does_not_apply_to_a_gpu():
 
 
 def test_a_model_without_a_gpu_path_is_refused():
-    with pytest.raises(ValueError, match="schnet-demo.*has no CUDA path"):
-        ddmlip.Calculator("schnet-demo", device="cuda")
+    with pytest.raises(ValueError, match="eam-demo.*has no CUDA path"):
+        ddmlip.Calculator("eam-demo", device="cuda")
 
 
 @pytest.mark.skipif(os.path.exists("/dev/nvidia0"), reason="this machine has a GPU")
@@ -48,7 +48,8 @@ def test_gpu_equals_cpu_in_float64(sevennet_fixtures, sevennet_available):
     rng = np.random.default_rng(3)
     ar = bulk("Ar", "fcc", a=5.26, cubic=True).repeat((4, 4, 4))
     ar.positions += rng.normal(scale=0.05, size=ar.positions.shape)
-    cases = [("lj", [ar]), ("sevennet-0", read(sevennet_fixtures, ":"))]
+    frames = read(sevennet_fixtures, ":")
+    cases = [("lj", [ar]), ("schnet-demo", frames), ("sevennet-0", frames)]
     for model, frames in cases:
         cpu = ddmlip.Calculator(model)
         gpu = ddmlip.Calculator(model, device="cuda")

@@ -7,11 +7,11 @@ use anyhow::anyhow;
 
 /// Models with a CUDA path, for messages.
 pub const CUDA_MODELS: &str = "lj (and Lennard-Jones model files, kind = \"lennard-jones\"), \
-     the SevenNet checkpoints (sevennet-0, the other pretrained names, or a .pth file)";
+     schnet-demo, the SevenNet checkpoints (sevennet-0, the other pretrained names, or a .pth file)";
 
 /// The model `model_arg` names, when it has a CUDA path (`lj`, a
-/// Lennard-Jones TOML file, a pretrained SevenNet name or a SevenNet
-/// checkpoint file); exit 2 naming the models that have one otherwise.
+/// Lennard-Jones TOML file, `schnet-demo`, a pretrained SevenNet name or a
+/// SevenNet checkpoint file); exit 2 naming the models that have one otherwise.
 pub fn cuda_model(model_arg: &str) -> Result<ddmlip_models::ModelSource, CliError> {
     ddmlip_models::model_source(model_arg)
         .map_err(CliError::input)?
@@ -286,6 +286,14 @@ mod gpu {
             }
             ModelSource::SevenNetCheckpoint(path) => {
                 GpuModel::sevennet(dev, &path, modal, p).map_err(gpu_error)
+            }
+            ModelSource::SchNet(weights) => {
+                if let Some(m) = modal {
+                    return Err(CliError::input(anyhow!(
+                        "--modal {m} does not apply to schnet-demo (only multi-fidelity SevenNet checkpoints have modalities)"
+                    )));
+                }
+                GpuModel::schnet(dev, &weights, p).map_err(gpu_error)
             }
         }
     }

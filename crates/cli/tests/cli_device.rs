@@ -120,13 +120,16 @@ fn a_model_without_a_cuda_path_is_refused_naming_those_with_one() {
     let xyz = structure(&dir);
     let (code, _, err) = run(&model_args(
         "eval",
-        "schnet-demo",
+        "eam-demo",
         xyz.to_str().unwrap(),
         &["--device", "cuda"],
     ));
     assert_eq!(code, 2, "{err}");
     assert!(
-        err.contains("schnet-demo") && err.contains("has no CUDA path") && err.contains("lj"),
+        err.contains("eam-demo")
+            && err.contains("has no CUDA path")
+            && err.contains("lj")
+            && err.contains("schnet-demo"),
         "{err}"
     );
 }

@@ -2,9 +2,9 @@
 //! handle), kernels in CUDA C compiled by NVRTC for the device's own
 //! architecture and cached on disk ([`kernels`]), the neighbour list built
 //! on the GPU ([`GpuNeighborList`]) and the first model on the GPU, the
-//! Lennard-Jones pair potential ([`evaluate_lj`]), and SevenNet
-//! ([`GpuSevenNet`]: energy, forces and stress with the whole forward and
-//! backward on the device).
+//! Lennard-Jones pair potential ([`evaluate_lj`]), SchNet ([`GpuSchNet`],
+//! the `schnet-demo` model) and SevenNet ([`GpuSevenNet`]): energy, forces
+//! and stress with the whole forward and backward on the device.
 //!
 //! The CUDA libraries are loaded at run time (`cudarc` with dynamic
 //! loading): this crate builds and its CPU-side tests pass on machines
@@ -15,6 +15,20 @@
 //! run over CSR rows in a fixed order and totals come from fixed-order
 //! block reductions, so a run gives the same bits every time.
 
+/// Launches kernel `$func` on `$stream` with `$cfg` and the arguments in
+/// order; a launch failure becomes [`CudaError::driver`] naming `$what`.
+macro_rules! launch {
+    ($stream:expr, $func:expr, $cfg:expr, $what:expr; $($arg:expr),* $(,)?) => {{
+        let mut b = $stream.launch_builder($func);
+        $( b.arg($arg); )*
+        // SAFETY: argument types, order and buffer lengths match the
+        // kernel's signature in its `.cu` file.
+        unsafe { b.launch($cfg) }
+            .map(|_| ())
+            .map_err(|e| CudaError::driver($what, e))
+    }};
+}
+
 mod decomposed;
 mod device;
 mod error;
@@ -22,6 +36,7 @@ pub mod kernels;
 mod lj;
 mod model;
 mod neighbors;
+mod schnet;
 pub mod sevennet;
 
 pub use decomposed::{
@@ -33,6 +48,7 @@ pub use error::CudaError;
 pub use lj::{evaluate_lj, evaluate_lj_rank, LjParameters, LjResult, Precision};
 pub use model::{GpuModel, GpuOutput};
 pub use neighbors::{GpuNeighborList, GpuTimings};
+pub use schnet::GpuSchNet;
 pub use sevennet::{GpuSevenNet, RankRows, SevenNetResult};
 
 /// `bytes` as GiB with two decimals (for messages).

@@ -4,11 +4,12 @@
 use crate::lj::evaluate_lj_rank;
 use crate::sevennet::RankRows;
 use crate::{
-    evaluate_lj, CudaDevice, CudaError, GpuSevenNet, GpuTimings, LjParameters, Precision,
-    SevenNetResult,
+    evaluate_lj, CudaDevice, CudaError, GpuSchNet, GpuSevenNet, GpuTimings, LjParameters,
+    Precision, SevenNetResult,
 };
 use ddmlip_atoms::System;
 use ddmlip_engine::Distributor;
+use ddmlip_models::SchNetWeights;
 use std::path::Path;
 
 /// A model loaded on a GPU.
@@ -17,6 +18,8 @@ pub enum GpuModel {
     Lj(LjParameters),
     /// A SevenNet checkpoint, its weights on the device.
     SevenNet(Box<GpuSevenNet>),
+    /// SchNet (`schnet-demo`), its weights on the device.
+    SchNet(Box<GpuSchNet>),
 }
 
 /// What one GPU evaluation gives, whatever the model (ASE units and signs).
@@ -56,16 +59,26 @@ impl GpuModel {
             .map(|m| Self::SevenNet(Box::new(m)))
     }
 
+    /// SchNet with `weights` on `device` in `precision`.
+    pub fn schnet(
+        device: &CudaDevice,
+        weights: &SchNetWeights,
+        precision: Precision,
+    ) -> Result<Self, CudaError> {
+        GpuSchNet::new(device, weights, precision).map(|m| Self::SchNet(Box::new(m)))
+    }
+
     /// The interaction cutoff (Å).
     pub fn cutoff(&self) -> f64 {
         match self {
             Self::Lj(p) => p.cutoff,
             Self::SevenNet(m) => m.cutoff(),
+            Self::SchNet(m) => m.cutoff(),
         }
     }
 
     /// Energy, forces, stress and per-atom energies of `system` on
-    /// `device` in `precision` (SevenNet runs in the precision it was
+    /// `device` in `precision` (SevenNet and SchNet run in the precision they were
     /// loaded in). Errors: [`CudaError::Input`] and
     /// [`CudaError::OutOfMemory`] for what the user can change, driver
     /// errors otherwise.
@@ -78,6 +91,7 @@ impl GpuModel {
         match self {
             Self::Lj(params) => evaluate_lj(device, system, params, precision),
             Self::SevenNet(m) => m.evaluate(device, system).map(Into::into),
+            Self::SchNet(m) => m.evaluate(device, system),
         }
     }
 
@@ -100,6 +114,7 @@ impl GpuModel {
             Self::SevenNet(m) => m
                 .evaluate_rank(device, local, RankRows { n_owned, halo })
                 .map(Into::into),
+            Self::SchNet(m) => m.evaluate_rank(device, local, RankRows { n_owned, halo }),
         }
     }
 }

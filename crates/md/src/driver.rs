@@ -11,7 +11,7 @@ use crate::process::Counters;
 use crate::progress::StepProgress;
 use crate::rank_eval::RankForces;
 use crate::rng::gaussian3;
-use crate::sink::{Frame, MdSink, MdSummary, StepTraffic, ThermoRow};
+use crate::sink::{Frame, MdSink, MdSummary, RankSpread, StepTraffic, ThermoRow};
 use crate::state::{BuildOptions, RankState, Topology};
 use crate::{units, MdError};
 use ddmlip_atoms::Cell;
@@ -905,6 +905,17 @@ fn run_rank_with(
     let (cpu_s_per_step, faults_per_step) =
         steady_counters.per_step(&Counters::now(), steady_steps);
     let phase_s = StepPhases::from_sums(&run.phases, &source.phases(), steady_steps, step_s);
+    // Every rank's own compute, once: one all-gather after the last step.
+    let busy = {
+        let p = source.phases();
+        (p.filter + p.forward + p.backward) / steady_steps.max(1) as f64
+    };
+    let (busy_sum, busy_max) = reduce(state.comm()?, &[busy], &[busy, -busy])?;
+    let rank_busy_s = RankSpread {
+        min: -busy_max[1],
+        mean: busy_sum[0] / size as f64,
+        max: busy_max[0],
+    };
     if config.final_frame {
         let frame = run.frame(step, &state, &forces)?;
         emit(&state, &mut sink, |s| s.frame(&frame, true))?;
@@ -939,6 +950,7 @@ fn run_rank_with(
         phase_s,
         traffic,
         repartitions: state.repartitions,
+        rank_busy_s,
     }))
 }
 

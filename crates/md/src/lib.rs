@@ -46,7 +46,7 @@ pub use relax::{
     relax_rank, relax_rank_with_force_field, relax_with_force_field, CellRelax, RelaxConfig,
     RelaxSummary,
 };
-pub use sink::{Frame, MdSink, MdSummary, StepTraffic, ThermoRow};
+pub use sink::{Frame, MdSink, MdSummary, RankSpread, StepTraffic, ThermoRow};
 pub use state::{gather_by_gid, BuildOptions, RankState, Rows, Share, Topology};
 pub use threads::{relax_threads, relax_threads_with_fields, run_threads, run_threads_with_fields};
 

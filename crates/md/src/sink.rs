@@ -162,6 +162,23 @@ pub struct MdSummary {
     /// Full (collective) partitions in this call, the initial build
     /// included; every other rebuild migrated atoms point to point.
     pub repartitions: u64,
+    /// How evenly the ranks' own work was spread: each rank's force-call
+    /// compute (cutoff filter, forward and gradient pass, seconds per
+    /// steady step, no waiting for peers), gathered once at the end. A
+    /// `max` well above rank 0's is time the other ranks wait in the force
+    /// return.
+    pub rank_busy_s: RankSpread,
+}
+
+/// The least, mean and largest of one number over the ranks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct RankSpread {
+    /// The smallest rank's value.
+    pub min: f64,
+    /// The mean over ranks.
+    pub mean: f64,
+    /// The largest rank's value.
+    pub max: f64,
 }
 
 /// Rank 0's communication in the steps of a run, from its communicator's

@@ -2,7 +2,7 @@
 //! the phases account for the step's wall-clock time, each is where the
 //! work happens (no rebuild time in a run that never rebuilds after its
 //! first build, a rebuild time once a hot run rebuilds), and none is
-//! negative.
+//! negative; the spread of the ranks' own compute holds rank 0's.
 
 mod common;
 
@@ -53,6 +53,21 @@ fn phases_account_for_the_steady_step() {
         );
         assert!(p.measured() <= step * 1.001, "{what}; step {step} s");
         assert!(p.measured() >= 0.8 * step, "{what}; step {step} s");
+        // Every rank's own compute: ordered, positive, rank 0's among them,
+        // and one number for one rank.
+        let b = summary.rank_busy_s;
+        let busy0 = p.filter + p.forward + p.backward;
+        assert!(
+            0.0 < b.min && b.min <= b.mean && b.mean <= b.max,
+            "{what}; {b:?}"
+        );
+        assert!(
+            b.min <= busy0 * (1.0 + 1e-12) && busy0 <= b.max * (1.0 + 1e-12),
+            "{what}; {b:?}"
+        );
+        if ranks == 1 {
+            assert_eq!((b.min, b.max), (b.mean, b.mean), "{what}; {b:?}");
+        }
         // Rebuild time only where a steady step rebuilt: the cold crystal
         // keeps its first list, the hot one (atoms moving ~0.3 Å a step
         // against a 0.25 Å half skin) rebuilds.

@@ -294,6 +294,85 @@ impl ModelInfo for SchNetDemo {
     }
 }
 
+/// The parameters of a [`SchNetDemo`] as its forward pass uses them:
+/// row-major matrices (`rows × cols` as named), `f` = features, `k` =
+/// radial functions, `Z` = 95 species rows (atomic numbers 0–94).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchNetWeights {
+    /// Interaction cutoff (Å).
+    pub cutoff: f64,
+    /// Width `f` of the per-atom features.
+    pub features: usize,
+    /// Gaussian centres μ (Å), `k` of them, evenly spaced from 0 to the cutoff.
+    pub rbf_centers: Vec<f64>,
+    /// Gaussian width γ (1/Å²): functions `exp(−γ (r − μ)²)`.
+    pub rbf_gamma: f64,
+    /// Species embedding, `Z × f`, read by atomic number.
+    pub embedding: Vec<f64>,
+    /// The interaction blocks, in order.
+    pub layers: Vec<SchNetLayerWeights>,
+    /// Readout, `f × f/2`, then a shifted softplus.
+    pub readout_1: Vec<f64>,
+    /// Readout, `f/2 × 1`.
+    pub readout_2: Vec<f64>,
+    /// Per-species energy offset (eV), `Z` values, read by atomic number.
+    pub species_bias: Vec<f64>,
+}
+
+/// One SchNet interaction block: filter `W = ssp(rbf·filter_1 + b)·filter_2 ·
+/// f_c(r)`, message `Σ_j (x_j·input) ⊙ W_ij`, update `x += ssp(m·output_1 +
+/// b)·output_2` (ssp: shifted softplus `ln(½eˣ + ½)`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchNetLayerWeights {
+    /// `k × f`.
+    pub filter_1: Vec<f64>,
+    /// `f`.
+    pub filter_1_bias: Vec<f64>,
+    /// `f × f`.
+    pub filter_2: Vec<f64>,
+    /// `f × f`, applied to the features before the message.
+    pub input: Vec<f64>,
+    /// `f × f`.
+    pub output_1: Vec<f64>,
+    /// `f`.
+    pub output_1_bias: Vec<f64>,
+    /// `f × f`.
+    pub output_2: Vec<f64>,
+}
+
+impl SchNetDemo {
+    /// The model's deterministic parameters (the same numbers its forward
+    /// pass puts in the graph, from the same seeded streams).
+    pub fn weights(&self) -> SchNetWeights {
+        let (f, k) = (self.features, self.n_rbf);
+        let mut w = Weights::new(31);
+        let embedding = w.matrix(1, (DEMO_MAX_Z as usize + 1) * f, 1.0);
+        let spacing = self.cutoff / (k - 1) as f64;
+        let layers = (0..self.layers)
+            .map(|_| SchNetLayerWeights {
+                filter_1: w.matrix(k, f, 1.0),
+                filter_1_bias: w.matrix(1, f, 0.1),
+                filter_2: w.matrix(f, f, 1.0),
+                input: w.matrix(f, f, 1.0),
+                output_1: w.matrix(f, f, 1.0),
+                output_1_bias: w.matrix(1, f, 0.1),
+                output_2: w.matrix(f, f, 0.5),
+            })
+            .collect();
+        SchNetWeights {
+            cutoff: self.cutoff,
+            features: f,
+            rbf_centers: (0..k).map(|i| i as f64 * spacing).collect(),
+            rbf_gamma: 0.5 / (spacing * spacing),
+            embedding,
+            layers,
+            readout_1: w.matrix(f, f / 2, 1.0),
+            readout_2: w.matrix(f / 2, 1, 1.0),
+            species_bias: species_table(32, 1, -3.0, 1.0),
+        }
+    }
+}
+
 impl ModelForward for SchNetDemo {
     fn forward<T: Scalar>(
         &self,
@@ -303,21 +382,15 @@ impl ModelForward for SchNetDemo {
         let edges = need_edges(inputs, "schnet-demo")?;
         let lengths = edges.lengths(g)?;
         let species = species_index(g, inputs)?;
+        let wts = self.weights();
         let (f, k) = (self.features, self.n_rbf);
-        let mut w = Weights::new(31);
-        let table = g.param(
-            &w.matrix(1, (DEMO_MAX_Z as usize + 1) * f, 1.0),
-            DEMO_MAX_Z as usize + 1,
-            f,
-        )?;
+        let table = g.param(&wts.embedding, DEMO_MAX_Z as usize + 1, f)?;
         let mut x = g.gather(table, species)?;
-        let spacing = self.cutoff / (k - 1) as f64;
-        let centers: Vec<f64> = (0..k).map(|i| i as f64 * spacing).collect();
         let rbf = g.radial(
             lengths,
             Radial::Gaussian {
-                centers,
-                gamma: 0.5 / (spacing * spacing),
+                centers: wts.rbf_centers.clone(),
+                gamma: wts.rbf_gamma,
             },
         )?;
         let fc = g.radial(
@@ -326,15 +399,15 @@ impl ModelForward for SchNetDemo {
                 cutoff: self.cutoff,
             },
         )?;
-        for layer in 0..self.layers {
+        for (layer, lw) in wts.layers.iter().enumerate() {
             g.push_scope(format!("interaction_{layer}"));
-            let wf1 = g.param(&w.matrix(k, f, 1.0), k, f)?;
-            let bf1 = g.param(&w.matrix(1, f, 0.1), 1, f)?;
-            let wf2 = g.param(&w.matrix(f, f, 1.0), f, f)?;
-            let win = g.param(&w.matrix(f, f, 1.0), f, f)?;
-            let wo1 = g.param(&w.matrix(f, f, 1.0), f, f)?;
-            let bo1 = g.param(&w.matrix(1, f, 0.1), 1, f)?;
-            let wo2 = g.param(&w.matrix(f, f, 0.5), f, f)?;
+            let wf1 = g.param(&lw.filter_1, k, f)?;
+            let bf1 = g.param(&lw.filter_1_bias, 1, f)?;
+            let wf2 = g.param(&lw.filter_2, f, f)?;
+            let win = g.param(&lw.input, f, f)?;
+            let wo1 = g.param(&lw.output_1, f, f)?;
+            let bo1 = g.param(&lw.output_1_bias, 1, f)?;
+            let wo2 = g.param(&lw.output_2, f, f)?;
             let filt = g.linear(rbf, wf1, Some(bf1))?;
             let filt = g.shifted_softplus(filt)?;
             let filt = g.matmul(filt, wf2)?;
@@ -350,12 +423,13 @@ impl ModelForward for SchNetDemo {
             g.pop_scope();
         }
         g.push_scope("readout");
-        let r1 = g.param(&w.matrix(f, f / 2, 1.0), f, f / 2)?;
-        let r2 = g.param(&w.matrix(f / 2, 1, 1.0), f / 2, 1)?;
+        let r1 = g.param(&wts.readout_1, f, f / 2)?;
+        let r2 = g.param(&wts.readout_2, f / 2, 1)?;
         let h = g.matmul(x, r1)?;
         let h = g.shifted_softplus(h)?;
         let e = g.matmul(h, r2)?;
-        let bias_atom = per_species(g, species, 32, -3.0, 1.0)?;
+        let bias_table = g.param(&wts.species_bias, DEMO_MAX_Z as usize + 1, 1)?;
+        let bias_atom = g.gather(bias_table, species)?;
         let atomic = g.add(e, bias_atom)?;
         g.pop_scope();
         let energy = g.segment_sum(atomic, inputs.atom_system)?;

@@ -15,7 +15,7 @@ mod sevennet;
 /// Per-phase timings of the SevenNet kernels (off by default; see
 /// `ddmlip_e3nn::phases`).
 pub use ddmlip_e3nn::phases as sevennet_phases;
-pub use demo::{BpDemo, EamDemo, QeqDemo, SchNetDemo};
+pub use demo::{BpDemo, EamDemo, QeqDemo, SchNetDemo, SchNetLayerWeights, SchNetWeights};
 pub use lj::{LennardJones, LennardJonesError};
 pub use rebuild::RebuildDemo;
 pub use registry::{

@@ -289,15 +289,20 @@ pub enum ModelSource {
     LennardJones(LennardJones),
     /// A SevenNet checkpoint file (a pretrained name resolved, or a `.pth`).
     SevenNetCheckpoint(std::path::PathBuf),
+    /// The parameters of the built-in `schnet-demo`.
+    SchNet(crate::SchNetWeights),
 }
 
 /// The parameters of the model `name_or_path` names (resolved as
 /// [`load_model`] does) when it has a [`ModelSource`] form; `Ok(None)` for
-/// the other models (the demo models, `.pt2` archives). Errors as
+/// the other models (the other demo models, `.pt2` archives). Errors as
 /// [`load_model`]'s: an unknown name, a missing or invalid file.
 pub fn model_source(name_or_path: &str) -> Result<Option<ModelSource>, ModelError> {
     if name_or_path == "lj" {
         return Ok(Some(ModelSource::LennardJones(LennardJones::argon())));
+    }
+    if name_or_path == "schnet-demo" {
+        return Ok(Some(ModelSource::SchNet(SchNetDemo::default().weights())));
     }
     Ok(match resolve(name_or_path)? {
         Resolved::Builtin(_) | Resolved::Archive(_) => None,

@@ -1,7 +1,7 @@
 //! `model_source`: the parameters a backend with its own kernels (the GPU)
 //! takes, resolved from the same names and paths as `load_model`.
 
-use ddmlip_models::{load_model, model_source, LennardJones, ModelError, ModelSource};
+use ddmlip_models::{load_model, model_source, LennardJones, ModelError, ModelSource, SchNetDemo};
 
 #[test]
 fn names_and_files_resolve_as_load_model_does() {
@@ -9,8 +9,15 @@ fn names_and_files_resolve_as_load_model_does() {
         model_source("lj").unwrap(),
         Some(ModelSource::LennardJones(LennardJones::argon()))
     );
+    // schnet-demo: the weights its CPU graph is built from, at its cutoff.
+    let Some(ModelSource::SchNet(w)) = model_source("schnet-demo").unwrap() else {
+        panic!("schnet-demo has a ModelSource form");
+    };
+    assert_eq!(w, SchNetDemo::default().weights());
+    assert_eq!(w.cutoff, load_model("schnet-demo").unwrap().cutoff());
+    assert_eq!(w.layers.len(), 3);
     // Models without such a form, and unknown names.
-    for name in ["schnet-demo", "eam-demo", "x.pt2"] {
+    for name in ["eam-demo", "bp-demo", "x.pt2"] {
         assert_eq!(model_source(name).unwrap(), None, "{name}");
     }
     assert!(matches!(

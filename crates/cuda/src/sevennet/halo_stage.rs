@@ -13,7 +13,7 @@ use ddmlip_engine::{Distributor, EngineError};
 
 /// Which way a halo exchange goes.
 #[derive(Clone, Copy)]
-pub(super) enum Exchange {
+pub(crate) enum Exchange {
     /// Ghost rows get their owners' values.
     Refresh,
     /// Ghost rows are added into their owners' rows, then zeroed.
@@ -66,7 +66,7 @@ pub(crate) fn reverse_sum_on_host<T: GpuFloat>(
 
 /// The buffers of a rank's staged exchanges, allocated once per
 /// evaluation for the widest exchange and reused by all of them.
-pub(super) struct HaloStage<T> {
+pub(crate) struct HaloStage<T> {
     /// Owned rows peers read, ascending and distinct (`Distributor::sent_rows`).
     sent: Vec<u32>,
     sent_d: CudaSlice<u32>,
@@ -81,7 +81,7 @@ pub(super) struct HaloStage<T> {
 }
 
 impl<T: GpuFloat> HaloStage<T> {
-    pub(super) fn new(
+    pub(crate) fn new(
         device: &CudaDevice,
         rank: &RankRows<'_>,
         n_local: usize,
@@ -118,7 +118,7 @@ impl<T: GpuFloat> HaloStage<T> {
     }
 
     /// Runs `how` on the `cols`-wide rows of `data` (all `n_local` rows).
-    pub(super) fn exchange(
+    pub(crate) fn exchange(
         &mut self,
         k: &Kernels,
         device: &CudaDevice,

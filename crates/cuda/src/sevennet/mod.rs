@@ -176,30 +176,74 @@ struct DeviceLayer<T> {
     dim_out: usize,
 }
 
-struct Kernels {
-    filters: CudaFunction,
-    conv_fwd: CudaFunction,
-    conv_bwd_edge: CudaFunction,
-    conv_bwd_h: CudaFunction,
-    silu_copy: CudaFunction,
-    silu_backward: CudaFunction,
-    gate_fwd: CudaFunction,
-    gate_bwd: CudaFunction,
-    add_bias: CudaFunction,
-    embed_species: CudaFunction,
-    gather_rows: CudaFunction,
-    scatter_add_rows: CudaFunction,
-    readout: CudaFunction,
-    readout_bwd: CudaFunction,
-    edge_features: CudaFunction,
-    edge_features_bwd: CudaFunction,
-    sender_count: CudaFunction,
-    sender_fill: CudaFunction,
-    sender_sort: CudaFunction,
-    forces_virial: CudaFunction,
-    scan_counts: CudaFunction,
-    column_sums: CudaFunction,
-    column_sums_f64: CudaFunction,
+pub(crate) struct Kernels {
+    pub(crate) filters: CudaFunction,
+    pub(crate) conv_fwd: CudaFunction,
+    pub(crate) conv_bwd_edge: CudaFunction,
+    pub(crate) conv_bwd_h: CudaFunction,
+    pub(crate) silu_copy: CudaFunction,
+    pub(crate) silu_backward: CudaFunction,
+    pub(crate) gate_fwd: CudaFunction,
+    pub(crate) gate_bwd: CudaFunction,
+    pub(crate) add_bias: CudaFunction,
+    pub(crate) embed_species: CudaFunction,
+    pub(crate) gather_rows: CudaFunction,
+    pub(crate) scatter_add_rows: CudaFunction,
+    pub(crate) readout: CudaFunction,
+    pub(crate) readout_bwd: CudaFunction,
+    pub(crate) edge_features: CudaFunction,
+    pub(crate) edge_features_bwd: CudaFunction,
+    pub(crate) sender_count: CudaFunction,
+    pub(crate) sender_fill: CudaFunction,
+    pub(crate) sender_sort: CudaFunction,
+    pub(crate) forces_virial: CudaFunction,
+    pub(crate) scan_counts: CudaFunction,
+    pub(crate) column_sums: CudaFunction,
+    pub(crate) column_sums_f64: CudaFunction,
+}
+
+impl Kernels {
+    /// The SevenNet module's kernels for floats `T` (and the shared scan
+    /// and reductions), compiled or read from the cache.
+    pub(crate) fn load<T: GpuFloat>(device: &CudaDevice) -> Result<Self, CudaError> {
+        let module = device.load_module("sevennet", crate::kernels::SEVENNET_KERNELS)?;
+        let f = |name: &str| -> Result<CudaFunction, CudaError> {
+            let full = format!("{name}_{}", T::SUFFIX);
+            module
+                .load_function(&full)
+                .map_err(|e| CudaError::driver(format!("loading kernel {full}"), e))
+        };
+        let plain = |name: &str| -> Result<CudaFunction, CudaError> {
+            module
+                .load_function(name)
+                .map_err(|e| CudaError::driver(format!("loading kernel {name}"), e))
+        };
+        Ok(Kernels {
+            filters: f("sn_filters")?,
+            conv_fwd: f("sn_conv_fwd")?,
+            conv_bwd_edge: f("sn_conv_bwd_edge")?,
+            conv_bwd_h: f("sn_conv_bwd_h")?,
+            silu_copy: f("sn_silu_copy")?,
+            silu_backward: f("sn_silu_backward")?,
+            gate_fwd: f("sn_gate_fwd")?,
+            gate_bwd: f("sn_gate_bwd")?,
+            add_bias: f("sn_add_bias")?,
+            embed_species: f("sn_embed_species")?,
+            gather_rows: f("sn_gather_rows")?,
+            scatter_add_rows: f("sn_scatter_add_rows")?,
+            readout: f("sn_readout")?,
+            readout_bwd: f("sn_readout_bwd")?,
+            edge_features: f("sn_edge_features")?,
+            edge_features_bwd: f("sn_edge_features_bwd")?,
+            sender_count: plain("sn_sender_count")?,
+            sender_fill: plain("sn_sender_fill")?,
+            sender_sort: plain("sn_sender_sort")?,
+            forces_virial: plain("sn_forces_virial")?,
+            scan_counts: device.function("scan_counts")?,
+            column_sums: device.function(&format!("column_sums_{}", T::SUFFIX))?,
+            column_sums_f64: device.function("column_sums_f64")?,
+        })
+    }
 }
 
 struct DeviceNet<T> {
@@ -234,11 +278,11 @@ impl std::fmt::Debug for GpuSevenNet {
     }
 }
 
-fn dev_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> CudaError {
+pub(crate) fn dev_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> CudaError {
     move |e| CudaError::driver(what, e)
 }
 
-fn upload<T: DeviceRepr + ValidAsZeroBits>(
+pub(crate) fn upload<T: DeviceRepr + ValidAsZeroBits>(
     device: &CudaDevice,
     data: &[T],
 ) -> Result<CudaSlice<T>, CudaError> {
@@ -252,12 +296,15 @@ fn upload<T: DeviceRepr + ValidAsZeroBits>(
         .map_err(dev_err("uploading model weights"))
 }
 
-fn upload_t<T: GpuFloat>(device: &CudaDevice, data: &[f64]) -> Result<CudaSlice<T>, CudaError> {
+pub(crate) fn upload_t<T: GpuFloat>(
+    device: &CudaDevice,
+    data: &[f64],
+) -> Result<CudaSlice<T>, CudaError> {
     let v: Vec<T> = data.iter().map(|&x| T::from_f64(x)).collect();
     upload(device, &v)
 }
 
-fn zeros<T: DeviceRepr + ValidAsZeroBits>(
+pub(crate) fn zeros<T: DeviceRepr + ValidAsZeroBits>(
     device: &CudaDevice,
     len: usize,
     what: &'static str,
@@ -268,7 +315,7 @@ fn zeros<T: DeviceRepr + ValidAsZeroBits>(
         .map_err(dev_err(what))
 }
 
-fn grid_1d(n: u64, threads: u32) -> LaunchConfig {
+pub(crate) fn grid_1d(n: u64, threads: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (n.div_ceil(u64::from(threads)).max(1) as u32, 1, 1),
         block_dim: (threads, 1, 1),
@@ -276,7 +323,7 @@ fn grid_1d(n: u64, threads: u32) -> LaunchConfig {
     }
 }
 
-fn per_row(rows: u32, threads: u32) -> LaunchConfig {
+pub(crate) fn per_row(rows: u32, threads: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (rows.max(1), 1, 1),
         block_dim: (threads, 1, 1),
@@ -284,25 +331,13 @@ fn per_row(rows: u32, threads: u32) -> LaunchConfig {
     }
 }
 
-macro_rules! launch {
-    ($stream:expr, $func:expr, $cfg:expr, $what:expr; $($arg:expr),* $(,)?) => {{
-        let mut b = $stream.launch_builder($func);
-        $( b.arg($arg); )*
-        // SAFETY: argument types, order and buffer lengths match the
-        // kernel's signature in sevennet.cu / ddmlip.cu.
-        unsafe { b.launch($cfg) }
-            .map(|_| ())
-            .map_err(|e| CudaError::driver($what, e))
-    }};
-}
-
-mod halo_stage;
+pub(crate) mod halo_stage;
 use halo_stage::{Exchange, HaloStage};
 
 /// Row-major `C (rows × n) = A (rows × k) · B + beta·C`, with `B` stored
 /// `k × n`, or with `b_transposed` stored `n × k` (then `A · Bᵀ`).
 #[allow(clippy::too_many_arguments)]
-fn gemm<T: GpuFloat, A: DevicePtr<T>, B: DevicePtr<T>, C: DevicePtrMut<T>>(
+pub(crate) fn gemm<T: GpuFloat, A: DevicePtr<T>, B: DevicePtr<T>, C: DevicePtrMut<T>>(
     blas: &CudaBlas,
     rows: usize,
     k: usize,
@@ -557,48 +592,123 @@ struct Scratch<T> {
     filt: CudaSlice<T>,
 }
 
+/// The sender CSR of a neighbour list: for every atom the edges it sends
+/// (is the neighbour of), in ascending edge order.
+pub(crate) struct SenderCsr {
+    /// Row offsets, `n_atoms + 1`.
+    pub(crate) start: CudaSlice<u64>,
+    /// Edge indices, row after row.
+    pub(crate) edges: CudaSlice<u32>,
+}
+
+impl SenderCsr {
+    /// Counts, scans, fills (integer atomics) and sorts each row, so that
+    /// the fill order changes nothing downstream.
+    pub(crate) fn build(
+        device: &CudaDevice,
+        k: &Kernels,
+        list: &GpuNeighborList,
+    ) -> Result<Self, CudaError> {
+        let stream = device.stream();
+        let (n, ne) = (list.n_atoms, list.n_pairs);
+        let (n32, ne64) = (n as u32, ne as u64);
+        let mut counts = zeros::<u32>(device, n, "allocating sender counts")?;
+        launch!(stream, &k.sender_count, grid_1d(ne64, 256), "counting senders";
+            &list.neighbors, &ne64, &mut counts)?;
+        let mut start = zeros::<u64>(device, n + 1, "allocating sender offsets")?;
+        launch!(stream, &k.scan_counts, per_row(1, 1024), "the sender scan";
+            &counts, &mut start, &n32)?;
+        let mut cursor = zeros::<u32>(device, n, "allocating sender cursors")?;
+        let mut edges = zeros::<u32>(device, ne, "allocating the sender list")?;
+        launch!(stream, &k.sender_fill, grid_1d(ne64, 256), "filling the sender list";
+            &list.neighbors, &ne64, &start, &mut cursor, &mut edges)?;
+        launch!(stream, &k.sender_sort, grid_1d(u64::from(n32), 128), "sorting the sender list";
+            &start, &n32, &mut edges)?;
+        Ok(Self { start, edges })
+    }
+}
+
+/// What an evaluation hands back, on the host.
+pub(crate) struct Finished {
+    /// Energy summed over the owned atoms (f64).
+    pub(crate) energy: f64,
+    /// Owned atoms' energies.
+    pub(crate) atomic: Vec<f64>,
+    /// Owned atoms' forces, complete (ghost shares summed in).
+    pub(crate) forces: Vec<[f64; 3]>,
+    /// Virial summed over the rank's edges (Voigt).
+    pub(crate) virial: [f64; 6],
+}
+
+/// The end every GPU model shares: forces and per-atom virials from the
+/// edges' `(vectors, dE/dr_e)` by receiver and sender CSR rows, the virial
+/// summed into `totals[1..7]` (`totals[0]` already holds the energy), the
+/// results downloaded and, for a rank, its ghosts' forces summed into
+/// their owners through the halo.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn finish<T: GpuFloat>(
+    device: &CudaDevice,
+    k: &Kernels,
+    list: &GpuNeighborList,
+    sender: &SenderCsr,
+    (vectors, grad_vec): (&CudaSlice<f64>, &CudaSlice<f64>),
+    energies: &CudaSlice<T>,
+    totals: &mut CudaSlice<f64>,
+    n_owned: usize,
+    rank: Option<&mut RankRows<'_>>,
+) -> Result<Finished, CudaError> {
+    let stream = device.stream();
+    let n = list.n_atoms;
+    let n32 = n as u32;
+    let mut forces = zeros::<f64>(device, 3 * n, "allocating forces")?;
+    let mut virial = zeros::<f64>(device, 6 * n, "allocating virials")?;
+    launch!(stream, &k.forces_virial, grid_1d(u64::from(n32), 128), "forces and virials";
+        vectors, grad_vec, &list.row_start, &sender.start, &sender.edges, &n32, &mut forces,
+        &mut virial)?;
+    {
+        let mut w_out = totals.slice_mut(1..7);
+        let six = 6u32;
+        launch!(stream, &k.column_sums_f64, per_row(6, 256), "the virial sum";
+            &virial, &n32, &six, &mut w_out)?;
+    }
+    let e_host = stream
+        .clone_dtoh(energies)
+        .map_err(dev_err("downloading energies"))?;
+    let mut f_host = stream
+        .clone_dtoh(&forces)
+        .map_err(dev_err("downloading forces"))?;
+    let t_host = stream
+        .clone_dtoh(&*totals)
+        .map_err(dev_err("downloading totals"))?;
+    device.synchronize()?;
+    // Forces on ghosts are parts of their owners' forces.
+    if let Some(r) = rank {
+        let halo = &mut *r.halo;
+        halo.reverse_sum(DataMut::F64(&mut f_host[..3 * n]), 3)
+            .map_err(|e| CudaError::Comm {
+                rank: halo.rank(),
+                message: e.to_string(),
+            })?;
+    }
+    let mut virial6 = [0.0; 6];
+    virial6.copy_from_slice(&t_host[1..7]);
+    Ok(Finished {
+        energy: t_host[0],
+        atomic: e_host[..n_owned].iter().map(|&v| v.into()).collect(),
+        forces: f_host[..3 * n_owned]
+            .chunks_exact(3)
+            .map(|c| [c[0], c[1], c[2]])
+            .collect(),
+        virial: virial6,
+    })
+}
+
 impl<T: GpuFloat> DeviceNet<T>
 where
     CudaBlas: Gemm<T>,
 {
     fn new(device: &CudaDevice, host: &HostModel) -> Result<Self, CudaError> {
-        let module = device.load_module("sevennet", crate::kernels::SEVENNET_KERNELS)?;
-        let f = |name: &str| -> Result<CudaFunction, CudaError> {
-            let full = format!("{name}_{}", T::SUFFIX);
-            module
-                .load_function(&full)
-                .map_err(|e| CudaError::driver(format!("loading kernel {full}"), e))
-        };
-        let plain = |name: &str| -> Result<CudaFunction, CudaError> {
-            module
-                .load_function(name)
-                .map_err(|e| CudaError::driver(format!("loading kernel {name}"), e))
-        };
-        let k = Kernels {
-            filters: f("sn_filters")?,
-            conv_fwd: f("sn_conv_fwd")?,
-            conv_bwd_edge: f("sn_conv_bwd_edge")?,
-            conv_bwd_h: f("sn_conv_bwd_h")?,
-            silu_copy: f("sn_silu_copy")?,
-            silu_backward: f("sn_silu_backward")?,
-            gate_fwd: f("sn_gate_fwd")?,
-            gate_bwd: f("sn_gate_bwd")?,
-            add_bias: f("sn_add_bias")?,
-            embed_species: f("sn_embed_species")?,
-            gather_rows: f("sn_gather_rows")?,
-            scatter_add_rows: f("sn_scatter_add_rows")?,
-            readout: f("sn_readout")?,
-            readout_bwd: f("sn_readout_bwd")?,
-            edge_features: f("sn_edge_features")?,
-            edge_features_bwd: f("sn_edge_features_bwd")?,
-            sender_count: plain("sn_sender_count")?,
-            sender_fill: plain("sn_sender_fill")?,
-            sender_sort: plain("sn_sender_sort")?,
-            forces_virial: plain("sn_forces_virial")?,
-            scan_counts: device.function("scan_counts")?,
-            column_sums: device.function(&format!("column_sums_{}", T::SUFFIX))?,
-            column_sums_f64: device.function("column_sums_f64")?,
-        };
+        let k = Kernels::load::<T>(device)?;
         let affine = |a: &DenseAffine| -> Result<DeviceAffine<T>, CudaError> {
             Ok(DeviceAffine {
                 dim_in: a.dim_in,
@@ -847,20 +957,10 @@ where
             &list.positions, &basis_d, &list.row_start, &list.neighbors, &list.shifts, &self.edge,
             &n32, &mut centers, &mut vectors, &mut emb, &mut sh)?;
 
-        // Sender CSR.
-        let mut counts = zeros::<u32>(device, n, "allocating sender counts")?;
-        launch!(stream, &self.k.sender_count, grid_1d(ne64, 256), "counting senders";
-            &list.neighbors, &ne64, &mut counts)?;
-        let mut sender_start = zeros::<u64>(device, n + 1, "allocating sender offsets")?;
-        launch!(stream, &self.k.scan_counts, per_row(1, 1024), "the sender scan";
-            &counts, &mut sender_start, &n32)?;
-        let mut cursor = zeros::<u32>(device, n, "allocating sender cursors")?;
-        let mut sender_edges = zeros::<u32>(device, ne, "allocating the sender list")?;
-        launch!(stream, &self.k.sender_fill, grid_1d(ne64, 256), "filling the sender list";
-            &list.neighbors, &ne64, &sender_start, &mut cursor, &mut sender_edges)?;
-        launch!(stream, &self.k.sender_sort, grid_1d(u64::from(n32), 128), "sorting the sender list";
-            &sender_start, &n32, &mut sender_edges)?;
-        drop((counts, cursor));
+        let SenderCsr {
+            start: sender_start,
+            edges: sender_edges,
+        } = SenderCsr::build(device, &self.k, list)?;
         let sender_host = stream
             .clone_dtoh(&sender_start)
             .map_err(dev_err("downloading the sender offsets"))?;
@@ -1119,46 +1219,26 @@ where
         let mut grad_vec = zeros::<f64>(device, 3 * ne, "allocating edge gradients")?;
         launch!(stream, &self.k.edge_features_bwd, grid_1d(ne64, 128), "the edge features backward";
             &vectors, &grad_emb, &grad_sh, &self.edge, &ne64, &mut grad_vec)?;
-        let mut forces = zeros::<f64>(device, 3 * n, "allocating forces")?;
-        let mut virial = zeros::<f64>(device, 6 * n, "allocating virials")?;
-        launch!(stream, &self.k.forces_virial, grid_1d(u64::from(n32), 128), "forces and virials";
-            &vectors, &grad_vec, &list.row_start, &sender_start, &sender_edges, &n32, &mut forces,
-            &mut virial)?;
-        {
-            let mut w_out = totals.slice_mut(1..7);
-            let six = 6u32;
-            launch!(stream, &self.k.column_sums_f64, per_row(6, 256), "the virial sum";
-                &virial, &n32, &six, &mut w_out)?;
-        }
-        let e_host = stream
-            .clone_dtoh(&energies)
-            .map_err(dev_err("downloading energies"))?;
-        let mut f_host = stream
-            .clone_dtoh(&forces)
-            .map_err(dev_err("downloading forces"))?;
-        let t_host = stream
-            .clone_dtoh(&totals)
-            .map_err(dev_err("downloading totals"))?;
-        device.synchronize()?;
-        // Forces on ghosts are parts of their owners' forces.
-        if let Some(r) = rank {
-            let halo = &mut *r.halo;
-            halo.reverse_sum(DataMut::F64(&mut f_host[..3 * n]), 3)
-                .map_err(|e| CudaError::Comm {
-                    rank: halo.rank(),
-                    message: e.to_string(),
-                })?;
-        }
-        let mut virial6 = [0.0; 6];
-        virial6.copy_from_slice(&t_host[1..7]);
+        let sender = SenderCsr {
+            start: sender_start,
+            edges: sender_edges,
+        };
+        let out = finish(
+            device,
+            &self.k,
+            list,
+            &sender,
+            (&vectors, &grad_vec),
+            &energies,
+            &mut totals,
+            n_owned,
+            rank,
+        )?;
         Ok(RunOutput {
-            energy: t_host[0],
-            atomic: e_host[..n_owned].iter().map(|&v| v.into()).collect(),
-            forces: f_host[..3 * n_owned]
-                .chunks_exact(3)
-                .map(|c| [c[0], c[1], c[2]])
-                .collect(),
-            virial: virial6,
+            energy: out.energy,
+            atomic: out.atomic,
+            forces: out.forces,
+            virial: out.virial,
             min_free,
         })
     }
