@@ -132,10 +132,12 @@ fn ase_read(path: &Path) -> Vec<Value> {
     }
 }
 
-fn temp_path(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ddmlip-atoms-ase-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// A path named `name` in a fresh temporary directory, removed when the
+/// returned guard drops.
+fn temp_path(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    (dir, path)
 }
 
 fn f(v: &Value) -> f64 {
@@ -369,7 +371,7 @@ fn element_table_matches_ase() {
 
 #[test]
 fn reads_what_ase_writes() {
-    let path = temp_path("ase_written.xyz");
+    let (_dir, path) = temp_path("ase_written.xyz");
     python(WRITE_PY, &path);
     let ours = read_file(&path).unwrap();
     let theirs = ase_read(&path);
@@ -416,7 +418,7 @@ impl Rng {
 fn ase_reads_what_we_write() {
     // Start from ASE's own structures (results, columns, _JSON values) and
     // make every float full precision, then add awkward info values.
-    let source = temp_path("ase_source.xyz");
+    let (_dir, source) = temp_path("ase_source.xyz");
     python(WRITE_PY, &source);
     let mut frames = read_file(&source).unwrap();
     let mut rng = Rng(7);
@@ -483,7 +485,7 @@ fn ase_reads_what_we_write() {
         Column::Bool((0..21).map(|i| i % 3 == 0).collect(), 3),
     );
 
-    let path = temp_path("ours.xyz");
+    let (_dir, path) = temp_path("ours.xyz");
     write_file(&path, &frames).unwrap();
     let theirs = ase_read(&path);
     assert_eq!(theirs.len(), frames.len());
@@ -542,7 +544,7 @@ print(json.dumps({
 
 #[test]
 fn replaced_results_leave_nothing_stale_for_ase() {
-    let path = temp_path("stale_results.xyz");
+    let (_dir, path) = temp_path("stale_results.xyz");
     python(STALE_PY, &path);
     let mut frames = read_file(&path).unwrap();
     let sys = &mut frames[0];

@@ -432,6 +432,7 @@ fn assemble(system: &System, parts: Vec<RankPart>) -> Result<DecomposedOutput, C
             n_pairs,
             timings,
             peak_bytes: None,
+            estimated_bytes: None,
         },
         ranks,
     })

@@ -16,11 +16,17 @@ pub const DDMLIP_KERNELS: &str = include_str!("kernels/ddmlip.cu");
 
 /// The SevenNet kernels (edge features, fused convolution forward and
 /// backward, gate, readout, forces and virial), for f64 and f32.
-pub const SEVENNET_KERNELS: &str = include_str!("kernels/sevennet.cu");
+pub const SEVENNET_KERNELS: &str = concat!(
+    include_str!("kernels/edges.cuh"),
+    include_str!("kernels/sevennet.cu")
+);
 
 /// The SchNet kernels (edge geometry and Gaussians, shifted softplus, the
 /// message and its backward, readout seed), for f64 and f32.
-pub const SCHNET_KERNELS: &str = include_str!("kernels/schnet.cu");
+pub const SCHNET_KERNELS: &str = concat!(
+    include_str!("kernels/edges.cuh"),
+    include_str!("kernels/schnet.cu")
+);
 
 /// Options every kernel module is compiled with. `--fmad=false`: no fused
 /// multiply-adds, so pair vectors and cutoff decisions round exactly as on

@@ -45,11 +45,11 @@ pub use decomposed::{
 };
 pub use device::{arch_name, check_libraries, device_count, CudaDevice};
 pub use error::CudaError;
-pub use lj::{evaluate_lj, evaluate_lj_rank, LjParameters, LjResult, Precision};
+pub use lj::{evaluate_lj, evaluate_lj_rank, LjParameters, Precision};
 pub use model::{GpuModel, GpuOutput};
 pub use neighbors::{GpuNeighborList, GpuTimings};
 pub use schnet::GpuSchNet;
-pub use sevennet::{GpuSevenNet, RankRows, SevenNetResult};
+pub use sevennet::{GpuSevenNet, RankRows};
 
 /// `bytes` as GiB with two decimals (for messages).
 pub(crate) fn format_gib(bytes: u64) -> String {

@@ -7,7 +7,7 @@
 //! fixed-order block reductions of those rows, accumulated in f64.
 
 use crate::neighbors::GpuTimings;
-use crate::{CudaDevice, CudaError, GpuNeighborList};
+use crate::{CudaDevice, CudaError, GpuNeighborList, GpuOutput};
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 use ddmlip_atoms::System;
 use std::time::Instant;
@@ -59,10 +59,6 @@ pub enum Precision {
     F32,
 }
 
-/// Results of one Lennard-Jones evaluation, copied to the host: the
-/// fields every GPU model gives (`peak_bytes` is `None`).
-pub type LjResult = crate::GpuOutput;
-
 fn has_stress(system: &System) -> Option<f64> {
     let periodic = system.pbc.iter().any(|&p| p);
     let volume = system.cell.map(|c| c.volume())?;
@@ -76,7 +72,7 @@ pub fn evaluate_lj(
     system: &System,
     params: &LjParameters,
     precision: Precision,
-) -> Result<LjResult, CudaError> {
+) -> Result<GpuOutput, CudaError> {
     evaluate_lj_rows(device, system, params, precision, None)
 }
 
@@ -93,7 +89,7 @@ pub fn evaluate_lj_rank(
     params: &LjParameters,
     precision: Precision,
     n_owned: usize,
-) -> Result<LjResult, CudaError> {
+) -> Result<GpuOutput, CudaError> {
     if n_owned > local.len() {
         return Err(CudaError::Input(format!(
             "a rank owns {n_owned} atoms but holds only {}",
@@ -109,7 +105,7 @@ fn evaluate_lj_rows(
     params: &LjParameters,
     precision: Precision,
     n_owned: Option<usize>,
-) -> Result<LjResult, CudaError> {
+) -> Result<GpuOutput, CudaError> {
     for (name, v) in [
         ("epsilon", params.epsilon),
         ("sigma", params.sigma),
@@ -180,7 +176,7 @@ fn evaluate_lj_rows(
         }
         s
     });
-    Ok(LjResult {
+    Ok(GpuOutput {
         energy: sums[0],
         atomic_energies: atomic,
         forces,
@@ -192,6 +188,7 @@ fn evaluate_lj_rows(
             model_s,
         },
         peak_bytes: None,
+        estimated_bytes: None,
     })
 }
 

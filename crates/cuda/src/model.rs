@@ -4,8 +4,7 @@
 use crate::lj::evaluate_lj_rank;
 use crate::sevennet::RankRows;
 use crate::{
-    evaluate_lj, CudaDevice, CudaError, GpuSchNet, GpuSevenNet, GpuTimings, LjParameters,
-    Precision, SevenNetResult,
+    evaluate_lj, CudaDevice, CudaError, GpuSchNet, GpuSevenNet, GpuTimings, LjParameters, Precision,
 };
 use ddmlip_atoms::System;
 use ddmlip_engine::Distributor;
@@ -44,6 +43,9 @@ pub struct GpuOutput {
     /// Device memory the evaluation held at its fullest (bytes), where the
     /// model measures it (SevenNet).
     pub peak_bytes: Option<u64>,
+    /// The memory estimate checked before allocating (bytes), where the
+    /// model makes one (SevenNet, SchNet).
+    pub estimated_bytes: Option<u64>,
 }
 
 impl GpuModel {
@@ -90,7 +92,7 @@ impl GpuModel {
     ) -> Result<GpuOutput, CudaError> {
         match self {
             Self::Lj(params) => evaluate_lj(device, system, params, precision),
-            Self::SevenNet(m) => m.evaluate(device, system).map(Into::into),
+            Self::SevenNet(m) => m.evaluate(device, system),
             Self::SchNet(m) => m.evaluate(device, system),
         }
     }
@@ -111,25 +113,8 @@ impl GpuModel {
     ) -> Result<GpuOutput, CudaError> {
         match self {
             Self::Lj(params) => evaluate_lj_rank(device, local, params, precision, n_owned),
-            Self::SevenNet(m) => m
-                .evaluate_rank(device, local, RankRows { n_owned, halo })
-                .map(Into::into),
+            Self::SevenNet(m) => m.evaluate_rank(device, local, RankRows { n_owned, halo }),
             Self::SchNet(m) => m.evaluate_rank(device, local, RankRows { n_owned, halo }),
-        }
-    }
-}
-
-impl From<SevenNetResult> for GpuOutput {
-    fn from(r: SevenNetResult) -> Self {
-        Self {
-            energy: r.energy,
-            forces: r.forces,
-            stress: r.stress,
-            virial: r.virial,
-            atomic_energies: r.atomic_energies,
-            n_pairs: r.n_pairs,
-            timings: r.timings,
-            peak_bytes: Some(r.peak_bytes),
         }
     }
 }

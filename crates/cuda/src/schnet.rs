@@ -275,9 +275,10 @@ impl GpuSchNet {
                 u32::MAX
             )));
         }
+        let estimated = self.memory_bytes(n, ne);
         device.check_fits(
             &format!("schnet-demo on {n} atoms ({ne} edges)"),
-            self.memory_bytes(n, ne),
+            estimated,
             n,
         )?;
         let out = match &self.net {
@@ -302,6 +303,7 @@ impl GpuSchNet {
                 model_s,
             },
             peak_bytes: None,
+            estimated_bytes: Some(estimated),
         })
     }
 }

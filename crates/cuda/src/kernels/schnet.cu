@@ -12,8 +12,7 @@
 // Layouts (row-major): node rows N x f; edges in the receiver-CSR order of
 // the neighbour list (edge e = CSR position), edge rows E x f or E x k.
 
-typedef unsigned int u32;
-typedef unsigned long long u64;
+// u32, u64 and edge_vector come from edges.cuh, prepended at compile time.
 
 #define SC_MAX_RBF 32
 #define SC_PI 3.14159265358979323846
@@ -37,15 +36,8 @@ __device__ void edges(const double* pos, const double* basis, const u64* row_sta
     const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_atoms) return;
     for (u64 e = row_start[i]; e < row_start[i + 1]; ++e) {
-        const u32 j = nbr[e];
         double v[3];
-        for (int k = 0; k < 3; ++k) {
-            const double sc = (double)shifts[3 * e] * basis[k] + (double)shifts[3 * e + 1] * basis[3 + k] +
-                              (double)shifts[3 * e + 2] * basis[6 + k];
-            v[k] = pos[3 * j + k] + sc - pos[3 * i + k];
-        }
-        centers[e] = i;
-        for (int k = 0; k < 3; ++k) vectors[3 * e + k] = v[k];
+        edge_vector(pos, basis, shifts, e, i, nbr[e], centers, vectors, v);
         const double r = sqrt(v[0] * v[0] + v[1] * v[1] + v[2] * v[2]);
         for (u32 k = 0; k < g.n_rbf; ++k) {
             const double x = r - g.centers[k];

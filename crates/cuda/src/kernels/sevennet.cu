@@ -13,8 +13,7 @@
 // neighbour list (edge e = CSR position); per-edge weights of a chunk by
 // (chunk position) x dim_w.
 
-typedef unsigned int u32;
-typedef unsigned long long u64;
+// u32, u64 and edge_vector come from edges.cuh, prepended at compile time.
 
 // ---------------------------------------------------------------------------
 // Path tables (built on the host, see `sevennet/tables.rs`).
@@ -579,15 +578,8 @@ __device__ void edge_features(const double* pos, const double* basis, const u64*
     if (i >= n_atoms) return;
     const u32 ds = (g.lmax + 1) * (g.lmax + 1);
     for (u64 e = row_start[i]; e < row_start[i + 1]; ++e) {
-        const u32 j = nbr[e];
         double v[3];
-        for (int k = 0; k < 3; ++k) {
-            const double sc = (double)shifts[3 * e] * basis[k] + (double)shifts[3 * e + 1] * basis[3 + k] +
-                              (double)shifts[3 * e + 2] * basis[6 + k];
-            v[k] = pos[3 * j + k] + sc - pos[3 * i + k];
-        }
-        centers[e] = i;
-        for (int k = 0; k < 3; ++k) vectors[3 * e + k] = v[k];
+        edge_vector(pos, basis, shifts, e, i, nbr[e], centers, vectors, v);
         const double r = sqrt(v[0] * v[0] + v[1] * v[1] + v[2] * v[2]);
         double f, df;
         envelope_at(g, r, &f, &df);

@@ -25,7 +25,7 @@ pub use host::{
 };
 
 use crate::neighbors::GpuTimings;
-use crate::{CudaDevice, CudaError, GpuNeighborList, Precision};
+use crate::{CudaDevice, CudaError, GpuNeighborList, GpuOutput, Precision};
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{
@@ -119,33 +119,6 @@ pub struct RankRows<'a> {
     pub n_owned: usize,
     /// The rank's halo plan and communicator.
     pub halo: &'a mut dyn Distributor,
-}
-
-/// Results of one evaluation, copied to the host.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SevenNetResult {
-    /// Total energy (eV), summed in f64.
-    pub energy: f64,
-    /// Per-atom energies (eV).
-    pub atomic_energies: Vec<f64>,
-    /// Forces (eV/Å).
-    pub forces: Vec<[f64; 3]>,
-    /// Virial `W_ab = Σ_e r_a ∂E/∂r_b` (eV, Voigt xx yy zz yz xz xy, sevenn's
-    /// off-diagonal choice).
-    pub virial: [f64; 6],
-    /// Stress W/V (eV/Å³, ASE sign) for periodic systems with a cell of
-    /// positive volume; `None` otherwise.
-    pub stress: Option<[f64; 6]>,
-    /// Directed edges (pairs of the full neighbour list).
-    pub n_pairs: usize,
-    /// Where the time went.
-    pub timings: GpuTimings,
-    /// Device memory this evaluation held at its fullest (bytes), read from
-    /// the driver's free memory after the forward and after the first
-    /// backward block.
-    pub peak_bytes: u64,
-    /// The estimate checked before allocating (bytes).
-    pub estimated_bytes: u64,
 }
 
 struct DeviceAffine<T> {
@@ -450,11 +423,7 @@ impl GpuSevenNet {
     /// stress. Errors: elements the model does not know, the neighbour
     /// list's input errors, and [`CudaError::OutOfMemory`] (checked before
     /// allocating) naming how many atoms of this density would fit.
-    pub fn evaluate(
-        &self,
-        device: &CudaDevice,
-        system: &System,
-    ) -> Result<SevenNetResult, CudaError> {
+    pub fn evaluate(&self, device: &CudaDevice, system: &System) -> Result<GpuOutput, CudaError> {
         self.evaluate_rows(device, system, None)
     }
 
@@ -472,7 +441,7 @@ impl GpuSevenNet {
         device: &CudaDevice,
         local: &System,
         rank: RankRows<'_>,
-    ) -> Result<SevenNetResult, CudaError> {
+    ) -> Result<GpuOutput, CudaError> {
         self.evaluate_rows(device, local, Some(rank))
     }
 
@@ -481,7 +450,7 @@ impl GpuSevenNet {
         device: &CudaDevice,
         system: &System,
         mut rank: Option<RankRows<'_>>,
-    ) -> Result<SevenNetResult, CudaError> {
+    ) -> Result<GpuOutput, CudaError> {
         let types: Vec<i32> = system
             .numbers
             .iter()
@@ -555,7 +524,7 @@ impl GpuSevenNet {
             .map(|c| c.volume().abs())
             .filter(|&v| rank.is_none() && system.pbc.iter().any(|&p| p) && v > 1e-12)
             .map(|v| out.virial.map(|w| w / v.max(1e-3)));
-        Ok(SevenNetResult {
+        Ok(GpuOutput {
             energy: out.energy,
             atomic_energies: out.atomic,
             forces: out.forces,
@@ -566,8 +535,8 @@ impl GpuSevenNet {
                 neighbors_s,
                 model_s,
             },
-            peak_bytes: out.min_free.map_or(0, |f| free_before.saturating_sub(f)),
-            estimated_bytes: estimated,
+            peak_bytes: Some(out.min_free.map_or(0, |f| free_before.saturating_sub(f))),
+            estimated_bytes: Some(estimated),
         })
     }
 }
