@@ -26,8 +26,8 @@ class Calculator(_AseCalculator):
     ``"atoms"``), ``threads_per_rank`` (0: cores / ranks), ``work_sharing``
     (idle ranks run pieces of busy ones; same bits), ``timeout`` (s, of
     every blocking communication call), ``device`` (``"cpu"``, or
-    ``"cuda"`` / ``"cuda:N"`` for an NVIDIA GPU: ``lj`` and the SevenNet
-    checkpoints, ``ranks`` ranks sharing it; without a GPU or driver it
+    ``"cuda"`` / ``"cuda:N"`` for an NVIDIA GPU: ``lj``, ``schnet-demo``
+    and the SevenNet checkpoints, ``ranks`` ranks sharing it; without a GPU or driver it
     raises ``ValueError`` saying which).
 
     Properties (ASE units): ``energy`` and ``free_energy`` (eV), ``forces``
