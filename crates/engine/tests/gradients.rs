@@ -1013,3 +1013,99 @@ fn row_ops_in_pieces_give_the_same_bits_whoever_runs_them() {
         }
     }
 }
+
+/// Binary ops on tensors large enough to be split into parts and gradient
+/// blocks whose boundaries fall inside rows, against a naive element-wise
+/// reference: the same bits forward, and the same bits for the gradient of
+/// `Σ w ⊙ op(a, b) + Σ v ⊙ a` with respect to `a` (so `a`'s gradient is
+/// added into one that already exists) and, unbroadcast, to `b`.
+#[test]
+fn large_binary_ops_equal_an_element_wise_reference() {
+    #[derive(Clone, Copy, Debug)]
+    enum Kind {
+        Add,
+        Sub,
+        Mul,
+        Div,
+    }
+    for (rows, cols) in [(3001, 7), (4099, 1), (1, 9000), (2500, 33)] {
+        let a = rand_vec(rows * cols, 21);
+        let w = rand_vec(rows * cols, 22);
+        let v = rand_vec(rows * cols, 23);
+        let shapes = [(rows, cols), (rows, 1), (1, cols), (1, 1)];
+        for (s, &(rb, cb)) in shapes.iter().enumerate() {
+            let b: Vec<f64> = rand_vec(rb * cb, 24 + s as u64)
+                .iter()
+                .map(|x| x + 2.5)
+                .collect();
+            let bidx = |i: usize| match (rb == rows, cb == cols) {
+                (true, true) => i,
+                (true, false) => i / cols,
+                (false, true) => i % cols,
+                (false, false) => 0,
+            };
+            for kind in [Kind::Add, Kind::Sub, Kind::Mul, Kind::Div] {
+                let op = |x: f64, y: f64| match kind {
+                    Kind::Add => x + y,
+                    Kind::Sub => x - y,
+                    Kind::Mul => x * y,
+                    Kind::Div => x / y,
+                };
+                let mut g = Graph::<f64>::new();
+                let ta = g.leaf(a.clone(), rows, cols, RowDomain::Atom);
+                let b_domain = if rb == rows {
+                    RowDomain::Atom
+                } else {
+                    RowDomain::None
+                };
+                let tb = g.leaf(b.clone(), rb, cb, b_domain);
+                let y = match kind {
+                    Kind::Add => g.add(ta, tb),
+                    Kind::Sub => g.sub(ta, tb),
+                    Kind::Mul => g.mul(ta, tb),
+                    Kind::Div => g.div(ta, tb),
+                }
+                .unwrap();
+                let what = format!("{kind:?} {rows}x{cols} with b {rb}x{cb}");
+                for (i, &got) in g.value(y).iter().enumerate() {
+                    let want = op(a[i], b[bidx(i)]);
+                    assert_eq!(got.to_bits(), want.to_bits(), "{what}: element {i}");
+                }
+                // L = Σ w ⊙ y + Σ v ⊙ a: a's gradient gets v first or last.
+                let wy = g.leaf(w.clone(), rows, cols, RowDomain::Atom);
+                let wv = g.leaf(v.clone(), rows, cols, RowDomain::Atom);
+                let l1 = g.mul(y, wy).unwrap();
+                let l2 = g.mul(ta, wv).unwrap();
+                let l = g.add(l1, l2).unwrap();
+                let ones = vec![1.0; rows * cols];
+                let grads = g.grad(l, Some(ones), &[ta, tb]).unwrap();
+                if (rb, cb) == (rows, cols) {
+                    // b's gradient, element by element (no sums over rows
+                    // or columns).
+                    for (i, &got) in grads[1].iter().enumerate() {
+                        let want = match kind {
+                            Kind::Add => w[i],
+                            Kind::Sub => -w[i],
+                            Kind::Mul => w[i] * a[i],
+                            Kind::Div => -w[i] * a[i] / (b[i] * b[i]),
+                        };
+                        assert_eq!(got.to_bits(), want.to_bits(), "{what}: b's gradient {i}");
+                    }
+                }
+                for (i, &got) in grads[0].iter().enumerate() {
+                    let dy = match kind {
+                        Kind::Add | Kind::Sub => w[i],
+                        Kind::Mul => w[i] * b[bidx(i)],
+                        Kind::Div => w[i] / b[bidx(i)],
+                    };
+                    let want = dy + v[i];
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{what}: gradient element {i}"
+                    );
+                }
+            }
+        }
+    }
+}

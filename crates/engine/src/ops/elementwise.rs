@@ -1,5 +1,5 @@
 use crate::graph::NodeSpec;
-use crate::ops::{map_into, map_parts};
+use crate::ops::map_parts;
 use crate::{EngineError, Graph, RowDomain, Scalar, Tensor};
 
 /// Element-wise functions with known derivatives.
@@ -292,6 +292,10 @@ fn softplus<T: Scalar>(x: T) -> T {
     }
 }
 
+/// Elements per block of a binary op's gradient (a stack buffer of this
+/// many values holds a block's terms before they are added in).
+const GRAD_BLOCK: usize = 1024;
+
 /// How the second operand of a binary op broadcasts against the first.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Broadcast {
@@ -331,6 +335,101 @@ impl BinaryKind {
             BinaryKind::Div => (one / y, -x / (y * y)),
         }
     }
+}
+
+/// `out[i] = f(a[i], y_i)` for `out` = elements `start ..` of a
+/// `cols`-column tensor, with `y_i` the element of `b` that element
+/// `start + i` broadcasts from (`bc`). The broadcast and `f` are fixed for
+/// the whole slice and the rows walked without a division per element, so
+/// the loops vectorise; every element is the same `f(x, y)` as one at a
+/// time.
+#[inline(always)]
+fn broadcast_zip<T: Scalar>(
+    out: &mut [T],
+    a: &[T],
+    b: &[T],
+    bc: Broadcast,
+    cols: usize,
+    start: usize,
+    f: impl Fn(T, T) -> T,
+) {
+    match bc {
+        Broadcast::Full => {
+            let n = out.len();
+            for ((o, &x), &y) in out.iter_mut().zip(a).zip(&b[start..start + n]) {
+                *o = f(x, y);
+            }
+        }
+        Broadcast::Scalar => {
+            let y = b[0];
+            for (o, &x) in out.iter_mut().zip(a) {
+                *o = f(x, y);
+            }
+        }
+        Broadcast::PerCol | Broadcast::PerRow => {
+            let c = cols.max(1);
+            let mut i = 0;
+            while i < out.len() {
+                let (r, k) = ((start + i) / c, (start + i) % c);
+                let len = (c - k).min(out.len() - i);
+                let (o, x) = (&mut out[i..i + len], &a[i..i + len]);
+                if bc == Broadcast::PerCol {
+                    for ((o, &x), &y) in o.iter_mut().zip(x).zip(&b[k..k + len]) {
+                        *o = f(x, y);
+                    }
+                } else {
+                    let y = b[r];
+                    for (o, &x) in o.iter_mut().zip(x) {
+                        *o = f(x, y);
+                    }
+                }
+                i += len;
+            }
+        }
+    }
+}
+
+/// One block of a gradient: `f(g, y)` broadcast as [`broadcast_zip`]
+/// does, written into `dst` (`overwrite`) or added to it. `at` is `(b,
+/// broadcast, cols, first element, overwrite)`.
+#[inline(always)]
+fn grad_block<T: Scalar>(
+    dst: &mut [T],
+    g: &[T],
+    (b, bc, cols, start, overwrite): (&[T], Broadcast, usize, usize, bool),
+    f: impl Fn(T, T) -> T,
+) {
+    if overwrite {
+        broadcast_zip(dst, g, b, bc, cols, start, f);
+    } else {
+        let mut terms = [T::zero(); GRAD_BLOCK];
+        let terms = &mut terms[..dst.len()];
+        broadcast_zip(terms, g, b, bc, cols, start, f);
+        for (d, &x) in dst.iter_mut().zip(terms.iter()) {
+            *d += x;
+        }
+    }
+}
+
+/// [`broadcast_zip`] over consecutive parts of `out` (rayon or work
+/// sharing above the threshold), with `f` chosen by `kind` once per part.
+fn binary_into<T: Scalar>(
+    out: &mut [T],
+    a: &[T],
+    b: &[T],
+    kind: BinaryKind,
+    bc: Broadcast,
+    cols: usize,
+) {
+    map_parts(out, |start, part| {
+        let a = &a[start..start + part.len()];
+        match kind {
+            BinaryKind::Add => broadcast_zip(part, a, b, bc, cols, start, |x, y| x + y),
+            BinaryKind::Sub => broadcast_zip(part, a, b, bc, cols, start, |x, y| x - y),
+            BinaryKind::Mul => broadcast_zip(part, a, b, bc, cols, start, |x, y| x * y),
+            BinaryKind::Div => broadcast_zip(part, a, b, bc, cols, start, |x, y| x / y),
+        }
+    });
 }
 
 impl<T: Scalar> Graph<T> {
@@ -455,7 +554,7 @@ impl<T: Scalar> Graph<T> {
             }
         };
         let mut out = self.pool.for_overwrite(av.len());
-        map_into(&mut out, |i| kind.apply(av[i], bv[bidx(i)]));
+        binary_into(&mut out, av, bv, kind, bc, ca);
         let b_fresh = nb.domain != RowDomain::Atom
             || nb.fresh
             || bc != Broadcast::Full && bc != Broadcast::PerRow;
@@ -492,11 +591,31 @@ impl<T: Scalar> Graph<T> {
                 let av = if reads_a { ctx.value(a) } else { &[] };
                 let bv = if reads_b { ctx.value(b) } else { &[] };
                 if ctx.wants(a) {
-                    ctx.accumulate_map(a, |i| match kind {
-                        BinaryKind::Add | BinaryKind::Sub => g[i],
-                        BinaryKind::Mul => g[i] * bv[bidx(i)],
-                        BinaryKind::Div => g[i] / bv[bidx(i)],
-                    });
+                    // g, g·b or g/b, broadcast as in the forward, block by
+                    // block with the op chosen once per block.
+                    ctx.accumulate_blocks(
+                        a,
+                        GRAD_BLOCK,
+                        || (),
+                        |_, blk, dst, overwrite| {
+                            let start = blk * GRAD_BLOCK;
+                            let gs = &g[start..start + dst.len()];
+                            let at = (bv, bc, ca, start, overwrite);
+                            match kind {
+                                BinaryKind::Add | BinaryKind::Sub => {
+                                    if overwrite {
+                                        dst.copy_from_slice(gs);
+                                    } else {
+                                        for (d, &x) in dst.iter_mut().zip(gs) {
+                                            *d += x;
+                                        }
+                                    }
+                                }
+                                BinaryKind::Mul => grad_block(dst, gs, at, |x, y| x * y),
+                                BinaryKind::Div => grad_block(dst, gs, at, |x, y| x / y),
+                            }
+                        },
+                    );
                 }
                 if ctx.wants(b) {
                     let contrib = |i: usize| -> T {
@@ -511,6 +630,28 @@ impl<T: Scalar> Graph<T> {
                         }
                     };
                     match bc {
+                        // g, −g or g·a block by block (the op chosen once per
+                        // block); a quotient's divisor one element at a time.
+                        Broadcast::Full if kind != BinaryKind::Div => ctx.accumulate_blocks(
+                            b,
+                            GRAD_BLOCK,
+                            || (),
+                            |_, blk, dst, overwrite| {
+                                let start = blk * GRAD_BLOCK;
+                                let gs = &g[start..start + dst.len()];
+                                // `y` unused: g itself stands in for b.
+                                let at = (gs, Broadcast::Full, 1, 0, overwrite);
+                                match kind {
+                                    BinaryKind::Add => grad_block(dst, gs, at, |x, _| x),
+                                    BinaryKind::Sub => grad_block(dst, gs, at, |x, _| -x),
+                                    _ => {
+                                        let avs = &av[start..start + dst.len()];
+                                        let at = (avs, Broadcast::Full, 1, 0, overwrite);
+                                        grad_block(dst, gs, at, |x, y| x * y)
+                                    }
+                                }
+                            },
+                        ),
                         Broadcast::Full => ctx.accumulate_map(b, contrib),
                         Broadcast::PerRow => {
                             let c = ca.max(1);
