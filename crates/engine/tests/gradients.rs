@@ -1018,7 +1018,7 @@ fn row_ops_in_pieces_give_the_same_bits_whoever_runs_them() {
 /// blocks whose boundaries fall inside rows, against a naive element-wise
 /// reference: the same bits forward, and the same bits for the gradient of
 /// `Σ w ⊙ op(a, b) + Σ v ⊙ a` with respect to `a` (so `a`'s gradient is
-/// added into one that already exists) and, unbroadcast, to `b`.
+/// added into one that already exists) and, unbroadcast or per row, to `b`.
 #[test]
 fn large_binary_ops_equal_an_element_wise_reference() {
     #[derive(Clone, Copy, Debug)]
@@ -1079,6 +1079,19 @@ fn large_binary_ops_equal_an_element_wise_reference() {
                 let l = g.add(l1, l2).unwrap();
                 let ones = vec![1.0; rows * cols];
                 let grads = g.grad(l, Some(ones), &[ta, tb]).unwrap();
+                let term = |i: usize| match kind {
+                    Kind::Add => w[i],
+                    Kind::Sub => -w[i],
+                    Kind::Mul => w[i] * a[i],
+                    Kind::Div => -w[i] * a[i] / (b[bidx(i)] * b[bidx(i)]),
+                };
+                if (rb, cb) == (rows, 1) && cols > 1 {
+                    // A per-row b: each row's terms summed in column order.
+                    for (r, &got) in grads[1].iter().enumerate() {
+                        let want: f64 = (0..cols).map(|k| term(r * cols + k)).sum();
+                        assert_eq!(got.to_bits(), want.to_bits(), "{what}: b's gradient {r}");
+                    }
+                }
                 if (rb, cb) == (rows, cols) {
                     // b's gradient, element by element (no sums over rows
                     // or columns).

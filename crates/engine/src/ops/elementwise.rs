@@ -129,6 +129,10 @@ impl Unary {
                 each!(x => c * x / (one + (-x).exp_branchless()))
             }
             Unary::Sigmoid => each!(x => one / (one + (-x).exp_branchless())),
+            Unary::ShiftedSoftplus => {
+                let ln2 = T::from_f64(std::f64::consts::LN_2);
+                each!(x => softplus(x) - ln2)
+            }
             Unary::Exp => each!(x => x.exp_branchless()),
             f => each!(x => f.apply(x)),
         }
@@ -189,6 +193,9 @@ impl Unary {
                 })
             }
             Unary::Sigmoid => each!(_x, yi => yi * (T::one() - yi)),
+            Unary::ShiftedSoftplus => {
+                each!(xi, _y => T::one() / (T::one() + (-xi).exp_branchless()))
+            }
             Unary::Exp => each!(_x, yi => yi),
             Unary::Powf(p) if p.fract() == 0.0 && p.abs() <= 16.0 && (p - 1.0).abs() <= 16.0 => {
                 let (c, n) = (T::from_f64(p), (p - 1.0) as i32);
@@ -230,7 +237,7 @@ impl Unary {
             }
             Unary::Tanh => one - y * y,
             Unary::Sigmoid => y * (one - y),
-            Unary::ShiftedSoftplus => one / (one + (-x).exp()),
+            Unary::ShiftedSoftplus => one / (one + (-x).exp_branchless()),
             Unary::Exp => y,
             Unary::Ln => one / x,
             Unary::Sqrt => T::from_f64(0.5) / y,
@@ -284,12 +291,8 @@ fn powi<T: Scalar>(x: T, n: i32) -> T {
 
 #[inline]
 fn softplus<T: Scalar>(x: T) -> T {
-    // Stable for large |x|.
-    if x > T::zero() {
-        x + (-x).exp().ln_1p()
-    } else {
-        x.exp().ln_1p()
-    }
+    // max(x, 0) + ln(1 + e^−|x|), branch-free so that slices vectorise.
+    x.softplus_branchless()
 }
 
 /// Elements per block of a binary op's gradient (a stack buffer of this
@@ -654,8 +657,25 @@ impl<T: Scalar> Graph<T> {
                         ),
                         Broadcast::Full => ctx.accumulate_map(b, contrib),
                         Broadcast::PerRow => {
+                            // Each row's terms summed in order, the op fixed
+                            // outside the row's loop.
                             let c = ca.max(1);
-                            ctx.accumulate_map(b, |r| (0..c).map(|k| contrib(r * c + k)).sum())
+                            let row = |r: usize| r * c..(r + 1) * c;
+                            match kind {
+                                BinaryKind::Add => {
+                                    ctx.accumulate_map(b, |r| g[row(r)].iter().copied().sum())
+                                }
+                                BinaryKind::Sub => {
+                                    ctx.accumulate_map(b, |r| g[row(r)].iter().map(|&x| -x).sum())
+                                }
+                                BinaryKind::Mul => ctx.accumulate_map(b, |r| {
+                                    let (gr, ar) = (&g[row(r)], &av[row(r)]);
+                                    gr.iter().zip(ar).map(|(&x, &y)| x * y).sum()
+                                }),
+                                BinaryKind::Div => ctx.accumulate_map(b, |r| {
+                                    (0..c).map(|k| contrib(r * c + k)).sum()
+                                }),
+                            }
                         }
                         Broadcast::PerCol | Broadcast::Scalar => {
                             let mut gb = vec![T::zero(); rb * cb];
