@@ -51,7 +51,7 @@ if [ ! -s "$S" ]; then
 fi
 
 echo "$(nproc) cores; $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)"
-echo "lj NVE on $(head -1 "$S") atoms ($S), $((STEPS + 1)) steps per run, steady = the last $STEPS; $ROUNDS round(s) of 1 rank (taskset -c 0) and $RANKS thread ranks"
+echo "lj NVE on $(head -1 "$S") atoms ($(basename "$S")), $((STEPS + 1)) steps per run, steady = the last $STEPS; $ROUNDS round(s) of 1 rank (taskset -c 0) and $RANKS thread ranks"
 md() {
   # One run: ranks, pin prefix; prints the run's JSON summary into a file.
   local ranks=$1 file=$2; shift 2
