@@ -10,102 +10,13 @@
 
 use ddmlip_atoms::{Cell, System};
 use ddmlip_cuda::{
-    evaluate_decomposed, evaluate_on_gpus, CudaDevice, GpuModel, GpuOutput, GpuPlacement,
-    LjParameters, Precision,
+    evaluate_decomposed, evaluate_on_gpus, CudaDevice, GpuModel, GpuPlacement, LjParameters,
+    Precision,
 };
 use ddmlip_testkit::build;
-use std::time::Duration;
 
 mod common;
-use common::{fixture_frames, gpu};
-
-const TIMEOUT: Duration = Duration::from_secs(300);
-
-fn max_abs(v: impl IntoIterator<Item = f64>) -> f64 {
-    v.into_iter().fold(0.0, |m, x| m.max(x.abs()))
-}
-
-/// Largest deviation of `split` from `one` per output, relative to the
-/// output's largest magnitude: (energy, atomic energies, forces, stress).
-fn deviations(one: &GpuOutput, split: &GpuOutput) -> [f64; 4] {
-    let rel = |d: f64, scale: f64| if d == 0.0 { 0.0 } else { d / scale.max(1e-300) };
-    let atomic_scale = max_abs(one.atomic_energies.iter().copied());
-    let energy = rel(
-        (one.energy - split.energy).abs(),
-        one.energy.abs().max(atomic_scale),
-    );
-    assert_eq!(one.atomic_energies.len(), split.atomic_energies.len());
-    let atomic = rel(
-        max_abs(
-            one.atomic_energies
-                .iter()
-                .zip(&split.atomic_energies)
-                .map(|(a, b)| a - b),
-        ),
-        atomic_scale,
-    );
-    assert_eq!(one.forces.len(), split.forces.len());
-    let forces = rel(
-        max_abs(
-            one.forces
-                .iter()
-                .zip(&split.forces)
-                .flat_map(|(a, b)| (0..3).map(move |k| a[k] - b[k])),
-        ),
-        max_abs(one.forces.iter().flatten().copied()),
-    );
-    let stress = match (one.stress, split.stress) {
-        (Some(a), Some(b)) => rel(max_abs((0..6).map(|k| a[k] - b[k])), max_abs(a)),
-        (None, None) => 0.0,
-        (a, b) => panic!("stress presence differs: one rank {a:?}, split {b:?}"),
-    };
-    [energy, atomic, forces, stress]
-}
-
-/// Runs `model` on `system` on one rank and on each of `ranks`, asserting
-/// every relative deviation ≤ `tol`; returns the largest.
-fn check(
-    dev: &CudaDevice,
-    model: &GpuModel,
-    system: &System,
-    p: Precision,
-    ranks: &[usize],
-    tol: f64,
-    what: &str,
-) -> f64 {
-    let one = model.evaluate(dev, system, p).unwrap();
-    let mut worst = 0.0f64;
-    for &r in ranks {
-        let split = evaluate_decomposed(model, dev, system, p, r, TIMEOUT)
-            .unwrap_or_else(|e| panic!("{what}, {r} ranks: {e}"));
-        assert_eq!(split.ranks.len(), r);
-        assert_eq!(
-            split.ranks.iter().map(|x| x.owned).sum::<usize>(),
-            system.len(),
-            "{what}, {r} ranks: every atom owned once"
-        );
-        let d = deviations(&one, &split.output);
-        eprintln!(
-            "{what} ({} atoms), {r} ranks: energy {:.1e} atomic {:.1e} forces {:.1e} stress {:.1e}",
-            system.len(),
-            d[0],
-            d[1],
-            d[2],
-            d[3]
-        );
-        for (name, e) in ["energy", "atomic energies", "forces", "stress"]
-            .iter()
-            .zip(d)
-        {
-            assert!(
-                e <= tol,
-                "{what}, {r} ranks: {name} differ by {e:e} relative"
-            );
-            worst = worst.max(e);
-        }
-    }
-    worst
-}
+use common::{check_split as check, deviations, fixture_frames, gpu, TIMEOUT};
 
 fn argon(n: usize, seed: u64) -> System {
     let mut s = build::fcc(18, 5.3, n);

@@ -10,20 +10,15 @@
 
 use ddmlip::{evaluate, DType, EvalOptions, EvalResult, Model};
 use ddmlip_atoms::System;
-use ddmlip_cuda::{evaluate_decomposed, CudaDevice, GpuModel, GpuOutput, Precision};
+use ddmlip_cuda::{CudaDevice, GpuModel, Precision};
 use ddmlip_models::SchNetDemo;
 use ddmlip_testkit::build;
-use std::time::Duration;
 
 mod common;
-use common::{fixture_frames, gpu};
+use common::{check_split, deviations, fixture_frames, gpu, Outputs};
 
 const F32_ENERGY_TOL: f64 = 1e-5;
 const F32_FORCE_TOL: f64 = 1e-4;
-
-fn max_abs(v: impl IntoIterator<Item = f64>) -> f64 {
-    v.into_iter().fold(0.0, |m, x| m.max(x.abs()))
-}
 
 fn model(dev: &CudaDevice, p: Precision) -> GpuModel {
     GpuModel::schnet(dev, &SchNetDemo::default().weights(), p).unwrap()
@@ -60,25 +55,6 @@ fn systems() -> Vec<(&'static str, System)> {
     out
 }
 
-/// The outputs compared: energy, per-atom energies, forces, stress.
-struct Outputs {
-    energy: f64,
-    atomic: Vec<f64>,
-    forces: Vec<[f64; 3]>,
-    stress: Option<[f64; 6]>,
-}
-
-impl From<&GpuOutput> for Outputs {
-    fn from(g: &GpuOutput) -> Self {
-        Self {
-            energy: g.energy,
-            atomic: g.atomic_energies.clone(),
-            forces: g.forces.clone(),
-            stress: g.stress,
-        }
-    }
-}
-
 impl From<&EvalResult> for Outputs {
     fn from(c: &EvalResult) -> Self {
         Self {
@@ -99,38 +75,13 @@ fn cpu(system: &System, dtype: DType) -> Outputs {
     (&evaluate(m.as_ref(), std::slice::from_ref(system), &opts).unwrap()).into()
 }
 
-/// Largest deviations of `got` from `reference` (energy, per-atom
-/// energies, forces, stress), each relative to the largest magnitude of
-/// that quantity in `reference`.
-fn deviations(got: &Outputs, reference: &Outputs) -> [f64; 4] {
-    let atomic_scale = max_abs(reference.atomic.iter().copied());
-    assert_eq!(got.atomic.len(), reference.atomic.len());
-    assert_eq!(got.forces.len(), reference.forces.len());
-    let stress = match (got.stress, reference.stress) {
-        (Some(g), Some(c)) => max_abs((0..6).map(|k| g[k] - c[k])) / max_abs(c),
-        (None, None) => 0.0,
-        (g, c) => panic!("stress presence differs: {g:?} against {c:?}"),
-    };
-    [
-        (got.energy - reference.energy).abs() / reference.energy.abs().max(atomic_scale),
-        max_abs(got.atomic.iter().zip(&reference.atomic).map(|(a, b)| a - b)) / atomic_scale,
-        max_abs(
-            got.forces
-                .iter()
-                .zip(&reference.forces)
-                .flat_map(|(a, b)| (0..3).map(move |k| a[k] - b[k])),
-        ) / max_abs(reference.forces.iter().flatten().copied()),
-        stress,
-    ]
-}
-
 #[test]
 fn gpu_schnet_f64_equals_the_cpu_run_to_1e_10() {
     let Some(dev) = gpu() else { return };
     let m = model(&dev, Precision::F64);
     for (what, system) in systems() {
         let g = m.evaluate(&dev, &system, Precision::F64).unwrap();
-        let d = deviations(&(&g).into(), &cpu(&system, DType::F64));
+        let d = deviations(cpu(&system, DType::F64), &g);
         eprintln!(
             "schnet f64 GPU vs CPU, {what} ({} atoms, {} pairs): energy {:.1e} atomic {:.1e} forces {:.1e} stress {:.1e}",
             system.len(),
@@ -156,8 +107,8 @@ fn gpu_schnet_f32_is_within_its_tolerance_of_cpu_f64() {
     for (what, system) in systems() {
         let g = m.evaluate(&dev, &system, Precision::F32).unwrap();
         let reference = cpu(&system, DType::F64);
-        let d = deviations(&(&g).into(), &reference);
-        let own = deviations(&cpu(&system, DType::F32), &reference);
+        let d = deviations(reference.clone(), &g);
+        let own = deviations(reference, cpu(&system, DType::F32));
         eprintln!(
             "schnet f32 GPU vs CPU f64, {what}: energy {:.1e} atomic {:.1e} forces {:.1e} stress {:.1e} \
              (CPU f32: {:.1e} {:.1e} {:.1e} {:.1e})",
@@ -196,30 +147,17 @@ fn split_schnet_equals_one_rank_in_f64() {
     let mut cases = systems();
     cases.push(("si 1000 rattled", big));
     for (what, system) in cases {
-        let one = m.evaluate(&dev, &system, Precision::F64).unwrap();
-        for ranks in [2, 3, 4, 8] {
-            let split = evaluate_decomposed(
-                &m,
-                &dev,
-                &system,
-                Precision::F64,
-                ranks,
-                Duration::from_secs(300),
-            )
-            .unwrap_or_else(|e| panic!("{what}, {ranks} ranks: {e}"));
-            let d = deviations(&(&split.output).into(), &(&one).into());
-            eprintln!(
-                "schnet f64 split vs one rank, {what}, {ranks} ranks: energy {:.1e} atomic {:.1e} forces {:.1e} stress {:.1e}",
-                d[0], d[1], d[2], d[3]
-            );
-            for (name, e) in ["energy", "atomic energies", "forces", "stress"]
-                .iter()
-                .zip(d)
-            {
-                assert!(e <= 1e-10, "{what}, {ranks} ranks: {name} differ by {e:e}");
-                worst = worst.max(e);
-            }
-        }
+        let what = format!("schnet f64 split vs one rank, {what}");
+        let ranks = [2, 3, 4, 8];
+        worst = worst.max(check_split(
+            &dev,
+            &m,
+            &system,
+            Precision::F64,
+            &ranks,
+            1e-10,
+            &what,
+        ));
     }
     eprintln!("schnet f64 split vs one rank: worst {worst:.1e} relative");
 }
