@@ -6,6 +6,7 @@
 //! pair twice, so no scatter is needed); the energy and stress are
 //! fixed-order block reductions of those rows, accumulated in f64.
 
+use crate::model::stress_volume;
 use crate::neighbors::GpuTimings;
 use crate::{CudaDevice, CudaError, GpuNeighborList, GpuOutput};
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -57,12 +58,6 @@ pub enum Precision {
     /// Single precision for the pair terms and per-atom sums (positions and
     /// shifts rounded to f32); totals accumulated in f64.
     F32,
-}
-
-fn has_stress(system: &System) -> Option<f64> {
-    let periodic = system.pbc.iter().any(|&p| p);
-    let volume = system.cell.map(|c| c.volume())?;
-    (periodic && volume > 1e-12).then_some(volume)
 }
 
 /// Evaluates Lennard-Jones on `system` on `device`: neighbour list and
@@ -117,14 +112,9 @@ fn evaluate_lj_rows(
             )));
         }
     }
-    let start = Instant::now();
-    let mut list = GpuNeighborList::build(device, system, params.cutoff)?;
     // A rank's ghosts are neighbours only: their own rows would be discarded.
-    if let Some(owned) = n_owned {
-        list.keep_first_centers(device, owned)?;
-    }
-    device.synchronize()?;
-    let neighbors_s = start.elapsed().as_secs_f64();
+    let (list, neighbors_s) =
+        GpuNeighborList::build_for_centers(device, system, params.cutoff, n_owned)?;
     let start = Instant::now();
     let n = list.n_atoms;
     let bytes = match precision {
@@ -169,13 +159,15 @@ fn evaluate_lj_rows(
     let model_s = start.elapsed().as_secs_f64();
     let mut virial = [0.0; 6];
     virial.copy_from_slice(&sums[1..7]);
-    let stress = has_stress(system).filter(|_| n_owned.is_none()).map(|v| {
-        let mut s = [0.0; 6];
-        for (k, out) in s.iter_mut().enumerate() {
-            *out = sums[1 + k] / v;
-        }
-        s
-    });
+    let stress = stress_volume(system)
+        .filter(|_| n_owned.is_none())
+        .map(|v| {
+            let mut s = [0.0; 6];
+            for (k, out) in s.iter_mut().enumerate() {
+                *out = sums[1 + k] / v;
+            }
+            s
+        });
     Ok(GpuOutput {
         energy: sums[0],
         atomic_energies: atomic,

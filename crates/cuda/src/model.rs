@@ -118,3 +118,12 @@ impl GpuModel {
         }
     }
 }
+
+/// The volume a stress divides the virial by: `Some` for a system periodic
+/// in some direction with a cell of volume above 1e-12 Å³ (the CPU path's
+/// rule), `None` otherwise.
+pub(crate) fn stress_volume(system: &System) -> Option<f64> {
+    let periodic = system.pbc.iter().any(|&p| p);
+    let volume = system.cell.map(|c| c.volume())?;
+    (periodic && volume > 1e-12).then_some(volume)
+}

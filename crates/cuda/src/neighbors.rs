@@ -383,8 +383,23 @@ impl GpuNeighborList {
         system: &System,
         cutoff: f64,
     ) -> Result<(Self, f64), CudaError> {
+        Self::build_for_centers(device, system, cutoff, None)
+    }
+
+    /// Builds the list, keeps only the rows of the first `n_centers` atoms
+    /// when given (a rank's owned atoms: its ghosts are neighbours only, see
+    /// [`Self::keep_first_centers`]) and waits for it: (list, seconds).
+    pub fn build_for_centers(
+        device: &CudaDevice,
+        system: &System,
+        cutoff: f64,
+        n_centers: Option<usize>,
+    ) -> Result<(Self, f64), CudaError> {
         let start = Instant::now();
-        let list = Self::build(device, system, cutoff)?;
+        let mut list = Self::build(device, system, cutoff)?;
+        if let Some(n) = n_centers {
+            list.keep_first_centers(device, n)?;
+        }
         device.synchronize()?;
         Ok((list, start.elapsed().as_secs_f64()))
     }

@@ -15,6 +15,7 @@
 //! per-edge tensor per block. No floating-point atomics: the same bits
 //! every run.
 
+use crate::model::stress_volume;
 use crate::neighbors::GpuTimings;
 use crate::sevennet::halo_stage::{Exchange, HaloStage};
 use crate::sevennet::{
@@ -258,15 +259,11 @@ impl GpuSchNet {
         if numbers.is_empty() {
             return Err(CudaError::Input("the system has no atoms".into()));
         }
-        let start = Instant::now();
-        let mut list = GpuNeighborList::build(device, system, self.cutoff)?;
         // A rank's ghosts are senders only: their rows would compute
         // messages that the next refresh overwrites.
-        if let Some(r) = &rank {
-            list.keep_first_centers(device, r.n_owned)?;
-        }
-        device.synchronize()?;
-        let neighbors_s = start.elapsed().as_secs_f64();
+        let n_owned = rank.as_ref().map(|r| r.n_owned);
+        let (list, neighbors_s) =
+            GpuNeighborList::build_for_centers(device, system, self.cutoff, n_owned)?;
         let start = Instant::now();
         let (n, ne) = (list.n_atoms as u64, list.n_pairs as u64);
         if ne > u64::from(u32::MAX) {
@@ -286,10 +283,8 @@ impl GpuSchNet {
             Net::F32(net) => net.run(device, &list, &numbers, rank.as_mut()),
         }?;
         let model_s = start.elapsed().as_secs_f64();
-        let stress = system
-            .cell
-            .map(|c| c.volume().abs())
-            .filter(|&v| rank.is_none() && system.pbc.iter().any(|&p| p) && v > 1e-12)
+        let stress = stress_volume(system)
+            .filter(|_| rank.is_none())
             .map(|v| out.virial.map(|w| w / v));
         Ok(GpuOutput {
             energy: out.energy,

@@ -24,6 +24,7 @@ pub use host::{
     HostLayer, HostModel, MAX_BASIS, MAX_LMAX_SH, PATH_FIELDS, RANGE_FIELDS,
 };
 
+use crate::model::stress_volume;
 use crate::neighbors::GpuTimings;
 use crate::{CudaDevice, CudaError, GpuNeighborList, GpuOutput, Precision};
 use cudarc::cublas::sys::cublasOperation_t;
@@ -519,10 +520,8 @@ impl GpuSevenNet {
             Err(e) => return Err(e),
         };
         let model_s = start.elapsed().as_secs_f64();
-        let stress = system
-            .cell
-            .map(|c| c.volume().abs())
-            .filter(|&v| rank.is_none() && system.pbc.iter().any(|&p| p) && v > 1e-12)
+        let stress = stress_volume(system)
+            .filter(|_| rank.is_none())
             .map(|v| out.virial.map(|w| w / v.max(1e-3)));
         Ok(GpuOutput {
             energy: out.energy,
