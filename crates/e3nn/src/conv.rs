@@ -177,6 +177,22 @@ impl<T: Real> ConvPaths<T> {
             out.iter().map(|p| (p.out_off, p.mul, p.d3)).collect(),
             "output",
         )?;
+        // Each path overwrites its weights' gradient, so two paths may not
+        // share a weight column.
+        let mut w_ranges: Vec<(usize, usize)> = out
+            .iter()
+            .map(|p| (p.w_off, p.mul))
+            .filter(|r| r.1 > 0)
+            .collect();
+        w_ranges.sort_unstable();
+        for pair in w_ranges.windows(2) {
+            if pair[0].0 + pair[0].1 > pair[1].0 {
+                return Err(E3nnError::Config(format!(
+                    "TP paths share weight columns: (offset, mul) {:?} and {:?}",
+                    pair[0], pair[1]
+                )));
+            }
+        }
         Ok(Self {
             dim_in,
             lmax_sh,

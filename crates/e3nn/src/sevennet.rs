@@ -468,17 +468,20 @@ impl<T: Real> SevenNet<T> {
     }
 
     /// Gradient w.r.t. the edge vectors (E, overwritten into a new vector)
-    /// from gradients w.r.t. the embedding (E × n_basis) and SH (E × sh_dim).
-    /// In f32 computed in f64 and rounded once, like [`Self::edge_features`].
+    /// from gradients w.r.t. the embedding (E × n_basis) and SH (E × sh_dim),
+    /// with `lengths` the vectors' lengths (E, as [`Self::edge_features`]
+    /// gives them). In f32 computed in f64 (lengths too) and rounded once,
+    /// like [`Self::edge_features`].
     pub fn edge_features_backward(
         &self,
         vectors: &[[T; 3]],
-        feats: &EdgeFeatures<T>,
+        lengths: &[T],
         grad_emb: &[T],
         grad_sh: &[T],
     ) -> Result<Vec<[T; 3]>, E3nnError> {
         if is_f64::<T>() {
-            return self.edge_features_backward_in(vectors, &feats.lengths, grad_emb, grad_sh);
+            check_len("lengths", vectors.len(), lengths.len())?;
+            return self.edge_features_backward_in(vectors, lengths, grad_emb, grad_sh);
         }
         let (nb, d) = (self.n_basis(), self.sh_dim());
         let ne = vectors.len();
@@ -713,7 +716,7 @@ pub fn evaluate<T: Real>(
         )?;
     }
     let edge_gradients = timed(&mut tm.edge_features, || {
-        model.edge_features_backward(vectors, &feats, &grad_emb, &grad_sh)
+        model.edge_features_backward(vectors, &feats.lengths, &grad_emb, &grad_sh)
     })?;
     Ok(Evaluation {
         atomic_energies: energies,

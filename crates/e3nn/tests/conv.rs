@@ -1,6 +1,7 @@
 //! The fused convolution against a naive per-edge implementation with
 //! materialised messages, and its gradients against finite differences.
 
+use ddmlip_e3nn::conv::uvu_sorted_paths;
 use ddmlip_e3nn::{
     conv_backward, conv_forward, radial_conv_backward, radial_conv_forward, sh_dim, sh_forward,
     wigner_3j, ConvGraph, ConvPaths, Irreps, RadialMlp,
@@ -304,6 +305,40 @@ fn fused_radial_conv_matches_unfused() {
     let ir = Irreps::parse("4x0e+3x1e+2x2e+1x3e").unwrap();
     let (paths, _, _) =
         ConvPaths::<f64>::uvu_sorted(&ir, 3, |_| 1, |ir| ir.l <= 3, wigner_3j).unwrap();
+    fused_matches_unfused(&ir, &paths);
+}
+
+/// The same with weight columns that no path reads (two after each path's
+/// weights): their gradient is zero, so the MLP's input gradient must not
+/// see whatever an earlier block left in the scratch there.
+#[test]
+fn fused_radial_conv_matches_unfused_with_unread_weights() {
+    let ir = Irreps::parse("4x0e+3x1e+2x2e+1x3e").unwrap();
+    let (mut tp, msg, _) = uvu_sorted_paths(&ir, 3, |_| 1, |ir| ir.l <= 3, wigner_3j).unwrap();
+    let mut w_off = 0;
+    for p in &mut tp {
+        p.weight_offset = w_off;
+        w_off += p.mul + 2;
+    }
+    let paths = ConvPaths::<f64>::new(ir.dim(), 3, w_off, msg.dim(), tp).unwrap();
+    fused_matches_unfused(&ir, &paths);
+}
+
+/// Paths that share weight columns are refused: each path writes its
+/// weights' whole gradient.
+#[test]
+fn paths_sharing_weight_columns_are_refused() {
+    let ir = Irreps::parse("4x0e+3x1e").unwrap();
+    let (mut tp, msg, _) = uvu_sorted_paths(&ir, 1, |_| 1, |_| true, wigner_3j).unwrap();
+    let dim_w: usize = tp.iter().map(|p| p.mul).sum();
+    assert!(ConvPaths::<f64>::new(ir.dim(), 1, dim_w, msg.dim(), tp.clone()).is_ok());
+    tp[1].weight_offset = tp[0].weight_offset + 1;
+    let err = ConvPaths::<f64>::new(ir.dim(), 1, dim_w, msg.dim(), tp).unwrap_err();
+    assert!(err.to_string().contains("share weight columns"), "{err}");
+}
+
+fn fused_matches_unfused(ir: &Irreps, paths: &ConvPaths<f64>) {
+    let paths = paths.clone();
     let mut rng = Rng(11);
     let (n, ne, nb) = (150usize, 2000usize, 8usize);
     let mut centers = Vec::new();

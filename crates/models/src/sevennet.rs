@@ -17,6 +17,7 @@ use ddmlip_engine::{
     ModelOutputs, OpaqueKernel, RowDomain, Scalar, SpeciesSupport,
 };
 use ddmlip_spec::{GatherMode, MLIPSpec, ScatterMode};
+use rayon::prelude::*;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -267,6 +268,9 @@ fn kernel_err(e: E3nnError) -> KernelError {
     KernelError::failed(e)
 }
 
+/// Edges per parallel chunk of the edge-features kernel.
+const EDGE_ROWS: usize = 2048;
+
 /// Edge vectors (E×3) → radial embedding (n_basis) ‖ spherical harmonics ((l_max+1)²).
 struct EdgeFeaturesKernel<T> {
     net: Arc<SevenNet<T>>,
@@ -294,16 +298,20 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
         out: &mut [T],
     ) -> Result<(), KernelError> {
         timed(self.name(), Pass::Forward, 0.0, || {
-            let f = self
-                .net
-                .edge_features(&as_vec3(inputs[0]))
-                .map_err(kernel_err)?;
             let (nb, nsh) = (self.net.n_basis(), self.net.sh_dim());
-            for (e, row) in out.chunks_mut(nb + nsh).enumerate() {
-                row[..nb].copy_from_slice(&f.emb[e * nb..(e + 1) * nb]);
-                row[nb..].copy_from_slice(&f.sh[e * nsh..(e + 1) * nsh]);
-            }
-            Ok(())
+            let width = nb + nsh;
+            // Chunk by chunk over the threads: each edge's features depend
+            // on its vector alone, and each chunk writes its own rows.
+            out.par_chunks_mut(EDGE_ROWS * width.max(1))
+                .zip(inputs[0].par_chunks(EDGE_ROWS * 3))
+                .try_for_each(|(rows, v)| {
+                    let f = self.net.edge_features(&as_vec3(v)).map_err(kernel_err)?;
+                    for (e, row) in rows.chunks_exact_mut(width.max(1)).enumerate() {
+                        row[..nb].copy_from_slice(&f.emb[e * nb..(e + 1) * nb]);
+                        row[nb..].copy_from_slice(&f.sh[e * nsh..(e + 1) * nsh]);
+                    }
+                    Ok(())
+                })
         })
     }
     fn backward(
@@ -313,27 +321,36 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
         g: &[T],
         grads: &mut [Vec<T>],
     ) -> Option<Result<(), KernelError>> {
+        let (nb, nsh) = (self.net.n_basis(), self.net.sh_dim());
+        let width = nb + nsh;
         let run = || -> Result<(), KernelError> {
-            let v = as_vec3(inputs[0]);
-            let f = self.net.edge_features(&v).map_err(kernel_err)?;
-            let ne = v.len();
-            let (nb, nsh) = (self.net.n_basis(), self.net.sh_dim());
-            let mut ge = Vec::with_capacity(ne * nb);
-            let mut gs = Vec::with_capacity(ne * nsh);
-            for row in g.chunks(nb + nsh) {
-                ge.extend_from_slice(&row[..nb]);
-                gs.extend_from_slice(&row[nb..]);
-            }
-            let gv = self
-                .net
-                .edge_features_backward(&v, &f, &ge, &gs)
-                .map_err(kernel_err)?;
-            for (dst, src) in grads[0].chunks_mut(3).zip(gv) {
-                for k in 0..3 {
-                    dst[k] += src[k];
-                }
-            }
-            Ok(())
+            grads[0]
+                .par_chunks_mut(EDGE_ROWS * 3)
+                .zip(inputs[0].par_chunks(EDGE_ROWS * 3))
+                .zip(g.par_chunks(EDGE_ROWS * width.max(1)))
+                .try_for_each(|((grad, v), g)| {
+                    let v = as_vec3(v);
+                    let lengths: Vec<T> = v
+                        .iter()
+                        .map(|x| (x[0] * x[0] + x[1] * x[1] + x[2] * x[2]).sqrt())
+                        .collect();
+                    let mut ge = Vec::with_capacity(v.len() * nb);
+                    let mut gs = Vec::with_capacity(v.len() * nsh);
+                    for row in g.chunks_exact(width.max(1)) {
+                        ge.extend_from_slice(&row[..nb]);
+                        gs.extend_from_slice(&row[nb..]);
+                    }
+                    let gv = self
+                        .net
+                        .edge_features_backward(&v, &lengths, &ge, &gs)
+                        .map_err(kernel_err)?;
+                    for (dst, src) in grad.chunks_exact_mut(3).zip(gv) {
+                        for k in 0..3 {
+                            dst[k] += src[k];
+                        }
+                    }
+                    Ok(())
+                })
         };
         Some(timed(self.name(), Pass::Backward, 0.0, run))
     }
