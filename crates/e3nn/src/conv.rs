@@ -880,3 +880,99 @@ mod unfused;
 
 pub use fused::{radial_conv_backward, radial_conv_forward};
 pub use unfused::{conv_backward, conv_forward};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fixed-seed LCG in [-1, 1).
+    fn values(seed: &mut u64, n: usize) -> Vec<f64> {
+        (0..n)
+            .map(|_| {
+                *seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((*seed >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// The single-pass backward against the multi-pass kernels: the filter gradient bit for bit (same sums in the
+    /// same order), the weight and feature gradients to a few roundings
+    /// (fused multiply-adds in the single pass). Every degree pair, copies
+    /// below, at and past the lane count, f32 and f64.
+    fn single_pass_matches_multi_pass<T: Real, const D1: usize, const D3: usize>(seed: &mut u64) {
+        let eps = T::epsilon().to_f64_lossless();
+        for m in [1, 7, 8, 13, 32, 64] {
+            let conv = |v: Vec<f64>| -> Vec<T> { v.into_iter().map(T::from_f64).collect() };
+            let (h, t, w, g) = (
+                conv(values(seed, D1 * m)),
+                conv(values(seed, D1 * D3)),
+                conv(values(seed, m)),
+                conv(values(seed, D3 * m)),
+            );
+            let gh0 = conv(values(seed, D1 * m));
+            let (mut gw1, mut gt1, mut gh1) =
+                (vec![T::ZERO; m], vec![T::ZERO; D1 * D3], gh0.clone());
+            bwd_kernel_1pass::<T, D1, D3>(&h, &t, &w, &g, &mut gw1, &mut gt1, &mut gh1);
+            let (mut gw2, mut gt2, mut gh2) = (vec![T::ZERO; m], vec![T::ZERO; D1 * D3], gh0);
+            let (mut s, mut wh, mut wg) = (
+                vec![T::ZERO; m],
+                vec![T::ZERO; D1 * m],
+                vec![T::ZERO; D3 * m],
+            );
+            bwd_edge_kernel::<T, D1, D3>(&h, &t, &w, &g, &mut gw2, &mut gt2, &mut s, &mut wh);
+            bwd_h_kernel::<T, D1, D3>(&t, &w, &g, &mut wg, &mut gh2);
+            assert_eq!(gt1, gt2, "filter gradient, {D1}x{D3}, mul {m}");
+            for (name, a, b, terms) in [
+                ("weight", &gw1, &gw2, D1 * D3),
+                ("feature", &gh1, &gh2, D3 + 1),
+            ] {
+                for (x, y) in a.iter().zip(b.iter()) {
+                    let (x, y) = (x.to_f64_lossless(), y.to_f64_lossless());
+                    assert!(
+                        (x - y).abs() <= 4.0 * terms as f64 * eps * (1.0 + y.abs()),
+                        "{name} gradient, {D1}x{D3}, mul {m}: {x} vs {y}"
+                    );
+                }
+            }
+        }
+    }
+
+    fn every_degree_pair<T: Real>() {
+        let mut seed = 7;
+        macro_rules! each {
+            ($(($a:literal, $b:literal)),*) => {
+                $(single_pass_matches_multi_pass::<T, $a, $b>(&mut seed);)*
+            };
+        }
+        each!(
+            (1, 1),
+            (1, 3),
+            (1, 5),
+            (1, 7),
+            (3, 1),
+            (3, 3),
+            (3, 5),
+            (3, 7),
+            (5, 1),
+            (5, 3),
+            (5, 5),
+            (5, 7),
+            (7, 1),
+            (7, 3),
+            (7, 5),
+            (7, 7)
+        );
+    }
+
+    #[test]
+    fn single_pass_backward_matches_the_multi_pass_kernels_f64() {
+        every_degree_pair::<f64>();
+    }
+
+    #[test]
+    fn single_pass_backward_matches_the_multi_pass_kernels_f32() {
+        every_degree_pair::<f32>();
+    }
+}
