@@ -161,13 +161,7 @@ fn evaluate_lj_rows(
     virial.copy_from_slice(&sums[1..7]);
     let stress = stress_volume(system)
         .filter(|_| n_owned.is_none())
-        .map(|v| {
-            let mut s = [0.0; 6];
-            for (k, out) in s.iter_mut().enumerate() {
-                *out = sums[1 + k] / v;
-            }
-            s
-        });
+        .map(|v| virial.map(|w| w / v));
     Ok(GpuOutput {
         energy: sums[0],
         atomic_energies: atomic,

@@ -89,15 +89,23 @@ fn distinct_ranges(
 ) -> Result<Vec<(usize, usize, usize)>, E3nnError> {
     ranges.sort_unstable();
     ranges.dedup();
-    for pair in ranges.windows(2) {
-        let (a, b) = (pair[0], pair[1]);
-        if a.0 + a.1 * a.2 > b.0 {
-            return Err(E3nnError::Config(format!(
-                "TP paths use overlapping {what} blocks {a:?} and {b:?} (offset, mul, dim)"
-            )));
-        }
+    if let Some((a, b)) = first_overlap(&ranges) {
+        return Err(E3nnError::Config(format!(
+            "TP paths use overlapping {what} blocks {a:?} and {b:?} (offset, mul, dim)"
+        )));
     }
     Ok(ranges)
+}
+
+/// `(offset, mul, dim)`: a block of `mul` copies of a `dim`-wide irrep in a row.
+type BlockRange = (usize, usize, usize);
+
+/// The first two neighbours of sorted ranges that overlap, if any.
+fn first_overlap(sorted: &[BlockRange]) -> Option<(BlockRange, BlockRange)> {
+    sorted
+        .windows(2)
+        .map(|pair| (pair[0], pair[1]))
+        .find(|(a, b)| a.0 + a.1 * a.2 > b.0)
 }
 
 impl<T: Real> ConvPaths<T> {
@@ -178,20 +186,19 @@ impl<T: Real> ConvPaths<T> {
             "output",
         )?;
         // Each path overwrites its weights' gradient, so two paths may not
-        // share a weight column.
-        let mut w_ranges: Vec<(usize, usize)> = out
+        // share a weight column (identical ranges included).
+        let mut w_ranges: Vec<_> = out
             .iter()
-            .map(|p| (p.w_off, p.mul))
-            .filter(|r| r.1 > 0)
+            .filter(|p| p.mul > 0)
+            .map(|p| (p.w_off, p.mul, 1))
             .collect();
         w_ranges.sort_unstable();
-        for pair in w_ranges.windows(2) {
-            if pair[0].0 + pair[0].1 > pair[1].0 {
-                return Err(E3nnError::Config(format!(
-                    "TP paths share weight columns: (offset, mul) {:?} and {:?}",
-                    pair[0], pair[1]
-                )));
-            }
+        if let Some((a, b)) = first_overlap(&w_ranges) {
+            return Err(E3nnError::Config(format!(
+                "TP paths share weight columns: (offset, mul) {:?} and {:?}",
+                (a.0, a.1),
+                (b.0, b.1)
+            )));
         }
         Ok(Self {
             dim_in,
@@ -897,10 +904,11 @@ mod tests {
             .collect()
     }
 
-    /// The single-pass backward against the multi-pass kernels: the filter gradient bit for bit (same sums in the
-    /// same order), the weight and feature gradients to a few roundings
-    /// (fused multiply-adds in the single pass). Every degree pair, copies
-    /// below, at and past the lane count, f32 and f64.
+    /// The single-pass backward against the multi-pass kernels: the filter
+    /// gradient bit for bit (same sums in the same order), the weight and
+    /// feature gradients to a few roundings (fused multiply-adds in the
+    /// single pass). Every degree pair, copies below, at and past the lane
+    /// count, f32 and f64.
     fn single_pass_matches_multi_pass<T: Real, const D1: usize, const D3: usize>(seed: &mut u64) {
         let eps = T::epsilon().to_f64_lossless();
         for m in [1, 7, 8, 13, 32, 64] {

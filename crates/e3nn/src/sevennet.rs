@@ -251,6 +251,15 @@ impl<T: Real> Readout<T> {
 /// Edges per chunk of the f32 edge features' f64 evaluation.
 const EDGE_CHUNK: usize = 2048;
 
+/// |v| of every edge vector (Å): the lengths the features and their
+/// gradient are computed from.
+fn edge_lengths<U: Real>(vectors: &[[U; 3]]) -> Vec<U> {
+    vectors
+        .par_iter()
+        .map(|v| (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt())
+        .collect()
+}
+
 /// Whether `T` is f64 (the [`Real`] types are f32 and f64).
 fn is_f64<T: Real>() -> bool {
     std::mem::size_of::<T>() == std::mem::size_of::<f64>()
@@ -468,20 +477,16 @@ impl<T: Real> SevenNet<T> {
     }
 
     /// Gradient w.r.t. the edge vectors (E, overwritten into a new vector)
-    /// from gradients w.r.t. the embedding (E × n_basis) and SH (E × sh_dim),
-    /// with `lengths` the vectors' lengths (E, as [`Self::edge_features`]
-    /// gives them). In f32 computed in f64 (lengths too) and rounded once,
-    /// like [`Self::edge_features`].
+    /// from gradients w.r.t. the embedding (E × n_basis) and SH (E × sh_dim).
+    /// In f32 computed in f64 and rounded once, like [`Self::edge_features`].
     pub fn edge_features_backward(
         &self,
         vectors: &[[T; 3]],
-        lengths: &[T],
         grad_emb: &[T],
         grad_sh: &[T],
     ) -> Result<Vec<[T; 3]>, E3nnError> {
         if is_f64::<T>() {
-            check_len("lengths", vectors.len(), lengths.len())?;
-            return self.edge_features_backward_in(vectors, lengths, grad_emb, grad_sh);
+            return self.edge_features_backward_in(vectors, grad_emb, grad_sh);
         }
         let (nb, d) = (self.n_basis(), self.sh_dim());
         let ne = vectors.len();
@@ -494,13 +499,9 @@ impl<T: Real> SevenNet<T> {
             .zip(grad_sh.par_chunks(EDGE_CHUNK * d.max(1)))
             .try_for_each(|(((g, v), ge), gs)| {
                 let v64: Vec<[f64; 3]> = v.iter().map(|x| x.map(T::to_f64_lossless)).collect();
-                let l64: Vec<f64> = v64
-                    .iter()
-                    .map(|x| (x[0] * x[0] + x[1] * x[1] + x[2] * x[2]).sqrt())
-                    .collect();
                 let ge: Vec<f64> = ge.iter().map(|x| x.to_f64_lossless()).collect();
                 let gs: Vec<f64> = gs.iter().map(|x| x.to_f64_lossless()).collect();
-                let g64 = self.edge_features_backward_in::<f64>(&v64, &l64, &ge, &gs)?;
+                let g64 = self.edge_features_backward_in::<f64>(&v64, &ge, &gs)?;
                 for (o, x) in g.iter_mut().zip(&g64) {
                     *o = x.map(T::from_f64);
                 }
@@ -512,10 +513,7 @@ impl<T: Real> SevenNet<T> {
     /// [`Self::edge_features`] computed in precision `U`.
     fn edge_features_in<U: Real>(&self, vectors: &[[U; 3]]) -> Result<EdgeFeatures<U>, E3nnError> {
         let ne = vectors.len();
-        let lengths: Vec<U> = vectors
-            .par_iter()
-            .map(|v| (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt())
-            .collect();
+        let lengths = edge_lengths(vectors);
         let mut emb = vec![U::ZERO; ne * self.n_basis()];
         self.embedding.forward(&lengths, &mut emb)?;
         let d = self.sh_dim();
@@ -544,13 +542,13 @@ impl<T: Real> SevenNet<T> {
     fn edge_features_backward_in<U: Real>(
         &self,
         vectors: &[[U; 3]],
-        lengths: &[U],
         grad_emb: &[U],
         grad_sh: &[U],
     ) -> Result<Vec<[U; 3]>, E3nnError> {
         let ne = vectors.len();
+        let lengths = edge_lengths(vectors);
         let mut g_len = vec![U::ZERO; ne];
-        self.embedding.backward(lengths, grad_emb, &mut g_len)?;
+        self.embedding.backward(&lengths, grad_emb, &mut g_len)?;
         let d = self.sh_dim();
         let scaled;
         let grad_sh = if self.normalize_sh {
@@ -716,7 +714,7 @@ pub fn evaluate<T: Real>(
         )?;
     }
     let edge_gradients = timed(&mut tm.edge_features, || {
-        model.edge_features_backward(vectors, &feats.lengths, &grad_emb, &grad_sh)
+        model.edge_features_backward(vectors, &grad_emb, &grad_sh)
     })?;
     Ok(Evaluation {
         atomic_energies: energies,

@@ -330,10 +330,6 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
                 .zip(g.par_chunks(EDGE_ROWS * width.max(1)))
                 .try_for_each(|((grad, v), g)| {
                     let v = as_vec3(v);
-                    let lengths: Vec<T> = v
-                        .iter()
-                        .map(|x| (x[0] * x[0] + x[1] * x[1] + x[2] * x[2]).sqrt())
-                        .collect();
                     let mut ge = Vec::with_capacity(v.len() * nb);
                     let mut gs = Vec::with_capacity(v.len() * nsh);
                     for row in g.chunks_exact(width.max(1)) {
@@ -342,7 +338,7 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
                     }
                     let gv = self
                         .net
-                        .edge_features_backward(&v, &lengths, &ge, &gs)
+                        .edge_features_backward(&v, &ge, &gs)
                         .map_err(kernel_err)?;
                     for (dst, src) in grad.chunks_exact_mut(3).zip(gv) {
                         for k in 0..3 {

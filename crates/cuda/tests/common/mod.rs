@@ -105,6 +105,19 @@ pub fn deviations(reference: impl Into<Outputs>, got: impl Into<Outputs>) -> [f6
     [energy, atomic, forces, stress]
 }
 
+/// Asserts every deviation of `d` (in [`deviations`]' order: energy,
+/// atomic energies, forces, stress) at most its tolerance in `tol`.
+#[allow(dead_code)]
+pub fn assert_within(d: [f64; 4], tol: [f64; 4], what: &str) {
+    for ((name, e), tol) in ["energy", "atomic energies", "forces", "stress"]
+        .iter()
+        .zip(d)
+        .zip(tol)
+    {
+        assert!(e <= tol, "{what}: {name} differ by {e:e} relative");
+    }
+}
+
 /// Runs `model` on `system` on one rank and on each of `ranks`, asserting
 /// every atom owned once and every relative deviation ≤ `tol`; returns the
 /// largest.
@@ -138,16 +151,8 @@ pub fn check_split(
             d[2],
             d[3]
         );
-        for (name, e) in ["energy", "atomic energies", "forces", "stress"]
-            .iter()
-            .zip(d)
-        {
-            assert!(
-                e <= tol,
-                "{what}, {r} ranks: {name} differ by {e:e} relative"
-            );
-            worst = worst.max(e);
-        }
+        assert_within(d, [tol; 4], &format!("{what}, {r} ranks"));
+        worst = d.into_iter().fold(worst, f64::max);
     }
     worst
 }
