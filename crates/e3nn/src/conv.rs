@@ -695,7 +695,7 @@ fn transpose_ranges<T: Real>(
 
 /// Rows of `src` (width `dim`) with the given ranges in component-major order.
 fn rows_to_cm<T: Real>(ranges: &[(usize, usize, usize)], src: &[T], dim: usize) -> Vec<T> {
-    let mut out = vec![T::ZERO; src.len()];
+    let mut out = crate::work::zeroed(src.len());
     if dim > 0 {
         out.par_chunks_mut(dim)
             .zip(src.par_chunks(dim))

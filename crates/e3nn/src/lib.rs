@@ -26,6 +26,7 @@ pub mod sevennet_config;
 pub mod sh;
 pub mod species_linear;
 pub mod wigner;
+mod work;
 
 pub use activation::Activation;
 pub use affine::AffineLinear;

@@ -253,6 +253,24 @@ pub fn radial_conv_forward<T: Real>(
     sh: &[T],
     out: &mut [T],
 ) -> Result<(), E3nnError> {
+    let isa = Isa::detect();
+    radial_conv_forward_on(isa, paths, radial, denominator, graph, h, emb, sh, out)
+}
+
+/// [`radial_conv_forward`] with the kernel copy for `isa` (which the
+/// running CPU must support).
+#[allow(clippy::too_many_arguments)]
+fn radial_conv_forward_on<T: Real>(
+    isa: Isa,
+    paths: &ConvPaths<T>,
+    radial: &RadialMlp<T>,
+    denominator: f64,
+    graph: &ConvGraph,
+    h: &[T],
+    emb: &[T],
+    sh: &[T],
+    out: &mut [T],
+) -> Result<(), E3nnError> {
     let inv_den = check_fused(paths, radial, graph, h, emb, sh, denominator)?;
     let dm = paths.dim_msg;
     check_len("conv out", graph.n_rows * dm, out.len())?;
@@ -260,7 +278,6 @@ pub fn radial_conv_forward<T: Real>(
         return Ok(());
     }
     let ht = rows_to_cm(&paths.in_ranges, h, paths.dim_in);
-    let isa = Isa::detect();
     let blocks = row_blocks(&graph.center_offsets);
     let max_edges = max_block_edges(&graph.center_offsets, &blocks);
     let pieces = split_blocks(out, blocks.iter().copied(), dm);
@@ -308,6 +325,40 @@ pub fn radial_conv_backward<T: Real>(
     grad_emb: &mut [T],
     grad_sh: &mut [T],
 ) -> Result<(), E3nnError> {
+    let isa = Isa::detect();
+    radial_conv_backward_on(
+        isa,
+        paths,
+        radial,
+        denominator,
+        graph,
+        h,
+        emb,
+        sh,
+        grad_a,
+        grad_h,
+        grad_emb,
+        grad_sh,
+    )
+}
+
+/// [`radial_conv_backward`] with the kernel copy for `isa` (which the
+/// running CPU must support).
+#[allow(clippy::too_many_arguments)]
+fn radial_conv_backward_on<T: Real>(
+    isa: Isa,
+    paths: &ConvPaths<T>,
+    radial: &RadialMlp<T>,
+    denominator: f64,
+    graph: &ConvGraph,
+    h: &[T],
+    emb: &[T],
+    sh: &[T],
+    grad_a: &[T],
+    grad_h: &mut [T],
+    grad_emb: &mut [T],
+    grad_sh: &mut [T],
+) -> Result<(), E3nnError> {
     let inv_den = check_fused(paths, radial, graph, h, emb, sh, denominator)?;
     let (n, ne) = (graph.n_rows, graph.n_edges());
     let (dm, di, ds, nb) = (paths.dim_msg, paths.dim_in, paths.dim_sh(), radial.dim_in());
@@ -315,12 +366,11 @@ pub fn radial_conv_backward<T: Real>(
     check_len("conv grad_h", n * di, grad_h.len())?;
     check_len("conv grad_emb", ne * nb, grad_emb.len())?;
     check_len("conv grad_sh", ne * ds, grad_sh.len())?;
-    let isa = Isa::detect();
     let gat = rows_to_cm(&paths.out_ranges, grad_a, dm);
     let ht = rows_to_cm(&paths.in_ranges, h, di);
     // Edge gradients by sender-CSR position, so that each block's are contiguous.
-    let mut gsh_pos = vec![T::ZERO; ne * ds];
-    let mut gemb_pos = vec![T::ZERO; ne * nb];
+    let mut gsh_pos = crate::work::zeroed(ne * ds);
+    let mut gemb_pos = crate::work::zeroed(ne * nb);
     let blocks = row_blocks(&graph.neighbor_offsets);
     let max_edges = max_block_edges(&graph.neighbor_offsets, &blocks);
     let off = &graph.neighbor_offsets;
@@ -383,4 +433,95 @@ pub fn radial_conv_backward<T: Real>(
             });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sh::sh_forward;
+    use crate::wigner::wigner_3j;
+
+    /// The kernel copies the running CPU supports, the baseline first.
+    fn supported_copies() -> Vec<Isa> {
+        match Isa::detect() {
+            Isa::Avx512 => vec![Isa::Base, Isa::Avx2, Isa::Avx512],
+            Isa::Avx2 => vec![Isa::Base, Isa::Avx2],
+            Isa::Base => vec![Isa::Base],
+        }
+    }
+
+    /// Every copy of the fused kernels this CPU runs (AVX-512, AVX2+FMA,
+    /// the baseline) gives the baseline's bits, forward and backward, over
+    /// channel counts that fill the kernels' groups of copies and that leave
+    /// a tail after them.
+    fn copies_agree<T: Real>() {
+        let mut seed = 3u64;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
+        };
+        let ir = Irreps::parse("48x0e+24x1e+13x2e+8x3e").expect("irreps");
+        let (paths, _, _) =
+            ConvPaths::<T>::uvu_sorted(&ir, 3, |_| 1, |ir| ir.l <= 3, wigner_3j).expect("paths");
+        let (n, ne, nb) = (60usize, 700usize, 8usize);
+        let (mut centers, mut neighbors) = (Vec::new(), Vec::new());
+        for e in 0..ne {
+            let c = if e % 7 == 0 { 11 } else { e * 31 % n };
+            centers.push(c as u32);
+            neighbors.push(((e * 17 + 5) % n) as u32);
+        }
+        let graph = ConvGraph::new(n, &centers, &neighbors).expect("graph");
+        let widths = [nb, 16, paths.dim_w()];
+        let mats: Vec<Vec<f64>> = (0..2)
+            .map(|k| (0..widths[k] * widths[k + 1]).map(|_| next()).collect())
+            .collect();
+        let radial = RadialMlp::<T>::new(&widths, &mats).expect("radial");
+        let vecs: Vec<[T; 3]> = (0..ne)
+            .map(|_| std::array::from_fn(|_| T::from_f64(next() * 3.0)))
+            .collect();
+        let mut sh = vec![T::ZERO; ne * sh_dim(3)];
+        sh_forward(&vecs, 3, &mut sh).expect("sh");
+        let mut vals = |len: usize| -> Vec<T> { (0..len).map(|_| T::from_f64(next())).collect() };
+        let (h, emb, g) = (vals(n * ir.dim()), vals(ne * nb), vals(n * paths.dim_msg()));
+        let run = |isa: Isa| {
+            let mut out = vec![T::ZERO; n * paths.dim_msg()];
+            radial_conv_forward_on(isa, &paths, &radial, 2.5, &graph, &h, &emb, &sh, &mut out)
+                .expect("forward");
+            let (mut gh, mut gemb, mut gsh) = (
+                vec![T::ZERO; h.len()],
+                vec![T::ZERO; emb.len()],
+                vec![T::ZERO; sh.len()],
+            );
+            radial_conv_backward_on(
+                isa, &paths, &radial, 2.5, &graph, &h, &emb, &sh, &g, &mut gh, &mut gemb, &mut gsh,
+            )
+            .expect("backward");
+            [out, gh, gemb, gsh]
+        };
+        let base = run(Isa::Base);
+        assert!(base[0].iter().any(|v| v.to_f64_lossless().abs() > 1e-3));
+        for isa in supported_copies() {
+            let got = run(isa);
+            for (name, a, b) in ["out", "grad_h", "grad_emb", "grad_sh"]
+                .iter()
+                .zip(&got)
+                .zip(&base)
+                .map(|((n, a), b)| (n, a, b))
+            {
+                assert!(a == b, "{isa:?} {name} differs from the baseline copy");
+            }
+        }
+    }
+
+    #[test]
+    fn every_kernel_copy_gives_the_baseline_bits_f32() {
+        copies_agree::<f32>();
+    }
+
+    #[test]
+    fn every_kernel_copy_gives_the_baseline_bits_f64() {
+        copies_agree::<f64>();
+    }
 }
