@@ -137,6 +137,26 @@ impl<T: Real> AffineLinear<T> {
     /// `output` (N × dim_out, overwritten) = Linear(`input`) + bias.
     pub fn forward(&self, input: &[T], n_rows: usize, output: &mut [T]) -> Result<(), E3nnError> {
         self.linear.forward(input, n_rows, output)?;
+        self.add_bias(output);
+        Ok(())
+    }
+
+    /// [`Self::forward`] on input rows stored component-major by `parts`
+    /// ([`IrrepsLinear::forward_component_major`]).
+    pub fn forward_component_major(
+        &self,
+        input: &[T],
+        parts: &[(usize, usize, usize)],
+        n_rows: usize,
+        output: &mut [T],
+    ) -> Result<(), E3nnError> {
+        self.linear
+            .forward_component_major(input, parts, n_rows, output)?;
+        self.add_bias(output);
+        Ok(())
+    }
+
+    fn add_bias(&self, output: &mut [T]) {
         if let Some(bias) = &self.bias {
             let d = bias.len();
             output.par_chunks_mut(d.max(1)).for_each(|row| {
@@ -145,7 +165,6 @@ impl<T: Real> AffineLinear<T> {
                 }
             });
         }
-        Ok(())
     }
 
     /// Gradient w.r.t. the input (the bias is a constant).
@@ -156,6 +175,19 @@ impl<T: Real> AffineLinear<T> {
         grad_in: &mut [T],
     ) -> Result<(), E3nnError> {
         self.linear.backward(grad_out, n_rows, grad_in)
+    }
+
+    /// [`Self::backward`] writing the input gradient component-major by
+    /// `parts` ([`IrrepsLinear::backward_component_major`]).
+    pub fn backward_component_major(
+        &self,
+        grad_out: &[T],
+        n_rows: usize,
+        grad_in: &mut [T],
+        parts: &[(usize, usize, usize)],
+    ) -> Result<(), E3nnError> {
+        self.linear
+            .backward_component_major(grad_out, n_rows, grad_in, parts)
     }
 }
 

@@ -27,6 +27,22 @@ pub use graph::ConvGraph;
 /// Largest degree the fused kernels are specialised for.
 pub const CONV_LMAX: usize = 3;
 
+/// How the convolution's message rows are stored: e3nn's layout (each
+/// irreps block copy-major: the 2l+1 components of copy 0, then of copy 1,
+/// …), or the kernels' own, component-major by path output block (copy u
+/// of component c of the block `(offset, mul, dim)` in
+/// [`ConvPaths::out_blocks`] at `offset + c·mul + u`), which
+/// [`IrrepsLinear::forward_component_major`](crate::IrrepsLinear::forward_component_major)
+/// reads without a transposed copy. Blocks of scalars read the same in both.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BlockLayout {
+    /// e3nn's layout: `u·(2l+1) + c` within a block.
+    #[default]
+    CopyMajor,
+    /// `c·mul + u` within each path output block.
+    ComponentMajor,
+}
+
 /// One tensor-product path, described in the caller's layouts.
 #[derive(Clone, Debug)]
 pub struct TpPath {
@@ -256,6 +272,34 @@ impl<T: Real> ConvPaths<T> {
     /// Width of message / `A` rows.
     pub fn dim_msg(&self) -> usize {
         self.dim_msg
+    }
+
+    /// The paths' output blocks `(offset, mul, dim)` in the message row,
+    /// by offset: the parts of [`BlockLayout::ComponentMajor`].
+    pub fn out_blocks(&self) -> &[(usize, usize, usize)] {
+        &self.out_ranges
+    }
+
+    /// Whether the paths' output blocks tile the blocks of `irreps` (the
+    /// message irreps a following Linear reads): every block of `irreps`
+    /// is covered exactly by consecutive output blocks of its dimension,
+    /// so that Linear can read the message in [`BlockLayout::ComponentMajor`].
+    pub fn tiles_blocks_of(&self, irreps: &Irreps) -> bool {
+        if irreps.dim() != self.dim_msg {
+            return false;
+        }
+        let mut parts = self.out_ranges.iter().filter(|r| r.1 > 0).peekable();
+        for (b, off) in irreps.blocks.iter().zip(irreps.offsets()) {
+            let (end, d) = (off + b.mul * b.ir.dim(), b.ir.dim());
+            let mut at = off;
+            while at < end {
+                match parts.next() {
+                    Some(&(o, m, pd)) if o == at && pd == d && o + m * d <= end => at += m * d,
+                    _ => return false,
+                }
+            }
+        }
+        parts.peek().is_none()
     }
     /// Width of SH rows, `(lmax_sh+1)²`.
     pub fn dim_sh(&self) -> usize {
@@ -719,6 +763,7 @@ fn fwd_row<T: Real>(
     w_pos0: Option<usize>,
     inv_den: T,
     i: usize,
+    out_layout: BlockLayout,
     out_row: &mut [T],
     sc: &mut Scratch<T>,
 ) {
@@ -743,8 +788,15 @@ fn fwd_row<T: Real>(
             );
         }
     }
-    out_row.fill(T::ZERO);
-    transpose_ranges(&paths.out_ranges, &sc.row, out_row, false);
+    match out_layout {
+        // The scratch row is the message row in the paths' output blocks,
+        // component-major (zero where no path writes).
+        BlockLayout::ComponentMajor => out_row.copy_from_slice(&sc.row[..out_row.len()]),
+        BlockLayout::CopyMajor => {
+            out_row.fill(T::ZERO);
+            transpose_ranges(&paths.out_ranges, &sc.row, out_row, false);
+        }
+    }
 }
 
 /// Weight and filter gradients of edge `e` (pass 1 of the backward).
@@ -870,7 +922,7 @@ macro_rules! multiversion {
 
 multiversion!(fwd_row_mv, fwd_row_avx512, fwd_row_avx2, fwd_row, (
     paths: &ConvPaths<T>, graph: &ConvGraph, ht: &[T], sh: &[T], w: &[T], w_pos0: Option<usize>,
-    inv_den: T, i: usize,
+    inv_den: T, i: usize, out_layout: BlockLayout,
     out_row: &mut [T], sc: &mut Scratch<T>
 ));
 multiversion!(bwd_edge_mv, bwd_edge_avx512, bwd_edge_avx2, bwd_edge, (
@@ -885,7 +937,9 @@ multiversion!(bwd_sender_row_mv, bwd_sender_row_avx512, bwd_sender_row_avx2, bwd
 mod fused;
 mod unfused;
 
-pub use fused::{radial_conv_backward, radial_conv_forward};
+pub use fused::{
+    radial_conv_backward, radial_conv_backward_with, radial_conv_forward, radial_conv_forward_with,
+};
 pub use unfused::{conv_backward, conv_forward};
 
 #[cfg(test)]

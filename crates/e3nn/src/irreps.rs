@@ -161,6 +161,9 @@ struct LinearInstr {
     w_offset: usize,
 }
 
+/// A part of a Linear's input block: `(first copy, copies, column)`.
+type InputSegment = (usize, usize, usize);
+
 /// e3nn `o3.Linear` without bias (`path_normalization='element'`): every pair
 /// of equal irreps (input block outer loop, output block inner loop) gets a
 /// `(mul_in × mul_out)` row-major weight block; output block b is scaled by
@@ -257,7 +260,7 @@ impl<T: Real> IrrepsLinear<T> {
 
     /// `output` (N × dim_out, overwritten) = Linear(`input`, N × dim_in).
     pub fn forward(&self, input: &[T], n_rows: usize, output: &mut [T]) -> Result<(), E3nnError> {
-        self.apply(input, n_rows, output, false)
+        self.apply(input, n_rows, output, false, None)
     }
 
     /// Gradient w.r.t. the input: `grad_in` (N × dim_in, overwritten) from
@@ -268,7 +271,77 @@ impl<T: Real> IrrepsLinear<T> {
         n_rows: usize,
         grad_in: &mut [T],
     ) -> Result<(), E3nnError> {
-        self.apply(grad_out, n_rows, grad_in, true)
+        self.apply(grad_out, n_rows, grad_in, true, None)
+    }
+
+    /// [`Self::forward`] on input rows stored component-major by parts:
+    /// `parts` are `(offset, mul, dim)` blocks that tile every input irreps
+    /// block (consecutive parts of the block's dimension covering it), and
+    /// copy u of component c of a part sits at `offset + c·mul + u` — the
+    /// layout the convolution kernels write their message in
+    /// ([`crate::ConvPaths::out_blocks`]). The output is in e3nn's layout.
+    /// Each part is its own GEMM, so a block of several parts sums over its
+    /// copies in a different order than [`Self::forward`] (within rounding).
+    pub fn forward_component_major(
+        &self,
+        input: &[T],
+        parts: &[(usize, usize, usize)],
+        n_rows: usize,
+        output: &mut [T],
+    ) -> Result<(), E3nnError> {
+        self.apply(input, n_rows, output, false, Some(parts))
+    }
+
+    /// [`Self::backward`] writing the input gradient component-major by
+    /// `parts` (as [`Self::forward_component_major`] reads its input): the
+    /// same values, moved.
+    pub fn backward_component_major(
+        &self,
+        grad_out: &[T],
+        n_rows: usize,
+        grad_in: &mut [T],
+        parts: &[(usize, usize, usize)],
+    ) -> Result<(), E3nnError> {
+        self.apply(grad_out, n_rows, grad_in, true, Some(parts))
+    }
+
+    /// Per instruction, the parts of its input block as `(first copy,
+    /// copies, offset)`: one part `(0, mul, offset)` in e3nn's layout
+    /// (`parts` = None), else the given parts that tile the block.
+    fn input_segments(
+        &self,
+        parts: Option<&[(usize, usize, usize)]>,
+    ) -> Result<Vec<Vec<InputSegment>>, E3nnError> {
+        let offs = self.irreps_in.offsets();
+        self.instrs
+            .iter()
+            .map(|ins| {
+                let (bi, off) = (self.irreps_in.blocks[ins.block_in], offs[ins.block_in]);
+                let Some(parts) = parts else {
+                    return Ok(vec![(0, bi.mul, off)]);
+                };
+                let dim = bi.ir.dim();
+                let mut segs = Vec::new();
+                let mut next = 0;
+                for &(o, m, d) in parts {
+                    if o >= off && o < off + bi.mul * dim && m > 0 {
+                        if d != dim || o != off + next * dim {
+                            break;
+                        }
+                        segs.push((next, m, o));
+                        next += m;
+                    }
+                }
+                if next != bi.mul {
+                    return Err(E3nnError::Config(format!(
+                        "component-major parts do not tile the Linear's input block \
+                         of {} copies of l = {} at column {off}",
+                        bi.mul, bi.ir.l
+                    )));
+                }
+                Ok(segs)
+            })
+            .collect()
     }
 
     /// One GEMM per (instruction, component) over a chunk of rows; the
@@ -279,6 +352,7 @@ impl<T: Real> IrrepsLinear<T> {
         n_rows: usize,
         dst: &mut [T],
         transposed: bool,
+        input_parts: Option<&[(usize, usize, usize)]>,
     ) -> Result<(), E3nnError> {
         let (ir_src, ir_dst) = if transposed {
             (&self.irreps_out, &self.irreps_in)
@@ -295,73 +369,96 @@ impl<T: Real> IrrepsLinear<T> {
             dst.fill(T::ZERO);
             return Ok(());
         }
-        let (off_in, off_out) = (self.irreps_in.offsets(), self.irreps_out.offsets());
+        let off_out = self.irreps_out.offsets();
+        let segments = self.input_segments(input_parts)?;
         dst.par_chunks_mut(LINEAR_CHUNK * dd)
             .zip(src.par_chunks(LINEAR_CHUNK * ds))
             .for_each(|(d, s)| {
                 let rows = d.len() / dd;
                 let mut written = vec![false; ir_dst.blocks.len()];
-                for ins in &self.instrs {
+                for (ins, segs) in self.instrs.iter().zip(&segments) {
                     let (bi, bo) = (
                         self.irreps_in.blocks[ins.block_in],
                         self.irreps_out.blocks[ins.block_out],
                     );
                     let dim = bi.ir.dim();
+                    // Weight as (mul_in × mul_out) row-major.
                     let w = &self.weights[ins.w_offset..ins.w_offset + bi.mul * bo.mul];
-                    // Weight as (mul_in × mul_out) row-major, or its transpose.
-                    let (wm, src_off, src_mul, dst_blk, dst_off, dst_mul) = if transposed {
-                        (
-                            MatRef {
-                                data: w,
-                                rows: bo.mul,
-                                cols: bi.mul,
-                                rs: 1,
-                                cs: bo.mul,
-                            },
-                            off_out[ins.block_out],
-                            bo.mul,
-                            ins.block_in,
-                            off_in[ins.block_in],
-                            bi.mul,
-                        )
+                    let out_at = off_out[ins.block_out];
+                    let dst_blk = if transposed {
+                        ins.block_in
                     } else {
-                        (
-                            MatRef {
-                                data: w,
-                                rows: bi.mul,
-                                cols: bo.mul,
-                                rs: bo.mul,
-                                cs: 1,
-                            },
-                            off_in[ins.block_in],
-                            bi.mul,
-                            ins.block_out,
-                            off_out[ins.block_out],
-                            bo.mul,
-                        )
+                        ins.block_out
                     };
                     let beta = if written[dst_blk] { T::ONE } else { T::ZERO };
                     written[dst_blk] = true;
                     for c in 0..dim {
-                        gemm(
-                            T::ONE,
-                            MatRef {
-                                data: &s[src_off + c..],
-                                rows,
-                                cols: src_mul,
-                                rs: ds,
-                                cs: dim,
-                            },
-                            wm,
-                            beta,
-                            MatMut {
-                                data: &mut d[dst_off + c..],
-                                rows,
-                                cols: dst_mul,
-                                rs: dd,
-                                cs: dim,
-                            },
-                        );
+                        for (k, &(first, m, at)) in segs.iter().enumerate() {
+                            // Component c of this part of the input block:
+                            // copies `dim` apart from its column c (e3nn's
+                            // layout), or contiguous from column c·m.
+                            let (in_at, in_cs) = if input_parts.is_some() {
+                                (at + c * m, 1)
+                            } else {
+                                (at + c, dim)
+                            };
+                            if transposed {
+                                // grad_in[part] = grad_out_c · Wᵀ[:, part].
+                                gemm(
+                                    T::ONE,
+                                    MatRef {
+                                        data: &s[out_at + c..],
+                                        rows,
+                                        cols: bo.mul,
+                                        rs: ds,
+                                        cs: dim,
+                                    },
+                                    MatRef {
+                                        data: &w[first * bo.mul..],
+                                        rows: bo.mul,
+                                        cols: m,
+                                        rs: 1,
+                                        cs: bo.mul,
+                                    },
+                                    beta,
+                                    MatMut {
+                                        data: &mut d[in_at..],
+                                        rows,
+                                        cols: m,
+                                        rs: dd,
+                                        cs: in_cs,
+                                    },
+                                );
+                            } else {
+                                // out_c (+)= input_c[part] · W[part, :].
+                                let beta = if k == 0 { beta } else { T::ONE };
+                                gemm(
+                                    T::ONE,
+                                    MatRef {
+                                        data: &s[in_at..],
+                                        rows,
+                                        cols: m,
+                                        rs: ds,
+                                        cs: in_cs,
+                                    },
+                                    MatRef {
+                                        data: &w[first * bo.mul..],
+                                        rows: m,
+                                        cols: bo.mul,
+                                        rs: bo.mul,
+                                        cs: 1,
+                                    },
+                                    beta,
+                                    MatMut {
+                                        data: &mut d[out_at + c..],
+                                        rows,
+                                        cols: bo.mul,
+                                        rs: dd,
+                                        cs: dim,
+                                    },
+                                );
+                            }
+                        }
                     }
                 }
                 // Blocks no instruction writes are zero.
@@ -453,6 +550,85 @@ mod tests {
             }
         }
         y
+    }
+
+    /// A copy-major row moved to component-major by `parts` (each
+    /// `(offset, mul, dim)` part of a block on its own).
+    fn to_parts(parts: &[(usize, usize, usize)], row: &[f64]) -> Vec<f64> {
+        let mut out = row.to_vec();
+        for &(off, mul, d) in parts {
+            for u in 0..mul {
+                for c in 0..d {
+                    out[off + c * mul + u] = row[off + u * d + c];
+                }
+            }
+        }
+        out
+    }
+
+    /// Input rows component-major by parts: whole blocks give the
+    /// copy-major forward's output bit for bit; blocks split in parts give
+    /// it within rounding (each part its own GEMM); the backward writes the
+    /// copy-major input gradient's values, moved; parts that do not tile a
+    /// block are refused.
+    #[test]
+    fn component_major_input_equals_copy_major() {
+        let ir_in = Irreps::parse("5x0e+3x1e+2x0e+2x2e+1x1o").unwrap();
+        let ir_out = Irreps::parse("4x0e+2x1e+3x2e+2x3e").unwrap();
+        let w = random(5 * 4 + 3 * 2 + 2 * 4 + 2 * 3, 3);
+        let lin = IrrepsLinear::<f64>::new(&ir_in, &ir_out, &w).unwrap();
+        let (n, di, dout) = (70, ir_in.dim(), ir_out.dim());
+        let whole: Vec<_> = ir_in
+            .blocks
+            .iter()
+            .zip(ir_in.offsets())
+            .map(|(b, o)| (o, b.mul, b.ir.dim()))
+            .collect();
+        // 3x1e as 2 + 1 copies, 2x2e as 1 + 1.
+        let split = vec![
+            (0, 5, 1),
+            (5, 2, 3),
+            (11, 1, 3),
+            (14, 2, 1),
+            (16, 1, 5),
+            (21, 1, 5),
+            (26, 1, 3),
+        ];
+        let x = random(n * di, 4);
+        let mut y = vec![0.0; n * dout];
+        lin.forward(&x, n, &mut y).unwrap();
+        let g = random(n * dout, 5);
+        let mut gx = vec![0.0; n * di];
+        lin.backward(&g, n, &mut gx).unwrap();
+        for (parts, exact) in [(&whole, true), (&split, false)] {
+            let moved = |v: &[f64]| -> Vec<f64> {
+                v.chunks_exact(di)
+                    .flat_map(|r| to_parts(parts, r))
+                    .collect()
+            };
+            let x_cm = moved(&x);
+            assert_ne!(x, x_cm, "the layouts differ for these irreps");
+            let mut y_cm = vec![1.0; n * dout];
+            lin.forward_component_major(&x_cm, parts, n, &mut y_cm)
+                .unwrap();
+            if exact {
+                assert_eq!(y, y_cm);
+            } else {
+                for (a, b) in y.iter().zip(&y_cm) {
+                    assert!((a - b).abs() <= 1e-14 * (1.0 + a.abs()), "{a} vs {b}");
+                }
+            }
+            let mut gx_cm = vec![1.0; n * di];
+            lin.backward_component_major(&g, n, &mut gx_cm, parts)
+                .unwrap();
+            assert_eq!(moved(&gx), gx_cm);
+        }
+        let gaps = vec![(0, 5, 1), (5, 2, 3)];
+        let mut y_cm = vec![0.0; n * dout];
+        let err = lin
+            .forward_component_major(&x, &gaps, n, &mut y_cm)
+            .unwrap_err();
+        assert!(err.to_string().contains("do not tile"), "{err}");
     }
 
     #[test]

@@ -31,8 +31,8 @@ mod work;
 pub use activation::Activation;
 pub use affine::AffineLinear;
 pub use conv::{
-    conv_backward, conv_forward, radial_conv_backward, radial_conv_forward, ConvGraph, ConvPaths,
-    TpPath,
+    conv_backward, conv_forward, radial_conv_backward, radial_conv_backward_with,
+    radial_conv_forward, radial_conv_forward_with, BlockLayout, ConvGraph, ConvPaths, TpPath,
 };
 pub use error::E3nnError;
 pub use fcn::FullyConnectedNet;

@@ -421,3 +421,38 @@ fn fused_matches_unfused(ir: &Irreps, paths: &ConvPaths<f64>) {
         radial_conv_forward(&paths, &radial, denom, &graph, &h, &emb[1..], &sh, &mut out).is_err()
     );
 }
+
+/// The paths `uvu_sorted` builds tile the message irreps it returns, and
+/// that irreps with neighbouring equal blocks merged (as a model's Linear
+/// may read it), so the Linear can read the convolution's component-major
+/// message; irreps of the same width cut otherwise are told apart.
+#[test]
+fn uvu_paths_tile_their_message_irreps() {
+    let ir = Irreps::parse("128x0e+64x1e+32x2e").unwrap();
+    let parity = |l: usize| if l.is_multiple_of(2) { 1 } else { -1 };
+    let (paths, msg, _) =
+        ConvPaths::<f64>::uvu_sorted(&ir, 2, parity, |ir| ir.l <= 2, wigner_3j).unwrap();
+    assert_eq!(msg.dim(), 3136, "SevenNet-0's message width");
+    assert!(paths.tiles_blocks_of(&msg));
+    let mut merged: Vec<(usize, ddmlip_e3nn::Irrep)> = Vec::new();
+    for b in &msg.blocks {
+        match merged.last_mut() {
+            Some((m, irrep)) if *irrep == b.ir => *m += b.mul,
+            _ => merged.push((b.mul, b.ir)),
+        }
+    }
+    assert!(merged.len() < msg.blocks.len(), "some blocks merge");
+    let merged = Irreps::parse(
+        &merged
+            .iter()
+            .map(|(m, irrep)| format!("{m}x{}{}", irrep.l, if irrep.p > 0 { 'e' } else { 'o' }))
+            .collect::<Vec<_>>()
+            .join("+"),
+    )
+    .unwrap();
+    assert_eq!(merged.dim(), msg.dim());
+    assert!(paths.tiles_blocks_of(&merged));
+    assert!(!paths.tiles_blocks_of(&ir));
+    let scalars = Irreps::parse(&format!("{}x0e", msg.dim())).unwrap();
+    assert!(!paths.tiles_blocks_of(&scalars));
+}

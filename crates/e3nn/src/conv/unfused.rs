@@ -44,7 +44,22 @@ pub fn conv_forward<T: Real>(
     let isa = Isa::detect();
     out.par_chunks_mut(dm).enumerate().for_each_init(
         || paths.scratch(dm),
-        |sc, (i, row)| fwd_row_mv(isa, paths, graph, &ht, sh, w, None, inv_den, i, row, sc),
+        |sc, (i, row)| {
+            fwd_row_mv(
+                isa,
+                paths,
+                graph,
+                &ht,
+                sh,
+                w,
+                None,
+                inv_den,
+                i,
+                BlockLayout::CopyMajor,
+                row,
+                sc,
+            )
+        },
     );
     Ok(())
 }
