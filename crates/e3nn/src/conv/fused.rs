@@ -272,9 +272,10 @@ pub fn radial_conv_forward<T: Real>(
 
 /// [`radial_conv_forward`] writing each message row's blocks in
 /// `out_layout`. [`BlockLayout::ComponentMajor`] is the kernels' own
-/// layout (no transposition of the rows); it is the component-major layout
-/// of the message irreps when [`ConvPaths::writes_blocks_of`] them. The
-/// same values as [`radial_conv_forward`], bit for bit, moved.
+/// layout (no transposition of the rows), component-major by the parts
+/// [`ConvPaths::out_blocks`], which a Linear reads as they are where
+/// [`ConvPaths::tiles_blocks_of`] its input irreps. The same values as
+/// [`radial_conv_forward`], bit for bit, moved.
 #[allow(clippy::too_many_arguments)]
 pub fn radial_conv_forward_with<T: Real>(
     paths: &ConvPaths<T>,
