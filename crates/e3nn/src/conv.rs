@@ -285,21 +285,7 @@ impl<T: Real> ConvPaths<T> {
     /// is covered exactly by consecutive output blocks of its dimension,
     /// so that Linear can read the message in [`BlockLayout::ComponentMajor`].
     pub fn tiles_blocks_of(&self, irreps: &Irreps) -> bool {
-        if irreps.dim() != self.dim_msg {
-            return false;
-        }
-        let mut parts = self.out_ranges.iter().filter(|r| r.1 > 0).peekable();
-        for (b, off) in irreps.blocks.iter().zip(irreps.offsets()) {
-            let (end, d) = (off + b.mul * b.ir.dim(), b.ir.dim());
-            let mut at = off;
-            while at < end {
-                match parts.next() {
-                    Some(&(o, m, pd)) if o == at && pd == d && o + m * d <= end => at += m * d,
-                    _ => return false,
-                }
-            }
-        }
-        parts.peek().is_none()
+        irreps.dim() == self.dim_msg && irreps.tiled_by(&self.out_ranges)
     }
     /// Width of SH rows, `(lmax_sh+1)²`.
     pub fn dim_sh(&self) -> usize {
@@ -947,7 +933,7 @@ mod tests {
     use super::*;
 
     /// A fixed-seed LCG in [-1, 1).
-    fn values(seed: &mut u64, n: usize) -> Vec<f64> {
+    pub(super) fn values(seed: &mut u64, n: usize) -> Vec<f64> {
         (0..n)
             .map(|_| {
                 *seed = seed

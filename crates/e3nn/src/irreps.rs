@@ -107,6 +107,24 @@ impl Irreps {
         o
     }
 
+    /// Whether `parts` (`(offset, mul, dim)` by offset; parts of no copies
+    /// ignored) tile the blocks: every block is covered exactly by
+    /// consecutive parts of its dimension, and no part is left over.
+    pub fn tiled_by(&self, parts: &[(usize, usize, usize)]) -> bool {
+        let mut parts = parts.iter().filter(|r| r.1 > 0).peekable();
+        for (b, off) in self.blocks.iter().zip(self.offsets()) {
+            let (end, d) = (off + b.dim(), b.ir.dim());
+            let mut at = off;
+            while at < end {
+                match parts.next() {
+                    Some(&(o, m, pd)) if o == at && pd == d && o + m * d <= end => at += m * d,
+                    _ => return false,
+                }
+            }
+        }
+        parts.peek().is_none()
+    }
+
     /// Largest degree present (0 for an empty list).
     pub fn lmax(&self) -> usize {
         self.blocks.iter().map(|b| b.ir.l).max().unwrap_or(0)
@@ -307,41 +325,37 @@ impl<T: Real> IrrepsLinear<T> {
 
     /// Per instruction, the parts of its input block as `(first copy,
     /// copies, offset)`: one part `(0, mul, offset)` in e3nn's layout
-    /// (`parts` = None), else the given parts that tile the block.
+    /// (`parts` = None), else the given parts inside the block, which must
+    /// tile the input irreps ([`Irreps::tiled_by`]).
     fn input_segments(
         &self,
         parts: Option<&[(usize, usize, usize)]>,
     ) -> Result<Vec<Vec<InputSegment>>, E3nnError> {
+        if let Some(parts) = parts {
+            if !self.irreps_in.tiled_by(parts) {
+                return Err(E3nnError::Config(format!(
+                    "component-major parts do not tile the Linear's input irreps {}",
+                    self.irreps_in
+                )));
+            }
+        }
         let offs = self.irreps_in.offsets();
-        self.instrs
+        let segments = self
+            .instrs
             .iter()
             .map(|ins| {
                 let (bi, off) = (self.irreps_in.blocks[ins.block_in], offs[ins.block_in]);
-                let Some(parts) = parts else {
-                    return Ok(vec![(0, bi.mul, off)]);
-                };
-                let dim = bi.ir.dim();
-                let mut segs = Vec::new();
-                let mut next = 0;
-                for &(o, m, d) in parts {
-                    if o >= off && o < off + bi.mul * dim && m > 0 {
-                        if d != dim || o != off + next * dim {
-                            break;
-                        }
-                        segs.push((next, m, o));
-                        next += m;
-                    }
+                match parts {
+                    None => vec![(0, bi.mul, off)],
+                    Some(parts) => parts
+                        .iter()
+                        .filter(|&&(o, m, _)| m > 0 && (off..off + bi.dim()).contains(&o))
+                        .map(|&(o, m, _)| ((o - off) / bi.ir.dim(), m, o))
+                        .collect(),
                 }
-                if next != bi.mul {
-                    return Err(E3nnError::Config(format!(
-                        "component-major parts do not tile the Linear's input block \
-                         of {} copies of l = {} at column {off}",
-                        bi.mul, bi.ir.l
-                    )));
-                }
-                Ok(segs)
             })
-            .collect()
+            .collect();
+        Ok(segments)
     }
 
     /// One GEMM per (instruction, component) over a chunk of rows; the

@@ -254,20 +254,8 @@ pub fn radial_conv_forward<T: Real>(
     sh: &[T],
     out: &mut [T],
 ) -> Result<(), E3nnError> {
-    let isa = Isa::detect();
     let layout = BlockLayout::CopyMajor;
-    radial_conv_forward_on(
-        isa,
-        paths,
-        radial,
-        denominator,
-        graph,
-        h,
-        emb,
-        sh,
-        layout,
-        out,
-    )
+    radial_conv_forward_with(paths, radial, denominator, graph, h, emb, sh, layout, out)
 }
 
 /// [`radial_conv_forward`] writing each message row's blocks in
@@ -528,6 +516,7 @@ fn radial_conv_backward_on<T: Real>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conv::tests::values;
     use crate::sh::sh_forward;
     use crate::wigner::wigner_3j;
 
@@ -547,12 +536,7 @@ mod tests {
     /// component-major layout (written so, its gradient read so).
     fn copies_agree<T: Real>() {
         let mut seed = 3u64;
-        let mut next = move || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((seed >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
-        };
+        let mut next = move || values(&mut seed, 1)[0];
         let ir = Irreps::parse("48x0e+24x1e+13x2e+8x3e").expect("irreps");
         let (paths, _, _) =
             ConvPaths::<T>::uvu_sorted(&ir, 3, |_| 1, |ir| ir.l <= 3, wigner_3j).expect("paths");
