@@ -89,6 +89,16 @@ pub struct ConvPaths<T> {
     t_size: usize,
     /// `(filter index, SH index, α·C)` for every nonzero CG entry of every path.
     nz: Vec<(u32, u32, T)>,
+    /// The same entries grouped by filter index (`(SH index, α·C)`, in
+    /// `nz` order within a group): filter entry `ti` sums
+    /// `by_filter[by_filter_start[ti]..by_filter_start[ti + 1]]` in a
+    /// register, with no read-modify-write of memory per term.
+    by_filter: Vec<(u32, T)>,
+    by_filter_start: Vec<usize>,
+    /// The same entries grouped by SH index (`(filter index, α·C)`, in
+    /// `nz` order within a group), for the adjoint.
+    by_sh: Vec<(u32, T)>,
+    by_sh_start: Vec<usize>,
     /// Forward FLOPs per edge in the cheapest dense form (see [`ConvPaths::flops_per_edge`]).
     flops_per_edge: usize,
     /// Distinct `(offset, mul, dim)` input blocks the paths read.
@@ -216,6 +226,8 @@ impl<T: Real> ConvPaths<T> {
                 (b.0, b.1)
             )));
         }
+        let (by_filter, by_filter_start) = group_terms(&nz, t_size, |&(ti, yi, c)| (ti, yi, c));
+        let (by_sh, by_sh_start) = group_terms(&nz, sh_dim(lmax_sh), |&(ti, yi, c)| (yi, ti, c));
         Ok(Self {
             dim_in,
             lmax_sh,
@@ -224,6 +236,10 @@ impl<T: Real> ConvPaths<T> {
             paths: out,
             t_size,
             nz,
+            by_filter,
+            by_filter_start,
+            by_sh,
+            by_sh_start,
             flops_per_edge,
             in_ranges,
             out_ranges,
@@ -297,15 +313,18 @@ impl<T: Real> ConvPaths<T> {
     }
 
     /// Fills the per-edge filter matrices of every path,
-    /// `T_p[a,k] = (α_p / denominator) Σ_b C_p[a,b,k] Y[l2²+b]`.
+    /// `T_p[a,k] = (α_p / denominator) Σ_b C_p[a,b,k] Y[l2²+b]` (each
+    /// entry's terms in order of b, then scaled).
     #[inline(always)]
     fn filters(&self, y: &[T], inv_den: T, t: &mut [T]) {
-        t.fill(T::ZERO);
-        for &(ti, yi, c) in &self.nz {
-            t[ti as usize] += c * y[yi as usize];
-        }
-        for v in t.iter_mut() {
-            *v *= inv_den;
+        let t = &mut t[..self.t_size];
+        for (ti, v) in t.iter_mut().enumerate() {
+            let terms = &self.by_filter[self.by_filter_start[ti]..self.by_filter_start[ti + 1]];
+            let mut s = T::ZERO;
+            for &(yi, c) in terms {
+                s += c * y[yi as usize];
+            }
+            *v = s * inv_den;
         }
     }
 
@@ -320,6 +339,56 @@ impl<T: Real> ConvPaths<T> {
             *v *= inv_den;
         }
     }
+
+    /// [`Self::filters_adjoint`] of a filter gradient held as `LANES`
+    /// partial sums per entry (`gtv[ti]`, whose lanes add up to `gt[ti]`):
+    /// the adjoint is applied lane by lane and only the `dim_sh` results
+    /// are summed across lanes (in lane order), instead of every one of
+    /// the `t_size` filter entries.
+    #[inline(always)]
+    fn filters_adjoint_lanes(&self, gtv: &[[T; LANES]], inv_den: T, gy: &mut [T]) {
+        for (yi, out) in gy.iter_mut().enumerate() {
+            let terms = &self.by_sh[self.by_sh_start[yi]..self.by_sh_start[yi + 1]];
+            let mut v = [T::ZERO; LANES];
+            for &(ti, c) in terms {
+                let x = &gtv[ti as usize];
+                for l in 0..LANES {
+                    v[l] += c * x[l];
+                }
+            }
+            let mut s = T::ZERO;
+            for x in v {
+                s += x;
+            }
+            *out = s * inv_den;
+        }
+    }
+}
+
+/// Groups `(key, other, c)` entries by key in `0..n_keys`, keeping their
+/// order within a group: `(other, c)` pairs and the start of each key's
+/// group (`n_keys + 1` offsets).
+fn group_terms<T: Copy, E>(
+    entries: &[E],
+    n_keys: usize,
+    split: impl Fn(&E) -> (u32, u32, T),
+) -> (Vec<(u32, T)>, Vec<usize>) {
+    let mut start = vec![0usize; n_keys + 1];
+    for e in entries {
+        start[split(e).0 as usize + 1] += 1;
+    }
+    for k in 0..n_keys {
+        start[k + 1] += start[k];
+    }
+    let mut next = start.clone();
+    let mut grouped = Vec::with_capacity(entries.len());
+    grouped.resize(entries.len(), None);
+    for e in entries {
+        let (key, other, c) = split(e);
+        grouped[next[key as usize]] = Some((other, c));
+        next[key as usize] += 1;
+    }
+    (grouped.into_iter().flatten().collect(), start)
 }
 
 /// The [`TpPath`] list behind [`ConvPaths::uvu_sorted`] (same arguments and
@@ -572,16 +641,18 @@ fn fwd_kernel_1pass<T: Real, const D1: usize, const D3: usize>(
 }
 
 /// The whole backward of one edge and one path in one pass over the copies
-/// u: the weight gradient `grad_w[u] = Σ_k g[k][u]·Σ_a T[a,k] h[a][u]`
-/// (overwritten), the filter gradient `gt[a,k] = Σ_u w[u] h[a][u] g[k][u]`
-/// (overwritten) and the feature gradient `gh[a][u] += w[u]·Σ_k T[a,k] g[k][u]`
-/// (accumulated). `h`, `gh`: D1·mul, `g`: D3·mul, `t`, `gt`: D1·D3, all
-/// component-major. Per group of `LANES` copies, h, g and w are read once
-/// and the D1·D3 filter-gradient sums stay in registers until the end,
-/// where [`bwd_edge_kernel`] and [`bwd_h_kernel`] make 2·D1·D3 + D1 + D3
-/// passes and write two scratch blocks. The same sums in the same order as
-/// those two kernels, the weight and feature gradients with fused
-/// multiply-adds.
+/// u: with `q[a][u] = Σ_k T[a,k] g[k][u]` (the message gradient pulled
+/// back through the filter, shared by two of the three gradients), the
+/// weight gradient `grad_w[u] = Σ_a h[a][u]·q[a][u]` (overwritten), the
+/// feature gradient `gh[a][u] += w[u]·q[a][u]` (accumulated), and the
+/// filter gradient `gt[a,k] = Σ_u w[u] h[a][u] g[k][u]` as `LANES`
+/// partial sums per entry, `gtv[a·D3 + k]` (overwritten; copy u adds to
+/// lane `u mod LANES`), which [`ConvPaths::filters_adjoint_lanes`] turns
+/// into the SH gradient without summing every entry across lanes. `h`,
+/// `gh`: D1·mul, `g`: D3·mul, `t`: D1·D3, all component-major. Per group
+/// of `LANES` copies, h, g and w are read once. The weight and feature
+/// gradients with fused multiply-adds, the filter gradient's products and
+/// sums rounded separately.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn bwd_kernel_1pass<T: Real, const D1: usize, const D3: usize>(
@@ -590,80 +661,61 @@ fn bwd_kernel_1pass<T: Real, const D1: usize, const D3: usize>(
     w: &[T],
     g: &[T],
     grad_w: &mut [T],
-    gt: &mut [T],
+    gtv: &mut [[T; LANES]],
     gh: &mut [T],
 ) {
     let m = w.len();
     let (h, g): ([&[T]; D1], [&[T]; D3]) = (rows(h, m), rows(g, m));
-    let (grad_w, gt) = (&mut grad_w[..m], &mut gt[..D1 * D3]);
+    let (grad_w, gtv) = (&mut grad_w[..m], &mut gtv[..D1 * D3]);
     let tt: [[T; D3]; D1] = std::array::from_fn(|a| std::array::from_fn(|k| t[a * D3 + k]));
     let mut acc = [[[T::ZERO; LANES]; D3]; D1];
     let full = m - m % LANES;
     for u0 in (0..full).step_by(LANES) {
         let wv = lanes(w, u0);
-        let hv: [[T; LANES]; D1] = std::array::from_fn(|a| lanes(h[a], u0));
         let gv: [[T; LANES]; D3] = std::array::from_fn(|k| lanes(g[k], u0));
-        // Weight gradient.
         let mut gw = [T::ZERO; LANES];
-        for k in 0..D3 {
-            let mut s = [T::ZERO; LANES];
-            for a in 0..D1 {
+        for (a, o) in gh.chunks_exact_mut(m).take(D1).enumerate() {
+            let hv = lanes(h[a], u0);
+            let mut q = [T::ZERO; LANES];
+            for k in 0..D3 {
                 for l in 0..LANES {
-                    s[l] = tt[a][k].mul_add(hv[a][l], s[l]);
+                    q[l] = tt[a][k].mul_add(gv[k][l], q[l]);
                 }
             }
+            let o = &mut o[u0..u0 + LANES];
             for l in 0..LANES {
-                gw[l] = s[l].mul_add(gv[k][l], gw[l]);
+                gw[l] = hv[l].mul_add(q[l], gw[l]);
+                o[l] = wv[l].mul_add(q[l], o[l]);
             }
-        }
-        grad_w[u0..u0 + LANES].copy_from_slice(&gw);
-        // Filter gradient: LANES partial sums per (a, k), added up at the end.
-        for a in 0..D1 {
-            let wh: [T; LANES] = std::array::from_fn(|l| wv[l] * hv[a][l]);
+            let wh: [T; LANES] = std::array::from_fn(|l| wv[l] * hv[l]);
             for k in 0..D3 {
                 for l in 0..LANES {
                     acc[a][k][l] += wh[l] * gv[k][l];
                 }
             }
         }
-        // Feature gradient.
-        let wg: [[T; LANES]; D3] =
-            std::array::from_fn(|k| std::array::from_fn(|l| wv[l] * gv[k][l]));
+        grad_w[u0..u0 + LANES].copy_from_slice(&gw);
+    }
+    for u in full..m {
+        let l = u - full;
+        let mut gw = T::ZERO;
         for (a, o) in gh.chunks_exact_mut(m).take(D1).enumerate() {
-            let o = &mut o[u0..u0 + LANES];
+            let mut q = T::ZERO;
             for k in 0..D3 {
-                for l in 0..LANES {
-                    o[l] = tt[a][k].mul_add(wg[k][l], o[l]);
-                }
+                q = tt[a][k].mul_add(g[k][u], q);
+            }
+            gw = h[a][u].mul_add(q, gw);
+            o[u] = w[u].mul_add(q, o[u]);
+            let wh = w[u] * h[a][u];
+            for k in 0..D3 {
+                acc[a][k][l] += wh * g[k][u];
             }
         }
+        grad_w[u] = gw;
     }
     for a in 0..D1 {
         for k in 0..D3 {
-            let mut s = T::ZERO;
-            for v in acc[a][k] {
-                s += v;
-            }
-            for u in full..m {
-                s += (w[u] * h[a][u]) * g[k][u];
-            }
-            gt[a * D3 + k] = s;
-        }
-    }
-    for u in full..m {
-        let mut gw = T::ZERO;
-        for k in 0..D3 {
-            let mut s = T::ZERO;
-            for a in 0..D1 {
-                s = tt[a][k].mul_add(h[a][u], s);
-            }
-            gw = s.mul_add(g[k][u], gw);
-        }
-        grad_w[u] = gw;
-        for (a, o) in gh.chunks_exact_mut(m).take(D1).enumerate() {
-            for k in 0..D3 {
-                o[u] = tt[a][k].mul_add(w[u] * g[k][u], o[u]);
-            }
+            gtv[a * D3 + k] = acc[a][k];
         }
     }
 }
@@ -674,6 +726,8 @@ struct Scratch<T> {
     t: Vec<T>,
     /// Their gradient.
     gt: Vec<T>,
+    /// Their gradient as `LANES` partial sums per entry.
+    gtv: Vec<[T; LANES]>,
     /// `max(d1, d3)·mul` products.
     prod: Vec<T>,
     /// `mul` partial sums.
@@ -694,6 +748,7 @@ impl<T: Real> ConvPaths<T> {
         Scratch {
             t: vec![T::ZERO; self.t_size],
             gt: vec![T::ZERO; self.t_size],
+            gtv: vec![[T::ZERO; LANES]; self.t_size],
             prod: vec![T::ZERO; prod],
             s: vec![T::ZERO; mul],
             row: vec![T::ZERO; row],
@@ -944,11 +999,12 @@ mod tests {
             .collect()
     }
 
-    /// The single-pass backward against the multi-pass kernels: the filter
-    /// gradient bit for bit (same sums in the same order), the weight and
-    /// feature gradients to a few roundings (fused multiply-adds in the
-    /// single pass). Every degree pair, copies below, at and past the lane
-    /// count, f32 and f64.
+    /// The single-pass backward against the multi-pass kernels: the
+    /// filter gradient (its lanes summed), the weight and feature
+    /// gradients to a few roundings per term (the single pass shares the
+    /// filter's pull-back between the weight and feature gradients, fused
+    /// multiply-adds, and sums the filter gradient per lane). Every degree
+    /// pair, copies below, at and past the lane count, f32 and f64.
     fn single_pass_matches_multi_pass<T: Real, const D1: usize, const D3: usize>(seed: &mut u64) {
         let eps = T::epsilon().to_f64_lossless();
         for m in [1, 7, 8, 13, 32, 64] {
@@ -960,9 +1016,16 @@ mod tests {
                 conv(values(seed, D3 * m)),
             );
             let gh0 = conv(values(seed, D1 * m));
-            let (mut gw1, mut gt1, mut gh1) =
-                (vec![T::ZERO; m], vec![T::ZERO; D1 * D3], gh0.clone());
-            bwd_kernel_1pass::<T, D1, D3>(&h, &t, &w, &g, &mut gw1, &mut gt1, &mut gh1);
+            let (mut gw1, mut gtv, mut gh1) = (
+                vec![T::ZERO; m],
+                vec![[T::ONE; LANES]; D1 * D3],
+                gh0.clone(),
+            );
+            bwd_kernel_1pass::<T, D1, D3>(&h, &t, &w, &g, &mut gw1, &mut gtv, &mut gh1);
+            let gt1: Vec<T> = gtv
+                .iter()
+                .map(|v| v.iter().fold(T::ZERO, |s, &x| s + x))
+                .collect();
             let (mut gw2, mut gt2, mut gh2) = (vec![T::ZERO; m], vec![T::ZERO; D1 * D3], gh0);
             let (mut s, mut wh, mut wg) = (
                 vec![T::ZERO; m],
@@ -971,11 +1034,12 @@ mod tests {
             );
             bwd_edge_kernel::<T, D1, D3>(&h, &t, &w, &g, &mut gw2, &mut gt2, &mut s, &mut wh);
             bwd_h_kernel::<T, D1, D3>(&t, &w, &g, &mut wg, &mut gh2);
-            assert_eq!(gt1, gt2, "filter gradient, {D1}x{D3}, mul {m}");
             for (name, a, b, terms) in [
+                ("filter", &gt1, &gt2, m),
                 ("weight", &gw1, &gw2, D1 * D3),
                 ("feature", &gh1, &gh2, D3 + 1),
             ] {
+                assert_eq!(a.len(), b.len());
                 for (x, y) in a.iter().zip(b.iter()) {
                     let (x, y) = (x.to_f64_lossless(), y.to_f64_lossless());
                     assert!(
@@ -985,6 +1049,69 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The filters and both adjoints (entry by entry, and lane-wise with
+    /// one sum across lanes per SH component) against a dense f64
+    /// contraction with the CG tensors, for every path of features and
+    /// spherical harmonics up to l = 3.
+    #[test]
+    fn filters_and_adjoints_equal_the_dense_contraction() {
+        let ir = Irreps::parse("16x0e+8x1o+8x2e+8x3o").expect("irreps");
+        let parity = |l: usize| if l.is_multiple_of(2) { 1 } else { -1 };
+        let keep = |ir: Irrep| ir.l <= 3;
+        let (paths, _, _) =
+            ConvPaths::<f64>::uvu_sorted(&ir, 3, parity, keep, crate::wigner::wigner_3j)
+                .expect("paths");
+        let (raw_paths, _, _) =
+            uvu_sorted_paths(&ir, 3, parity, keep, crate::wigner::wigner_3j).expect("raw");
+        let mut seed = 11;
+        let ds = paths.dim_sh();
+        let y = values(&mut seed, ds);
+        let gt = values(&mut seed, paths.t_size);
+        let inv_den = 0.37;
+        // Dense reference from the raw CG tensors, path by path.
+        let (mut t_ref, mut gy_ref) = (vec![0.0; paths.t_size], vec![0.0; ds]);
+        assert_eq!(raw_paths.len(), paths.paths.len());
+        for (raw, p) in raw_paths.iter().zip(&paths.paths) {
+            let (d1, d2, d3) = (p.d1, 2 * raw.l2 + 1, p.d3);
+            for a in 0..d1 {
+                for b in 0..d2 {
+                    for k in 0..d3 {
+                        let c = raw.path_weight * raw.cg[(a * d2 + b) * d3 + k] * inv_den;
+                        let ti = p.t_off + a * d3 + k;
+                        t_ref[ti] += c * y[raw.l2 * raw.l2 + b];
+                        gy_ref[raw.l2 * raw.l2 + b] += c * gt[ti];
+                    }
+                }
+            }
+        }
+        let mut t = vec![0.0; paths.t_size];
+        paths.filters(&y, inv_den, &mut t);
+        let mut gy = vec![0.0; ds];
+        paths.filters_adjoint(&gt, inv_den, &mut gy);
+        // The same gradient spread over the lanes unevenly.
+        let gtv: Vec<[f64; LANES]> = gt
+            .iter()
+            .map(|&v| std::array::from_fn(|l| v * (l as f64 + 1.0) / 36.0))
+            .collect();
+        let mut gy_lanes = vec![0.0; ds];
+        paths.filters_adjoint_lanes(&gtv, inv_den, &mut gy_lanes);
+        let close = |a: &[f64], b: &[f64], what: &str| {
+            assert!(
+                b.iter().any(|v| v.abs() > 1e-3),
+                "{what}: reference all zero"
+            );
+            for (x, y) in a.iter().zip(b) {
+                assert!(
+                    (x - y).abs() <= 1e-13 * (1.0 + y.abs()),
+                    "{what}: {x} vs {y}"
+                );
+            }
+        };
+        close(&t, &t_ref, "filters");
+        close(&gy, &gy_ref, "adjoint");
+        close(&gy_lanes, &gy_ref, "lane-wise adjoint");
     }
 
     fn every_degree_pair<T: Real>() {

@@ -669,4 +669,10 @@ impl<T: Scalar + Real> MessageKernel<T> for ConvKernel<T> {
             .map_err(kernel_err)
         })
     }
+    /// The fused convolution writes every message row (zero where a row
+    /// has no edges) and every row of the feature, embedding and SH
+    /// gradients.
+    fn overwrites(&self) -> bool {
+        true
+    }
 }

@@ -196,11 +196,11 @@ fn fused_bwd_sender_row<T: Real>(
                 wp,
                 gp,
                 &mut gwe[p.w_off..p.w_off + p.mul],
-                &mut sc.gt[p.t_off..p.t_off + p.d1 * p.d3],
+                &mut sc.gtv[p.t_off..p.t_off + p.d1 * p.d3],
                 &mut sc.row[p.in_off..p.in_off + p.mul * p.d1]
             );
         }
-        paths.filters_adjoint(&sc.gt, inv_den, &mut gy[r * ds..(r + 1) * ds]);
+        paths.filters_adjoint_lanes(&sc.gtv, inv_den, &mut gy[r * ds..(r + 1) * ds]);
     }
     gh_row.fill(T::ZERO);
     transpose_ranges(&paths.in_ranges, &sc.row, gh_row, false);

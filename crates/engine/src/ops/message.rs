@@ -31,9 +31,12 @@ pub trait MessageKernel<T: Scalar>: Send + Sync {
     fn name(&self) -> &str;
     /// Output row width.
     fn out_cols(&self) -> usize;
-    /// `out[i] = Σ_{e: center[e] = i} msg(nodes[neighbor[e]], edges[e])`; `out` is zeroed.
+    /// `out[i] = Σ_{e: center[e] = i} msg(nodes[neighbor[e]], edges[e])`;
+    /// `out` is zeroed, unless [`Self::overwrites`] says the kernel writes
+    /// every element itself.
     fn forward(&self, inputs: &MessageInputs<'_, T>, out: &mut [T]) -> Result<(), KernelError>;
-    /// Adds gradients into `grad_nodes` / `grad_edges` (zeroed, one per input).
+    /// Adds gradients into `grad_nodes` / `grad_edges` (zeroed, one per
+    /// input, unless [`Self::overwrites`]).
     fn backward(
         &self,
         inputs: &MessageInputs<'_, T>,
@@ -41,6 +44,14 @@ pub trait MessageKernel<T: Scalar>: Send + Sync {
         grad_nodes: &mut [Vec<T>],
         grad_edges: &mut [Vec<T>],
     ) -> Result<(), KernelError>;
+    /// Whether `forward` writes every element of `out` and `backward` every
+    /// element of each gradient, whatever they held: the engine then hands
+    /// over recycled buffers without zeroing them first (a message of
+    /// thousands of columns per atom is megabytes per call). Default
+    /// `false`: the buffers are zeroed.
+    fn overwrites(&self) -> bool {
+        false
+    }
 }
 
 impl<T: Scalar> Graph<T> {
@@ -103,7 +114,12 @@ impl<T: Scalar> Graph<T> {
             }
         }
         let cols = kernel.out_cols();
-        let mut out = self.pool.zeroed(n_rows * cols);
+        let overwrites = kernel.overwrites();
+        let mut out = if overwrites {
+            self.pool.for_overwrite(n_rows * cols)
+        } else {
+            self.pool.zeroed(n_rows * cols)
+        };
         {
             let inputs = MessageInputs {
                 nodes: node_ins
@@ -152,10 +168,15 @@ impl<T: Scalar> Graph<T> {
                     neighbor: ctx.index(neighbor),
                     n_rows,
                 };
-                let mut gn: Vec<Vec<T>> =
-                    inputs.nodes.iter().map(|s| ctx.zeroed(s.len())).collect();
-                let mut ge: Vec<Vec<T>> =
-                    inputs.edges.iter().map(|s| ctx.zeroed(s.len())).collect();
+                let mut buffer = |len: usize| {
+                    if overwrites {
+                        ctx.for_overwrite(len)
+                    } else {
+                        ctx.zeroed(len)
+                    }
+                };
+                let mut gn: Vec<Vec<T>> = inputs.nodes.iter().map(|s| buffer(s.len())).collect();
+                let mut ge: Vec<Vec<T>> = inputs.edges.iter().map(|s| buffer(s.len())).collect();
                 k.backward(&inputs, g, &mut gn, &mut ge)
                     .map_err(|source| EngineError::Kernel {
                         op: k.name().to_string(),
