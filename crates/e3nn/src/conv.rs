@@ -89,12 +89,6 @@ pub struct ConvPaths<T> {
     t_size: usize,
     /// `(filter index, SH index, α·C)` for every nonzero CG entry of every path.
     nz: Vec<(u32, u32, T)>,
-    /// The same entries grouped by filter index (`(SH index, α·C)`, in
-    /// `nz` order within a group): filter entry `ti` sums
-    /// `by_filter[by_filter_start[ti]..by_filter_start[ti + 1]]` in a
-    /// register, with no read-modify-write of memory per term.
-    by_filter: Vec<(u32, T)>,
-    by_filter_start: Vec<usize>,
     /// The same entries grouped by SH index (`(filter index, α·C)`, in
     /// `nz` order within a group), for the adjoint.
     by_sh: Vec<(u32, T)>,
@@ -226,7 +220,6 @@ impl<T: Real> ConvPaths<T> {
                 (b.0, b.1)
             )));
         }
-        let (by_filter, by_filter_start) = group_terms(&nz, t_size, |&(ti, yi, c)| (ti, yi, c));
         let (by_sh, by_sh_start) = group_terms(&nz, sh_dim(lmax_sh), |&(ti, yi, c)| (yi, ti, c));
         Ok(Self {
             dim_in,
@@ -236,8 +229,6 @@ impl<T: Real> ConvPaths<T> {
             paths: out,
             t_size,
             nz,
-            by_filter,
-            by_filter_start,
             by_sh,
             by_sh_start,
             flops_per_edge,
@@ -313,18 +304,15 @@ impl<T: Real> ConvPaths<T> {
     }
 
     /// Fills the per-edge filter matrices of every path,
-    /// `T_p[a,k] = (α_p / denominator) Σ_b C_p[a,b,k] Y[l2²+b]` (each
-    /// entry's terms in order of b, then scaled).
+    /// `T_p[a,k] = (α_p / denominator) Σ_b C_p[a,b,k] Y[l2²+b]`.
     #[inline(always)]
     fn filters(&self, y: &[T], inv_den: T, t: &mut [T]) {
-        let t = &mut t[..self.t_size];
-        for (ti, v) in t.iter_mut().enumerate() {
-            let terms = &self.by_filter[self.by_filter_start[ti]..self.by_filter_start[ti + 1]];
-            let mut s = T::ZERO;
-            for &(yi, c) in terms {
-                s += c * y[yi as usize];
-            }
-            *v = s * inv_den;
+        t.fill(T::ZERO);
+        for &(ti, yi, c) in &self.nz {
+            t[ti as usize] += c * y[yi as usize];
+        }
+        for v in t.iter_mut() {
+            *v *= inv_den;
         }
     }
 
