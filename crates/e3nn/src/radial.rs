@@ -3,7 +3,7 @@
 //! radial MLP producing per-edge TP weights.
 
 use crate::error::{check_len, E3nnError};
-use crate::gemm::{matmul, matmul_bt};
+use crate::gemm::matmul;
 use crate::real::Real;
 use rayon::prelude::*;
 
@@ -260,6 +260,11 @@ pub struct RadialMlp<T> {
     pub widths: Vec<usize>,
     /// Per layer, `(in × out)` row-major, already multiplied by 1/√in.
     weights: Vec<Vec<T>>,
+    /// The same matrices transposed, `(out × in)` row-major: the input
+    /// gradient's products read them row by row, so the GEMM packs them
+    /// from contiguous rows rather than with a stride of `out` (the same
+    /// values, so the same bits).
+    weights_t: Vec<Vec<T>>,
 }
 
 /// Rows per parallel task in the MLP GEMMs.
@@ -284,9 +289,18 @@ impl<T: Real> RadialMlp<T> {
             let s = 1.0 / (i as f64).sqrt();
             scaled.push(w.iter().map(|&v| T::from_f64(v * s)).collect());
         }
+        let weights_t = scaled
+            .iter()
+            .enumerate()
+            .map(|(k, w): (usize, &Vec<T>)| {
+                let (i, o) = (widths[k], widths[k + 1]);
+                (0..o * i).map(|x| w[(x % i) * o + x / i]).collect()
+            })
+            .collect();
         Ok(Self {
             widths: widths.to_vec(),
             weights: scaled,
+            weights_t,
         })
     }
 
@@ -368,10 +382,10 @@ impl<T: Real> RadialMlp<T> {
                 for k in (0..nl).rev() {
                     let (i, on) = (self.widths[k], self.widths[k + 1]);
                     if k == 0 {
-                        matmul_bt(rows, on, i, &g, &self.weights[k], gi);
+                        matmul(rows, on, i, &g, &self.weights_t[k], gi);
                     } else {
                         let mut gprev = vec![T::ZERO; rows * i];
-                        matmul_bt(rows, on, i, &g, &self.weights[k], &mut gprev);
+                        matmul(rows, on, i, &g, &self.weights_t[k], &mut gprev);
                         for (gv, &z) in gprev.iter_mut().zip(&pre[k - 1]) {
                             *gv *= nsilu_grad(z);
                         }
@@ -476,7 +490,7 @@ impl<T: Real> RadialMlp<T> {
                 Some(false) => &gb[..rows * on],
             };
             if k == 0 {
-                matmul_bt(rows, on, i, g, &self.weights[k], &mut grad_in[..rows * i]);
+                matmul(rows, on, i, g, &self.weights_t[k], &mut grad_in[..rows * i]);
             } else {
                 // Write into the buffer `g` does not live in.
                 let into_a = cur_is_a != Some(true);
@@ -485,7 +499,7 @@ impl<T: Real> RadialMlp<T> {
                     Some(true) => (&ga[..rows * on], &mut gb[..rows * i]),
                     Some(false) => (&gb[..rows * on], &mut ga[..rows * i]),
                 };
-                matmul_bt(rows, on, i, src, &self.weights[k], dst);
+                matmul(rows, on, i, src, &self.weights_t[k], dst);
                 wide::mul_silu_grad(dst, &s.pre[k - 1][..rows * i], &s.sig[k - 1][..rows * i]);
                 cur_is_a = Some(into_a);
             }
