@@ -796,34 +796,68 @@ fn fwd_row<T: Real>(
     out_row: &mut [T],
     sc: &mut Scratch<T>,
 ) {
+    match out_layout {
+        // In the kernels' own layout the row is summed where it ends up (it
+        // stays in cache over the row's edges).
+        BlockLayout::ComponentMajor => fwd_row_sum(
+            paths, graph, ht, sh, w, w_pos0, inv_den, i, &mut sc.t, out_row,
+        ),
+        // e3nn's layout: summed in the component-major scratch row (zero
+        // where no path writes), then transposed.
+        BlockLayout::CopyMajor => {
+            fwd_row_sum(
+                paths,
+                graph,
+                ht,
+                sh,
+                w,
+                w_pos0,
+                inv_den,
+                i,
+                &mut sc.t,
+                &mut sc.row,
+            );
+            out_row.fill(T::ZERO);
+            transpose_ranges(&paths.out_ranges, &sc.row, out_row, false);
+        }
+    }
+}
+
+/// The message row of receiver `i` in the kernels' component-major layout
+/// into `acc` (overwritten), as [`fwd_row`] describes; `t` is filter scratch.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn fwd_row_sum<T: Real>(
+    paths: &ConvPaths<T>,
+    graph: &ConvGraph,
+    ht: &[T],
+    sh: &[T],
+    w: &[T],
+    w_pos0: Option<usize>,
+    inv_den: T,
+    i: usize,
+    t: &mut [T],
+    acc: &mut [T],
+) {
     let (di, dw, ds) = (paths.dim_in, paths.dim_w, paths.dim_sh());
-    sc.row.fill(T::ZERO);
+    acc.fill(T::ZERO);
     for pos in graph.center_offsets[i]..graph.center_offsets[i + 1] {
         let e = graph.center_edges[pos] as usize;
         let j = graph.neighbors[e] as usize;
         // `w` is either per edge or per CSR position of a block starting at p0.
         let wr = w_pos0.map_or(e, |p0| pos - p0);
         let (hj, we) = (&ht[j * di..(j + 1) * di], &w[wr * dw..(wr + 1) * dw]);
-        paths.filters(&sh[e * ds..(e + 1) * ds], inv_den, &mut sc.t);
+        paths.filters(&sh[e * ds..(e + 1) * ds], inv_den, t);
         for p in &paths.paths {
             dispatch!(
                 p.d1,
                 p.d3,
                 fwd_kernel_1pass,
                 &hj[p.in_off..p.in_off + p.mul * p.d1],
-                &sc.t[p.t_off..p.t_off + p.d1 * p.d3],
+                &t[p.t_off..p.t_off + p.d1 * p.d3],
                 &we[p.w_off..p.w_off + p.mul],
-                &mut sc.row[p.out_off..p.out_off + p.mul * p.d3]
+                &mut acc[p.out_off..p.out_off + p.mul * p.d3]
             );
-        }
-    }
-    match out_layout {
-        // The scratch row is the message row in the paths' output blocks,
-        // component-major (zero where no path writes).
-        BlockLayout::ComponentMajor => out_row.copy_from_slice(&sc.row[..out_row.len()]),
-        BlockLayout::CopyMajor => {
-            out_row.fill(T::ZERO);
-            transpose_ranges(&paths.out_ranges, &sc.row, out_row, false);
         }
     }
 }
