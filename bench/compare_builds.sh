@@ -2,7 +2,9 @@
 # Two or more ddmlip builds on the same `bench model` run, alternating
 # (A B A B …) so that a machine whose speed drifts biases none of them;
 # prints each run's line (median s, CPU s, µs/atom/step, peak memory,
-# page faults per step) and, per build, the median over the rounds.
+# page faults per step) and, per build, the median over the rounds; then
+# each build's per-round wall and CPU ratios to the first build (median,
+# least and largest).
 #
 #   bash bench/compare_builds.sh NAME=BINARY NAME=BINARY [...] -- BENCH_MODEL_ARGS...
 #
@@ -49,4 +51,16 @@ for line in open(sys.argv[1]):
 for name, rows in runs.items():
     med = [statistics.median(c) for c in zip(*rows)]
     print(f"{name:>12} {med[0]:9.4f} {med[1]:9.3f} {med[2]:10.2f} {med[3]:9.2f} {med[4]:10.0f}")
+# On a host whose speed drifts, the ratio of runs next to each other in a
+# round says more than the ratio of medians taken over the whole call.
+names = list(runs)
+if len(names) > 1:
+    base = runs[names[0]]
+    print(f"per-round ratios to {names[0]} (wall, CPU): median [min, max]")
+    for name in names[1:]:
+        pairs = list(zip(runs[name], base))
+        for col, what in ((0, "wall"), (1, "CPU")):
+            r = [a[col] / b[col] for a, b in pairs if b[col] > 0]
+            if r:
+                print(f"{name:>12} {what:>4} {statistics.median(r):6.3f} [{min(r):.3f}, {max(r):.3f}] over {len(r)} rounds")
 PY
