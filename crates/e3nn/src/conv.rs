@@ -777,10 +777,11 @@ fn rows_to_cm<T: Real>(ranges: &[(usize, usize, usize)], src: &[T], dim: usize) 
     out
 }
 
-/// Forward of one receiver row: accumulates its edges in component-major
-/// scratch, then writes `out_row` in mul-major layout. Row `e` of `w` holds
-/// edge e's weights, or with `w_pos0 = Some(p0)`, row `pos − p0` holds the
-/// weights of the edge at receiver-CSR position `pos`.
+/// Forward of one receiver row into `out_row` in `out_layout`: its edges
+/// summed component-major, in place in the kernels' layout or in scratch
+/// and transposed into e3nn's. Row `e` of `w` holds edge e's weights, or
+/// with `w_pos0 = Some(p0)`, row `pos − p0` holds the weights of the edge
+/// at receiver-CSR position `pos`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn fwd_row<T: Real>(
@@ -796,6 +797,9 @@ fn fwd_row<T: Real>(
     out_row: &mut [T],
     sc: &mut Scratch<T>,
 ) {
+    // Two calls rather than one on a target picked by the layout: with the
+    // target chosen at run time the summing loop compiled to code that ran
+    // at half the speed.
     match out_layout {
         // In the kernels' own layout the row is summed where it ends up (it
         // stays in cache over the row's edges).
