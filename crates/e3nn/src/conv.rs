@@ -89,9 +89,10 @@ pub struct ConvPaths<T> {
     t_size: usize,
     /// `(filter index, SH index, α·C)` for every nonzero CG entry of every path.
     nz: Vec<(u32, u32, T)>,
-    /// The same entries grouped by SH index (`(filter index, α·C)`, in
-    /// `nz` order within a group), for the adjoint.
-    by_sh: Vec<(u32, T)>,
+    /// The same entries stably sorted by SH index (in `nz` order within
+    /// one), for the lane-wise adjoint; SH index `b`'s entries are
+    /// `by_sh[by_sh_start[b]..by_sh_start[b + 1]]`.
+    by_sh: Vec<(u32, u32, T)>,
     by_sh_start: Vec<usize>,
     /// Forward FLOPs per edge in the cheapest dense form (see [`ConvPaths::flops_per_edge`]).
     flops_per_edge: usize,
@@ -220,7 +221,15 @@ impl<T: Real> ConvPaths<T> {
                 (b.0, b.1)
             )));
         }
-        let (by_sh, by_sh_start) = group_terms(&nz, sh_dim(lmax_sh), |&(ti, yi, c)| (yi, ti, c));
+        let mut by_sh = nz.clone();
+        by_sh.sort_by_key(|&(_, yi, _)| yi);
+        let mut by_sh_start = vec![0usize; sh_dim(lmax_sh) + 1];
+        for &(_, yi, _) in &by_sh {
+            by_sh_start[yi as usize + 1] += 1;
+        }
+        for b in 1..by_sh_start.len() {
+            by_sh_start[b] += by_sh_start[b - 1];
+        }
         Ok(Self {
             dim_in,
             lmax_sh,
@@ -338,7 +347,7 @@ impl<T: Real> ConvPaths<T> {
         for (yi, out) in gy.iter_mut().enumerate() {
             let terms = &self.by_sh[self.by_sh_start[yi]..self.by_sh_start[yi + 1]];
             let mut v = [T::ZERO; LANES];
-            for &(ti, c) in terms {
+            for &(ti, _, c) in terms {
                 let x = &gtv[ti as usize];
                 for l in 0..LANES {
                     v[l] += c * x[l];
@@ -351,32 +360,6 @@ impl<T: Real> ConvPaths<T> {
             *out = s * inv_den;
         }
     }
-}
-
-/// Groups `(key, other, c)` entries by key in `0..n_keys`, keeping their
-/// order within a group: `(other, c)` pairs and the start of each key's
-/// group (`n_keys + 1` offsets).
-fn group_terms<T: Copy, E>(
-    entries: &[E],
-    n_keys: usize,
-    split: impl Fn(&E) -> (u32, u32, T),
-) -> (Vec<(u32, T)>, Vec<usize>) {
-    let mut start = vec![0usize; n_keys + 1];
-    for e in entries {
-        start[split(e).0 as usize + 1] += 1;
-    }
-    for k in 0..n_keys {
-        start[k + 1] += start[k];
-    }
-    let mut next = start.clone();
-    let mut grouped = Vec::with_capacity(entries.len());
-    grouped.resize(entries.len(), None);
-    for e in entries {
-        let (key, other, c) = split(e);
-        grouped[next[key as usize]] = Some((other, c));
-        next[key as usize] += 1;
-    }
-    (grouped.into_iter().flatten().collect(), start)
 }
 
 /// The [`TpPath`] list behind [`ConvPaths::uvu_sorted`] (same arguments and
