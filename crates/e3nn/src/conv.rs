@@ -989,6 +989,7 @@ mod unfused;
 
 pub use fused::{
     radial_conv_backward, radial_conv_backward_with, radial_conv_forward, radial_conv_forward_with,
+    EdgeRadial,
 };
 pub use unfused::{conv_backward, conv_forward};
 

@@ -20,6 +20,7 @@ mod gemm;
 pub mod irreps;
 pub mod phases;
 pub mod radial;
+pub mod radial_table;
 pub mod real;
 pub mod sevennet;
 pub mod sevennet_config;
@@ -32,13 +33,15 @@ pub use activation::Activation;
 pub use affine::AffineLinear;
 pub use conv::{
     conv_backward, conv_forward, radial_conv_backward, radial_conv_backward_with,
-    radial_conv_forward, radial_conv_forward_with, BlockLayout, ConvGraph, ConvPaths, TpPath,
+    radial_conv_forward, radial_conv_forward_with, BlockLayout, ConvGraph, ConvPaths, EdgeRadial,
+    TpPath,
 };
 pub use error::E3nnError;
 pub use fcn::FullyConnectedNet;
 pub use gate::Gate;
 pub use irreps::{Irrep, Irreps, IrrepsLinear};
 pub use radial::{nsilu, nsilu_grad, CutoffFunction, EdgeEmbedding, RadialMlp, SILU_NORM};
+pub use radial_table::RadialTable;
 pub use real::Real;
 pub use sh::{sh_backward, sh_dim, sh_forward};
 pub use wigner::wigner_3j;

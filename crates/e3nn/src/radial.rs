@@ -202,6 +202,92 @@ impl EdgeEmbedding {
         }
     }
 
+    /// Lengths inside (0, cutoff) where the embedding is not smooth (its
+    /// second derivative jumps): XPLOR's `cutoff_on`.
+    pub fn breakpoints(&self) -> Vec<f64> {
+        match self.envelope {
+            CutoffFunction::Xplor { cutoff_on } if cutoff_on > 0.0 && cutoff_on < self.cutoff => {
+                vec![cutoff_on]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The embedding and its first and second derivatives along r at one
+    /// length `r ≥ 0` (Å), in f64, into `emb`, `d1` and `d2` (n_basis
+    /// each). Near r = 0 the Bessel functions come from their series (no
+    /// 0/0 at r = 0, no cancellation just above it).
+    pub fn derivatives(&self, r: f64, emb: &mut [f64], d1: &mut [f64], d2: &mut [f64]) {
+        let (f, df) = self.envelope_at(r);
+        let ddf = self.envelope_second(r);
+        let pref = 2.0 / self.cutoff;
+        for (((o, g1), g2), &c) in emb
+            .iter_mut()
+            .zip(d1.iter_mut())
+            .zip(d2.iter_mut())
+            .zip(&self.freqs)
+        {
+            // b = sin(cr)/r = c·j(x), x = cr, j(x) = sin(x)/x.
+            let x = c * r;
+            let (j0, j1, j2) = if x.abs() < 0.5 {
+                // j = 1 + x²·Σ q_k, q_k = (−1)^k x^(2k−2)/(2k+1)!, k ≥ 1
+                // (to x^16, error < 1e-20); j′ = x·Σ 2k q_k; j″ = Σ 2k(2k−1) q_k.
+                let (mut q, mut s0, mut s1, mut s2) = (-1.0 / 6.0, 0.0, 0.0, 0.0);
+                for k in 1..=8 {
+                    let kk = k as f64;
+                    s0 += q;
+                    s1 += 2.0 * kk * q;
+                    s2 += 2.0 * kk * (2.0 * kk - 1.0) * q;
+                    q *= -x * x / ((2.0 * kk + 2.0) * (2.0 * kk + 3.0));
+                }
+                (1.0 + x * x * s0, x * s1, s2)
+            } else {
+                let (sn, cs) = (x.sin(), x.cos());
+                (
+                    sn / x,
+                    (x * cs - sn) / (x * x),
+                    -sn / x - 2.0 * cs / (x * x) + 2.0 * sn / (x * x * x),
+                )
+            };
+            let (b, db, ddb) = (c * j0, c * c * j1, c * c * c * j2);
+            *o = pref * b * f;
+            *g1 = pref * (db * f + b * df);
+            *g2 = pref * (ddb * f + 2.0 * db * df + b * ddf);
+        }
+    }
+
+    /// f″(r) of the cutoff function (zero below XPLOR's switch point).
+    fn envelope_second(&self, r: f64) -> f64 {
+        let rc = self.cutoff;
+        match self.envelope {
+            CutoffFunction::Xplor { cutoff_on } => {
+                if r < cutoff_on || r >= rc {
+                    return 0.0;
+                }
+                let (r2, on2, c2) = (r * r, cutoff_on * cutoff_on, rc * rc);
+                let den = (c2 - on2).powi(3);
+                // d/dr of 12·r·(c² − r²)(on² − r²)/den.
+                12.0 * ((c2 - r2) * (on2 - r2) - 2.0 * r2 * (on2 - r2) - 2.0 * r2 * (c2 - r2)) / den
+            }
+            CutoffFunction::Polynomial { p } => {
+                let pf = f64::from(p);
+                let (c0, c1, c2) = (
+                    (pf + 1.0) * (pf + 2.0) / 2.0,
+                    pf * (pf + 2.0),
+                    pf * (pf + 1.0) / 2.0,
+                );
+                let x = r / rc;
+                // x^(p−2), x^(p−1), x^p without negative powers at x = 0.
+                let pw = |e: i64| if e == 0 { 1.0 } else { x.powi(e as i32) };
+                let (p0, p1, p2) = (pw(i64::from(p) - 2), pw(i64::from(p) - 1), pw(i64::from(p)));
+                let ddf = -c0 * pf * (pf - 1.0) * (if p >= 2 { p0 } else { 0.0 })
+                    + c1 * (pf + 1.0) * pf * p1
+                    - c2 * (pf + 2.0) * (pf + 1.0) * p2;
+                ddf / (rc * rc)
+            }
+        }
+    }
+
     /// `out` (E × n_basis) from edge lengths `lengths` (E, Å, > 0).
     pub fn forward<T: Real>(&self, lengths: &[T], out: &mut [T]) -> Result<(), E3nnError> {
         let nb = self.n_basis();
@@ -307,6 +393,16 @@ impl<T: Real> RadialMlp<T> {
     /// Input width.
     pub fn dim_in(&self) -> usize {
         self.widths[0]
+    }
+
+    /// Per layer `(in, out, matrix)`: the `(in × out)` row-major matrix
+    /// already multiplied by 1/√in; hidden layers are followed by [`nsilu`].
+    pub(crate) fn layers(&self) -> Vec<(usize, usize, &[T])> {
+        self.weights
+            .iter()
+            .enumerate()
+            .map(|(k, w)| (self.widths[k], self.widths[k + 1], &w[..]))
+            .collect()
     }
 
     /// Floating-point operations of the forward GEMMs per row (a

@@ -283,6 +283,25 @@ pub struct EdgeFeatures<T> {
     pub sh: Vec<T>,
 }
 
+/// The gradient of an edge's radial input: per embedding column
+/// (E × n_basis) when the radial MLP reads the embedding, per length (E)
+/// when a [`crate::RadialTable`] reads the length.
+#[derive(Clone, Copy, Debug)]
+pub enum RadialInputGrad<'a, T> {
+    /// ∂E/∂emb, E × n_basis.
+    Embedding(&'a [T]),
+    /// ∂E/∂r, E.
+    Length(&'a [T]),
+}
+
+impl<'a, T> RadialInputGrad<'a, T> {
+    fn values(&self) -> &'a [T] {
+        match *self {
+            Self::Embedding(g) | Self::Length(g) => g,
+        }
+    }
+}
+
 impl<T: Real> SevenNet<T> {
     /// Builds the kernels of a checkpoint without modalities (a
     /// multi-fidelity one gives [`E3nnError::Modal`]; use [`SevenNet::for_modal`]).
@@ -485,10 +504,27 @@ impl<T: Real> SevenNet<T> {
         grad_emb: &[T],
         grad_sh: &[T],
     ) -> Result<Vec<[T; 3]>, E3nnError> {
+        self.edge_inputs_backward(vectors, RadialInputGrad::Embedding(grad_emb), grad_sh)
+    }
+
+    /// [`Self::edge_features_backward`] with the radial input's gradient
+    /// given either per embedding column or per length (when the weights
+    /// come from a [`crate::RadialTable`] of the length).
+    pub fn edge_inputs_backward(
+        &self,
+        vectors: &[[T; 3]],
+        grad_radial: RadialInputGrad<'_, T>,
+        grad_sh: &[T],
+    ) -> Result<Vec<[T; 3]>, E3nnError> {
         if is_f64::<T>() {
-            return self.edge_features_backward_in(vectors, grad_emb, grad_sh);
+            return self.edge_features_backward_in(vectors, grad_radial, grad_sh);
         }
-        let (nb, d) = (self.n_basis(), self.sh_dim());
+        let d = self.sh_dim();
+        let nb = match grad_radial {
+            RadialInputGrad::Embedding(_) => self.n_basis(),
+            RadialInputGrad::Length(_) => 1,
+        };
+        let grad_emb = grad_radial.values();
         let ne = vectors.len();
         check_len("grad_emb", ne * nb, grad_emb.len())?;
         check_len("grad_sh", ne * d, grad_sh.len())?;
@@ -501,7 +537,11 @@ impl<T: Real> SevenNet<T> {
                 let v64: Vec<[f64; 3]> = v.iter().map(|x| x.map(T::to_f64_lossless)).collect();
                 let ge: Vec<f64> = ge.iter().map(|x| x.to_f64_lossless()).collect();
                 let gs: Vec<f64> = gs.iter().map(|x| x.to_f64_lossless()).collect();
-                let g64 = self.edge_features_backward_in::<f64>(&v64, &ge, &gs)?;
+                let ge = match grad_radial {
+                    RadialInputGrad::Embedding(_) => RadialInputGrad::Embedding(&ge[..]),
+                    RadialInputGrad::Length(_) => RadialInputGrad::Length(&ge[..]),
+                };
+                let g64 = self.edge_features_backward_in::<f64>(&v64, ge, &gs)?;
                 for (o, x) in g.iter_mut().zip(&g64) {
                     *o = x.map(T::from_f64);
                 }
@@ -542,13 +582,19 @@ impl<T: Real> SevenNet<T> {
     fn edge_features_backward_in<U: Real>(
         &self,
         vectors: &[[U; 3]],
-        grad_emb: &[U],
+        grad_radial: RadialInputGrad<'_, U>,
         grad_sh: &[U],
     ) -> Result<Vec<[U; 3]>, E3nnError> {
         let ne = vectors.len();
         let lengths = edge_lengths(vectors);
         let mut g_len = vec![U::ZERO; ne];
-        self.embedding.backward(&lengths, grad_emb, &mut g_len)?;
+        match grad_radial {
+            RadialInputGrad::Embedding(ge) => self.embedding.backward(&lengths, ge, &mut g_len)?,
+            RadialInputGrad::Length(gl) => {
+                check_len("grad_lengths", ne, gl.len())?;
+                g_len.copy_from_slice(gl);
+            }
+        }
         let d = self.sh_dim();
         let scaled;
         let grad_sh = if self.normalize_sh {

@@ -2,9 +2,10 @@
 //! materialised messages, and its gradients against finite differences.
 
 use ddmlip_e3nn::conv::uvu_sorted_paths;
+use ddmlip_e3nn::radial_table::{split_length, TableTolerance};
 use ddmlip_e3nn::{
     conv_backward, conv_forward, radial_conv_backward, radial_conv_forward, sh_dim, sh_forward,
-    wigner_3j, ConvGraph, ConvPaths, Irreps, RadialMlp,
+    wigner_3j, ConvGraph, ConvPaths, CutoffFunction, EdgeEmbedding, Irreps, RadialMlp, RadialTable,
 };
 
 struct Rng(u64);
@@ -335,6 +336,95 @@ fn paths_sharing_weight_columns_are_refused() {
     tp[1].weight_offset = tp[0].weight_offset + 1;
     let err = ConvPaths::<f64>::new(ir.dim(), 1, dim_w, msg.dim(), tp).unwrap_err();
     assert!(err.to_string().contains("share weight columns"), "{err}");
+}
+
+/// The fused convolution fed by a radial table (edge lengths in, the
+/// lengths' gradient out) equals the unfused convolution on the weights the
+/// table gives, with the weights' gradient pulled back by the table's own
+/// backward.
+#[test]
+fn fused_radial_conv_with_a_table_matches_unfused() {
+    let ir = Irreps::parse("4x0e+3x1e+2x2e+1x3e").unwrap();
+    let (paths, _, _) =
+        ConvPaths::<f64>::uvu_sorted(&ir, 3, |_| 1, |ir| ir.l <= 3, wigner_3j).unwrap();
+    let mut rng = Rng(5);
+    let (n, ne, nb) = (120usize, 1500usize, 8usize);
+    let centers: Vec<u32> = (0..ne).map(|_| rng.below(n)).collect();
+    let neighbors: Vec<u32> = (0..ne).map(|_| rng.below(n)).collect();
+    let graph = ConvGraph::new(n, &centers, &neighbors).unwrap();
+    let emb = EdgeEmbedding {
+        freqs: (1..=nb)
+            .map(|k| k as f64 * std::f64::consts::PI / 5.0)
+            .collect(),
+        cutoff: 5.0,
+        envelope: CutoffFunction::Polynomial { p: 6 },
+    };
+    let widths = [nb, 16, paths.dim_w()];
+    let mats: Vec<Vec<f64>> = (0..2).map(|k| rng.vec(widths[k] * widths[k + 1])).collect();
+    let radial = RadialMlp::<f64>::new(&widths, &mats).unwrap();
+    let tol = TableTolerance {
+        value: 1e-10,
+        derivative: 1e-9,
+    };
+    let table = RadialTable::build(&emb, &radial, tol).unwrap();
+    let vecs: Vec<[f64; 3]> = (0..ne)
+        .map(|_| [rng.next() * 2.8, rng.next() * 2.8, rng.next() * 2.8])
+        .collect();
+    // Each length as its two columns (hi, lo = 0 in f64).
+    let r: Vec<f64> = vecs
+        .iter()
+        .flat_map(|v| split_length::<f64>((v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt()))
+        .collect();
+    let mut sh = vec![0.0; ne * sh_dim(3)];
+    sh_forward(&vecs, 3, &mut sh).unwrap();
+    let h = rng.vec(n * ir.dim());
+    let (denom, dm) = (3.1, paths.dim_msg());
+    let mut w = vec![0.0; ne * paths.dim_w()];
+    table.forward(&r, &mut w).unwrap();
+    let mut want = vec![0.0; n * dm];
+    conv_forward(&paths, &graph, &h, &sh, &w, denom, &mut want).unwrap();
+    let g = rng.vec(n * dm);
+    let (mut gh0, mut gsh0, mut gw0) =
+        (vec![0.0; h.len()], vec![0.0; sh.len()], vec![0.0; w.len()]);
+    conv_backward(
+        &paths, &graph, &h, &sh, &w, denom, &g, &mut gh0, &mut gsh0, &mut gw0,
+    )
+    .unwrap();
+    let mut gr0 = vec![0.0; 2 * ne];
+    table.backward(&r, &gw0, &mut gr0).unwrap();
+
+    let mut out = vec![f64::NAN; n * dm];
+    radial_conv_forward(&paths, &table, denom, &graph, &h, &r, &sh, &mut out).unwrap();
+    let (mut gh, mut gr, mut gsh) = (
+        vec![f64::NAN; h.len()],
+        vec![f64::NAN; 2 * ne],
+        vec![f64::NAN; sh.len()],
+    );
+    radial_conv_backward(
+        &paths, &table, denom, &graph, &h, &r, &sh, &g, &mut gh, &mut gr, &mut gsh,
+    )
+    .unwrap();
+    for (name, got, want) in [
+        ("out", &out, &want),
+        ("grad_h", &gh, &gh0),
+        ("grad_r", &gr, &gr0),
+        ("grad_sh", &gsh, &gsh0),
+    ] {
+        let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        assert!(scale > 1e-3, "{name} trivially zero");
+        for (k, (a, b)) in got.iter().zip(want.iter()).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-12 * scale.max(1.0),
+                "{name}[{k}]: fused {a} vs unfused {b}"
+            );
+        }
+    }
+    // A table is read with one input column per edge: the embedding's
+    // eight are refused.
+    let emb_rows = rng.vec(ne * nb);
+    assert!(
+        radial_conv_forward(&paths, &table, denom, &graph, &h, &emb_rows, &sh, &mut out).is_err()
+    );
 }
 
 fn fused_matches_unfused(ir: &Irreps, paths: &ConvPaths<f64>) {

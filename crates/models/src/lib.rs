@@ -22,4 +22,4 @@ pub use registry::{
     load_model, load_model_with_modal, model_names, model_source, pretrained_sevennet_path,
     ModelError, ModelSource, PretrainedSevenNet, PRETRAINED_SEVENNETS, SEVENNET_NAME,
 };
-pub use sevennet::SevenNetModel;
+pub use sevennet::{RadialEvaluation, SevenNetModel};

@@ -5,11 +5,14 @@
 
 use crate::registry::ModelError;
 use ddmlip_e3nn::phases::{timed, Pass};
-use ddmlip_e3nn::sevennet::{InteractionBlock, Readout, SelfConnection, SevenNet, SevenNetWeights};
+use ddmlip_e3nn::radial_table::{split_length, F32_TABLE_TOLERANCE, LENGTH_COLUMNS};
+use ddmlip_e3nn::sevennet::{
+    InteractionBlock, RadialInputGrad, Readout, SelfConnection, SevenNet, SevenNetWeights,
+};
 use ddmlip_e3nn::species_linear::SpeciesLinear;
 use ddmlip_e3nn::{
     radial_conv_backward_with, radial_conv_forward_with, AffineLinear, BlockLayout, ConvGraph,
-    E3nnError, FullyConnectedNet, Gate, Real,
+    E3nnError, EdgeRadial, FullyConnectedNet, Gate, RadialTable, Real,
 };
 use ddmlip_engine::ops::opaque::Shape;
 use ddmlip_engine::{
@@ -19,7 +22,21 @@ use ddmlip_engine::{
 use ddmlip_spec::{GatherMode, MLIPSpec, ScatterMode};
 use rayon::prelude::*;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// How a precision's path computes each layer's per-edge weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RadialEvaluation {
+    /// The radial MLP on each edge's embedding (the network as written).
+    Network,
+    /// A cubic Hermite table of the whole radial network `r ↦ W(r)`, built
+    /// in f64 from the network to 1/64 of f32's unit roundoff (relative to
+    /// the largest weight), read per edge length (`ddmlip_e3nn::RadialTable`).
+    Table,
+}
+
+/// Per layer, the radial network's table in precision `T`.
+type Tables<T> = Arc<Vec<RadialTable<T>>>;
 
 /// A SevenNet potential read from its PyTorch checkpoint (any architecture
 /// `ddmlip_e3nn::sevennet::SevenNetConfig` accepts), for one modality of a
@@ -29,6 +46,10 @@ pub struct SevenNetModel {
     description: String,
     f64_net: Arc<SevenNet<f64>>,
     f32_net: Arc<SevenNet<f32>>,
+    /// The f32 path's radial evaluation (f64 always runs the network).
+    f32_radial: RadialEvaluation,
+    /// The f32 tables, built from the f64 network on first use.
+    f32_tables: OnceLock<Result<Tables<f32>, String>>,
 }
 
 impl SevenNetModel {
@@ -61,12 +82,49 @@ impl SevenNetModel {
             description,
             f64_net: Arc::new(f64_net),
             f32_net: Arc::new(f32_net),
+            f32_radial: RadialEvaluation::Table,
+            f32_tables: OnceLock::new(),
         })
     }
 
+    /// This model with the f32 path's per-edge weights computed by
+    /// `radial` ([`RadialEvaluation::Table`] unless changed). The f64 path
+    /// always evaluates the network.
+    pub fn with_f32_radial(mut self, radial: RadialEvaluation) -> Self {
+        self.f32_radial = radial;
+        self
+    }
+
+    /// The f32 path's radial evaluation.
+    pub fn f32_radial(&self) -> RadialEvaluation {
+        self.f32_radial
+    }
+
+    /// The f32 tables of every layer (built on the first call, from the
+    /// f64 network).
+    pub fn f32_tables(&self) -> Result<Tables<f32>, EngineError> {
+        self.f32_tables
+            .get_or_init(|| {
+                let emb = &self.f64_net.embedding;
+                let tables: Result<Vec<_>, _> = self
+                    .f64_net
+                    .blocks
+                    .par_iter()
+                    .map(|b| RadialTable::<f32>::build(emb, &b.radial, F32_TABLE_TOLERANCE))
+                    .collect();
+                tables.map(Arc::new).map_err(|e| e.to_string())
+            })
+            .clone()
+            .map_err(|e| EngineError::Input(format!("{}: {e}", self.name)))
+    }
+
+    /// The graph of one evaluation; `tables` (one per layer) replace the
+    /// radial MLPs, the edges then carrying their lengths instead of the
+    /// radial embedding.
     fn forward_impl<T: Scalar + Real>(
         &self,
         net: &Arc<SevenNet<T>>,
+        tables: Option<Tables<T>>,
         g: &mut Graph<T>,
         inputs: &ModelInputs,
     ) -> Result<ModelOutputs, EngineError> {
@@ -92,11 +150,19 @@ impl SevenNetModel {
         )?;
         g.push_scope("edge_embedding");
         let vectors = edges.vectors(g)?;
+        let radial_input = if tables.is_some() {
+            RadialInput::Length
+        } else {
+            RadialInput::Embedding
+        };
         let feats = g.rowwise(
-            Arc::new(EdgeFeaturesKernel { net: net.clone() }),
+            Arc::new(EdgeFeaturesKernel {
+                net: net.clone(),
+                radial_input,
+            }),
             &[vectors],
         )?;
-        let (nb, nsh) = (net.n_basis(), net.sh_dim());
+        let (nb, nsh) = (radial_input.width(net), net.sh_dim());
         let emb = g.slice_cols(feats, 0, nb)?;
         let sh = g.slice_cols(feats, nb, nb + nsh)?;
         g.pop_scope();
@@ -176,6 +242,7 @@ impl SevenNetModel {
                 layer: t,
                 graph: conv_graph.clone(),
                 message_layout,
+                tables: tables.clone(),
             });
             let a = g.message_passing(conv, &[h], &[emb, sh], edges.center, edges.neighbor)?;
             let y = g.rowwise(
@@ -273,14 +340,18 @@ impl Model for SevenNetModel {
         g: &mut Graph<f64>,
         inputs: &ModelInputs,
     ) -> Result<ModelOutputs, EngineError> {
-        self.forward_impl(&self.f64_net, g, inputs)
+        self.forward_impl(&self.f64_net, None, g, inputs)
     }
     fn forward_f32(
         &self,
         g: &mut Graph<f32>,
         inputs: &ModelInputs,
     ) -> Result<ModelOutputs, EngineError> {
-        self.forward_impl(&self.f32_net, g, inputs)
+        let tables = match self.f32_radial {
+            RadialEvaluation::Network => None,
+            RadialEvaluation::Table => Some(self.f32_tables()?),
+        };
+        self.forward_impl(&self.f32_net, tables, g, inputs)
     }
 }
 
@@ -291,9 +362,29 @@ fn kernel_err(e: E3nnError) -> KernelError {
 /// Edges per parallel chunk of the edge-features kernel.
 const EDGE_ROWS: usize = 2048;
 
-/// Edge vectors (E×3) → radial embedding (n_basis) ‖ spherical harmonics ((l_max+1)²).
+/// What the convolutions read as an edge's radial input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RadialInput {
+    /// The radial embedding (n_basis columns), for the radial MLP.
+    Embedding,
+    /// The length (its `LENGTH_COLUMNS`: hi and lo), for a radial table.
+    Length,
+}
+
+impl RadialInput {
+    fn width<T: Real>(self, net: &SevenNet<T>) -> usize {
+        match self {
+            Self::Embedding => net.n_basis(),
+            Self::Length => LENGTH_COLUMNS,
+        }
+    }
+}
+
+/// Edge vectors (E×3) → radial input (embedding, n_basis, or length, 1) ‖
+/// spherical harmonics ((l_max+1)²).
 struct EdgeFeaturesKernel<T> {
     net: Arc<SevenNet<T>>,
+    radial_input: RadialInput,
 }
 
 fn as_vec3<T: Copy>(v: &[T]) -> Vec<[T; 3]> {
@@ -308,7 +399,7 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
         Ok((
             RowDomain::Edge,
             inputs[0].1,
-            self.net.n_basis() + self.net.sh_dim(),
+            self.radial_input.width(&self.net) + self.net.sh_dim(),
         ))
     }
     fn forward(
@@ -318,7 +409,7 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
         out: &mut [T],
     ) -> Result<(), KernelError> {
         timed(self.name(), Pass::Forward, 0.0, || {
-            let (nb, nsh) = (self.net.n_basis(), self.net.sh_dim());
+            let (nb, nsh) = (self.radial_input.width(&self.net), self.net.sh_dim());
             let width = nb + nsh;
             // Chunk by chunk over the threads: each edge's features depend
             // on its vector alone, and each chunk writes its own rows.
@@ -326,8 +417,26 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
                 .zip(inputs[0].par_chunks(EDGE_ROWS * 3))
                 .try_for_each(|(rows, v)| {
                     let f = self.net.edge_features(&as_vec3(v)).map_err(kernel_err)?;
+                    let lengths: Vec<T>;
+                    let radial = match self.radial_input {
+                        RadialInput::Embedding => &f.emb,
+                        RadialInput::Length => {
+                            // In f64 from the vectors (as the features are),
+                            // kept to f64 precision as hi + lo.
+                            lengths = v
+                                .chunks_exact(3)
+                                .flat_map(|x| {
+                                    let x = [x[0], x[1], x[2]].map(T::to_f64_lossless);
+                                    split_length::<T>(
+                                        (x[0] * x[0] + x[1] * x[1] + x[2] * x[2]).sqrt(),
+                                    )
+                                })
+                                .collect();
+                            &lengths
+                        }
+                    };
                     for (e, row) in rows.chunks_exact_mut(width.max(1)).enumerate() {
-                        row[..nb].copy_from_slice(&f.emb[e * nb..(e + 1) * nb]);
+                        row[..nb].copy_from_slice(&radial[e * nb..(e + 1) * nb]);
                         row[nb..].copy_from_slice(&f.sh[e * nsh..(e + 1) * nsh]);
                     }
                     Ok(())
@@ -341,7 +450,7 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
         g: &[T],
         grads: &mut [Vec<T>],
     ) -> Option<Result<(), KernelError>> {
-        let (nb, nsh) = (self.net.n_basis(), self.net.sh_dim());
+        let (nb, nsh) = (self.radial_input.width(&self.net), self.net.sh_dim());
         let width = nb + nsh;
         let run = || -> Result<(), KernelError> {
             grads[0]
@@ -356,9 +465,18 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
                         ge.extend_from_slice(&row[..nb]);
                         gs.extend_from_slice(&row[nb..]);
                     }
+                    // A table's gradient is the length's, in the hi column.
+                    let g_len: Vec<T>;
+                    let ge = match self.radial_input {
+                        RadialInput::Embedding => RadialInputGrad::Embedding(&ge[..]),
+                        RadialInput::Length => {
+                            g_len = ge.iter().step_by(LENGTH_COLUMNS).copied().collect();
+                            RadialInputGrad::Length(&g_len[..])
+                        }
+                    };
                     let gv = self
                         .net
-                        .edge_features_backward(&v, &ge, &gs)
+                        .edge_inputs_backward(&v, ge, &gs)
                         .map_err(kernel_err)?;
                     for (dst, src) in grad.chunks_exact_mut(3).zip(gv) {
                         for k in 0..3 {
@@ -592,6 +710,9 @@ struct ConvKernel<T> {
     graph: Arc<ConvGraphCache>,
     /// How the message rows' blocks are stored (see the linear reading them).
     message_layout: BlockLayout,
+    /// Per layer, the radial tables that replace the MLPs (the edges then
+    /// carry lengths).
+    tables: Option<Tables<T>>,
 }
 
 impl<T: Scalar + Real> ConvKernel<T> {
@@ -599,14 +720,24 @@ impl<T: Scalar + Real> ConvKernel<T> {
         &self.net.blocks[self.layer]
     }
 
-    /// FLOPs per edge of the radial MLP's GEMMs and of the tensor products'
-    /// forward, as `bench/sevennet0_flops.py` counts them.
+    /// The layer's per-edge weights: its table, or its radial MLP.
+    fn radial(&self) -> EdgeRadial<'_, T> {
+        match &self.tables {
+            Some(t) => EdgeRadial::Table(&t[self.layer]),
+            None => EdgeRadial::Network(&self.block().radial),
+        }
+    }
+
+    /// FLOPs per edge of the radial MLP's GEMMs (or of the table's quintic,
+    /// 6 multiply-adds per weight) and of the tensor products' forward, as
+    /// `bench/sevennet0_flops.py` counts them.
     fn flops_per_edge(&self) -> (f64, f64) {
         let b = self.block();
-        (
-            b.radial.flops_per_row() as f64,
-            b.conv.flops_per_edge() as f64,
-        )
+        let radial = match self.radial() {
+            EdgeRadial::Network(m) => m.flops_per_row(),
+            EdgeRadial::Table(t) => 12 * t.dim_out(),
+        };
+        (radial as f64, b.conv.flops_per_edge() as f64)
     }
 }
 
@@ -625,7 +756,7 @@ impl<T: Scalar + Real> MessageKernel<T> for ConvKernel<T> {
             let graph = self.graph.get(x.n_rows, x.center, x.neighbor)?;
             radial_conv_forward_with(
                 &b.conv,
-                &b.radial,
+                self.radial(),
                 b.denominator,
                 &graph,
                 x.nodes[0],
@@ -654,7 +785,7 @@ impl<T: Scalar + Real> MessageKernel<T> for ConvKernel<T> {
             let (gemb, gsh) = ge.split_at_mut(1);
             radial_conv_backward_with(
                 &b.conv,
-                &b.radial,
+                self.radial(),
                 b.denominator,
                 &graph,
                 x.nodes[0],

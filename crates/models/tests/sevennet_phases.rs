@@ -85,8 +85,16 @@ fn tp_flops(t: usize) -> usize {
         .sum()
 }
 
+/// FLOPs per edge of one layer's radial part.
+type FlopsOfLayer = fn(usize) -> usize;
+
 fn mlp_flops(t: usize) -> usize {
     2 * (8 * 64 + 64 * 64 + 64 * W[t])
+}
+
+/// The radial table's quintic: 6 multiply-adds per weight.
+fn table_flops(t: usize) -> usize {
+    2 * 6 * W[t]
 }
 
 /// Linear FLOPs per atom of (self-connection, linear_1, linear_2) of layer t.
@@ -155,71 +163,79 @@ fn every_phase_is_recorded_with_the_scripts_flop_count() {
     .len();
     assert!(edges > 0);
     let atoms = sys.len();
-    phases::set_enabled(true);
-    let cpu0 = phases::process_cpu_s().expect("process CPU clock");
-    let t0 = std::time::Instant::now();
-    run(m.as_ref(), &sys, DType::F32);
-    let (wall, cpu) = (
-        t0.elapsed().as_secs_f64(),
-        phases::process_cpu_s().unwrap() - cpu0,
-    );
-    phases::set_enabled(false);
-    let table = phases::take();
-    // Layer 0's self-connection and linear_1 read the species embedding, a
-    // constant: they have no backward.
-    assert_eq!(table.len(), 2 * (1 + 5 * 5 + 2) - 2, "{table:#?}");
-    for name in ["0_self_connection", "0_self_interaction_1"] {
-        assert!(!table
-            .iter()
-            .any(|p| p.name == name && p.pass == Pass::Backward));
-    }
-    for pass in [Pass::Forward, Pass::Backward] {
-        for t in 0..5 {
-            let lin = linear_flops(t);
-            let names = [
-                "self_connection",
-                "self_interaction_1",
-                "self_interaction_2",
-            ];
-            for (name, per_atom) in names.iter().zip(lin) {
-                if t == 0 && pass == Pass::Backward && *name != "self_interaction_2" {
-                    continue;
-                }
-                let p = phase(&table, &format!("{t}_{name}"), pass);
-                assert_eq!(p.calls, 1);
-                assert_eq!(p.flops, (per_atom * atoms) as f64, "{t}_{name} {pass:?}");
-            }
-            let conv = phase(&table, &format!("{t}_convolution"), pass);
-            let mlp_passes = if pass == Pass::Forward { 1 } else { 2 };
-            let per_edge = mlp_passes * mlp_flops(t) + tp_flops(t);
-            assert_eq!(conv.calls, 1);
-            assert_eq!(conv.flops, (per_edge * edges) as f64, "layer {t} {pass:?}");
-            assert_eq!(
-                phase(&table, &format!("{t}_equivariant_gate"), pass).calls,
-                1
-            );
+    // f32 reads each layer's radial network from its table, f64 runs the MLP.
+    let modes: [(DType, FlopsOfLayer); 2] = [(DType::F32, table_flops), (DType::F64, mlp_flops)];
+    for (dtype, radial_flops) in modes {
+        phases::set_enabled(true);
+        let cpu0 = phases::process_cpu_s().expect("process CPU clock");
+        let t0 = std::time::Instant::now();
+        run(m.as_ref(), &sys, dtype);
+        let (wall, cpu) = (
+            t0.elapsed().as_secs_f64(),
+            phases::process_cpu_s().unwrap() - cpu0,
+        );
+        phases::set_enabled(false);
+        let table = phases::take();
+        // Layer 0's self-connection and linear_1 read the species embedding, a
+        // constant: they have no backward.
+        assert_eq!(table.len(), 2 * (1 + 5 * 5 + 2) - 2, "{table:#?}");
+        for name in ["0_self_connection", "0_self_interaction_1"] {
+            assert!(!table
+                .iter()
+                .any(|p| p.name == name && p.pass == Pass::Backward));
         }
-        assert_eq!(
-            phase(&table, "reduce_input_to_hidden", pass).flops,
-            (2 * 128 * 64 * atoms) as f64
+        for pass in [Pass::Forward, Pass::Backward] {
+            for t in 0..5 {
+                let lin = linear_flops(t);
+                let names = [
+                    "self_connection",
+                    "self_interaction_1",
+                    "self_interaction_2",
+                ];
+                for (name, per_atom) in names.iter().zip(lin) {
+                    if t == 0 && pass == Pass::Backward && *name != "self_interaction_2" {
+                        continue;
+                    }
+                    let p = phase(&table, &format!("{t}_{name}"), pass);
+                    assert_eq!(p.calls, 1);
+                    assert_eq!(p.flops, (per_atom * atoms) as f64, "{t}_{name} {pass:?}");
+                }
+                let conv = phase(&table, &format!("{t}_convolution"), pass);
+                let mlp_passes = if pass == Pass::Forward { 1 } else { 2 };
+                let per_edge = mlp_passes * radial_flops(t) + tp_flops(t);
+                assert_eq!(conv.calls, 1);
+                assert_eq!(
+                    conv.flops,
+                    (per_edge * edges) as f64,
+                    "{dtype:?} layer {t} {pass:?}"
+                );
+                assert_eq!(
+                    phase(&table, &format!("{t}_equivariant_gate"), pass).calls,
+                    1
+                );
+            }
+            assert_eq!(
+                phase(&table, "reduce_input_to_hidden", pass).flops,
+                (2 * 128 * 64 * atoms) as f64
+            );
+            assert_eq!(
+                phase(&table, "reduce_hidden_to_energy", pass).flops,
+                (2 * 64 * atoms) as f64
+            );
+            assert_eq!(phase(&table, "sevennet_edge_features", pass).calls, 1);
+        }
+        // The phases ran inside the evaluation, one after another.
+        let (sum_wall, sum_cpu) = table
+            .iter()
+            .fold((0.0, 0.0), |(w, c), p| (w + p.wall_s, c + p.cpu_s));
+        assert!(table.iter().all(|p| p.wall_s > 0.0 && p.cpu_s >= 0.0));
+        assert!(
+            sum_wall <= wall,
+            "phases {sum_wall} s within the call's {wall} s"
         );
-        assert_eq!(
-            phase(&table, "reduce_hidden_to_energy", pass).flops,
-            (2 * 64 * atoms) as f64
+        assert!(
+            sum_cpu <= cpu + 1e-3,
+            "phases' CPU {sum_cpu} s within the call's {cpu} s"
         );
-        assert_eq!(phase(&table, "sevennet_edge_features", pass).calls, 1);
     }
-    // The phases ran inside the evaluation, one after another.
-    let (sum_wall, sum_cpu) = table
-        .iter()
-        .fold((0.0, 0.0), |(w, c), p| (w + p.wall_s, c + p.cpu_s));
-    assert!(table.iter().all(|p| p.wall_s > 0.0 && p.cpu_s >= 0.0));
-    assert!(
-        sum_wall <= wall,
-        "phases {sum_wall} s within the call's {wall} s"
-    );
-    assert!(
-        sum_cpu <= cpu + 1e-3,
-        "phases' CPU {sum_cpu} s within the call's {cpu} s"
-    );
 }

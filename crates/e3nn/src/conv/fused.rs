@@ -1,30 +1,47 @@
-//! Radial MLP fused with the convolution.
+//! Radial MLP (or its table) fused with the convolution.
 //!
 //! The per-edge weights `w = radial(emb)` (E × dim_w, up to ~1000 values per
 //! edge) dominate memory if materialised for all edges. The fused kernels
-//! split the rows into blocks of about `FUSED_BLOCK_EDGES` edges (receiver
-//! rows in the forward, sender rows in the backward), run the MLP on just
-//! that block's edges into per-task scratch, and consume the weights at once.
-//! Each block writes only its own rows (and its own range of sender-CSR
-//! positions), so the results are race-free and independent of scheduling.
+//! split the rows into blocks of about `FUSED_BLOCK_EDGES` edges
+//! (`TABLE_BLOCK_EDGES` with a radial table; receiver rows in the forward,
+//! sender rows in the backward), compute the weights of just that block's
+//! edges into per-task scratch, and consume them at once. Each block writes
+//! only its own rows (and its own range of sender-CSR positions), so the
+//! results are race-free and independent of scheduling.
 
 use super::*;
+use crate::radial_table::{RadialTable, LENGTH_COLUMNS};
 use std::borrow::Cow;
 use std::ops::{Deref, DerefMut};
 use std::sync::Mutex;
 
-/// Target number of edges per fused block (rows of the block's MLP GEMMs).
+/// Target number of edges per fused block with a radial MLP (rows of the
+/// block's MLP GEMMs).
 const FUSED_BLOCK_EDGES: usize = 256;
+/// The same with a radial table, which needs no GEMM rows: a smaller block
+/// keeps its weights (edges × dim_w) in a nearer cache between being
+/// written and read, and its per-task scratch small.
+const TABLE_BLOCK_EDGES: usize = 64;
+
+impl<T> EdgeRadial<'_, T> {
+    /// Target number of edges per block of the fused kernels.
+    fn block_edges(&self) -> usize {
+        match self {
+            Self::Network(_) => FUSED_BLOCK_EDGES,
+            Self::Table(_) => TABLE_BLOCK_EDGES,
+        }
+    }
+}
 
 /// Splits rows into consecutive blocks `(row0, row1)` of about
-/// `FUSED_BLOCK_EDGES` CSR positions each (a single row may exceed it).
-fn row_blocks(offsets: &[usize]) -> Vec<(usize, usize)> {
+/// `block_edges` CSR positions each (a single row may exceed it).
+fn row_blocks(offsets: &[usize], block_edges: usize) -> Vec<(usize, usize)> {
     let n = offsets.len() - 1;
     let mut blocks = Vec::new();
     let mut r0 = 0;
     while r0 < n {
         let mut r1 = r0 + 1;
-        while r1 < n && offsets[r1 + 1] - offsets[r0] <= FUSED_BLOCK_EDGES {
+        while r1 < n && offsets[r1 + 1] - offsets[r0] <= block_edges {
             r1 += 1;
         }
         blocks.push((r0, r1));
@@ -98,11 +115,70 @@ impl<S> Drop for Pooled<'_, S> {
     }
 }
 
+/// Where a layer's per-edge weights come from: the radial MLP on each
+/// edge's embedding (E × n_basis inputs), or its table on each edge's
+/// length (E × [`LENGTH_COLUMNS`] inputs, see [`RadialTable`]).
+#[derive(Clone, Copy, Debug)]
+pub enum EdgeRadial<'a, T> {
+    /// `w = mlp(emb)`, the edge input being the radial embedding.
+    Network(&'a RadialMlp<T>),
+    /// `w = table(r)`, the edge input being the length (`hi`, `lo`).
+    Table(&'a RadialTable<T>),
+}
+
+impl<'a, T> From<&'a RadialMlp<T>> for EdgeRadial<'a, T> {
+    fn from(m: &'a RadialMlp<T>) -> Self {
+        Self::Network(m)
+    }
+}
+
+impl<'a, T> From<&'a RadialTable<T>> for EdgeRadial<'a, T> {
+    fn from(t: &'a RadialTable<T>) -> Self {
+        Self::Table(t)
+    }
+}
+
+impl<T: Real> EdgeRadial<'_, T> {
+    /// Columns of the edge input.
+    pub fn dim_in(&self) -> usize {
+        match self {
+            Self::Network(m) => m.dim_in(),
+            Self::Table(_) => LENGTH_COLUMNS,
+        }
+    }
+
+    /// Weights per edge.
+    pub fn dim_out(&self) -> usize {
+        match self {
+            Self::Network(m) => m.dim_out(),
+            Self::Table(t) => t.dim_out(),
+        }
+    }
+}
+
+#[inline(always)]
+fn table_fwd<T: Real>(table: &RadialTable<T>, r: &[T], out: &mut [T]) {
+    table.forward_rows(r, out)
+}
+
+#[inline(always)]
+fn table_bwd<T: Real>(table: &RadialTable<T>, r: &[T], g: &[T], gr: &mut [T]) {
+    table.backward_rows(r, g, gr)
+}
+
+multiversion!(table_fwd_mv, table_fwd_avx512, table_fwd_avx2, table_fwd, (
+    table: &RadialTable<T>, r: &[T], out: &mut [T]
+));
+multiversion!(table_bwd_mv, table_bwd_avx512, table_bwd_avx2, table_bwd, (
+    table: &RadialTable<T>, r: &[T], g: &[T], gr: &mut [T]
+));
+
 /// Per-task scratch of the fused kernels.
 struct FusedScratch<T> {
     conv: Scratch<T>,
-    mlp: MlpScratch<T>,
-    /// Gathered radial embeddings of the block's edges.
+    /// The MLP's hidden layers (`None` for a table).
+    mlp: Option<MlpScratch<T>>,
+    /// Gathered edge inputs (embeddings or lengths) of the block's edges.
     emb: Vec<T>,
     /// The block's per-edge weights.
     w: Vec<T>,
@@ -112,13 +188,16 @@ struct FusedScratch<T> {
 
 fn fused_scratch<T: Real>(
     paths: &ConvPaths<T>,
-    radial: &RadialMlp<T>,
+    radial: EdgeRadial<'_, T>,
     row: usize,
     max_edges: usize,
 ) -> FusedScratch<T> {
     FusedScratch {
         conv: paths.scratch(row),
-        mlp: radial.scratch(max_edges),
+        mlp: match radial {
+            EdgeRadial::Network(m) => Some(m.scratch(max_edges)),
+            EdgeRadial::Table(_) => None,
+        },
         emb: vec![T::ZERO; max_edges * radial.dim_in()],
         w: vec![T::ZERO; max_edges * paths.dim_w],
         gw: vec![T::ZERO; max_edges * paths.dim_w],
@@ -134,9 +213,11 @@ fn max_block_edges(offsets: &[usize], blocks: &[(usize, usize)]) -> usize {
         .unwrap_or(0)
 }
 
-/// Weights of the edges at CSR positions `p0..p1` of `edges` into `sc.w`.
+/// Weights of the edges at CSR positions `p0..p1` of `edges` into `sc.w`
+/// (their inputs gathered into `sc.emb`).
 fn block_weights<T: Real>(
-    radial: &RadialMlp<T>,
+    isa: Isa,
+    radial: EdgeRadial<'_, T>,
     edges: &[u32],
     emb: &[T],
     p0: usize,
@@ -148,7 +229,38 @@ fn block_weights<T: Real>(
         let e = e as usize;
         dst[..nb].copy_from_slice(&emb[e * nb..(e + 1) * nb]);
     }
-    radial.forward_block(&sc.emb, rows, &mut sc.mlp, &mut sc.w);
+    match (radial, sc.mlp.as_mut()) {
+        (EdgeRadial::Network(m), Some(s)) => m.forward_block(&sc.emb, rows, s, &mut sc.w),
+        (EdgeRadial::Table(t), _) => table_fwd_mv(
+            isa,
+            t,
+            &sc.emb[..rows * LENGTH_COLUMNS],
+            &mut sc.w[..rows * t.dim_out()],
+        ),
+        (EdgeRadial::Network(_), None) => unreachable!("a network's scratch has its MLP buffers"),
+    }
+}
+
+/// Gradient of the block's edge inputs (`gemb`, rows × dim_in) from the
+/// weights' gradient in `sc.gw`, after [`block_weights`] on the same block.
+fn block_weights_backward<T: Real>(
+    isa: Isa,
+    radial: EdgeRadial<'_, T>,
+    rows: usize,
+    sc: &mut FusedScratch<T>,
+    gemb: &mut [T],
+) {
+    match (radial, sc.mlp.as_mut()) {
+        (EdgeRadial::Network(m), Some(s)) => m.backward_block(rows, s, &sc.gw, gemb),
+        (EdgeRadial::Table(t), _) => table_bwd_mv(
+            isa,
+            t,
+            &sc.emb[..rows * LENGTH_COLUMNS],
+            &sc.gw[..rows * t.dim_out()],
+            &mut gemb[..rows * LENGTH_COLUMNS],
+        ),
+        (EdgeRadial::Network(_), None) => unreachable!("a network's scratch has its MLP buffers"),
+    }
 }
 
 /// Backward of sender row `j` with the weights of its edges in `w` (rows by
@@ -213,7 +325,7 @@ multiversion!(fused_bwd_sender_row_mv, fused_bwd_sender_row_avx512, fused_bwd_se
 
 fn check_fused<T: Real>(
     paths: &ConvPaths<T>,
-    radial: &RadialMlp<T>,
+    radial: EdgeRadial<'_, T>,
     graph: &ConvGraph,
     h: &[T],
     emb: &[T],
@@ -222,7 +334,7 @@ fn check_fused<T: Real>(
 ) -> Result<T, E3nnError> {
     if radial.dim_out() != paths.dim_w {
         return Err(E3nnError::Config(format!(
-            "radial MLP gives {} weights per edge, the TP paths need {}",
+            "the radial network gives {} weights per edge, the TP paths need {}",
             radial.dim_out(),
             paths.dim_w
         )));
@@ -244,9 +356,9 @@ fn check_fused<T: Real>(
 /// `h` n_rows × dim_in, `emb` E × radial.dim_in(), `sh` E × dim_sh.
 /// `radial.dim_out()` must equal `paths.dim_w()`.
 #[allow(clippy::too_many_arguments)]
-pub fn radial_conv_forward<T: Real>(
+pub fn radial_conv_forward<'r, T: Real>(
     paths: &ConvPaths<T>,
-    radial: &RadialMlp<T>,
+    radial: impl Into<EdgeRadial<'r, T>>,
     denominator: f64,
     graph: &ConvGraph,
     h: &[T],
@@ -265,9 +377,9 @@ pub fn radial_conv_forward<T: Real>(
 /// [`ConvPaths::tiles_blocks_of`] its input irreps. The same values as
 /// [`radial_conv_forward`], bit for bit, moved.
 #[allow(clippy::too_many_arguments)]
-pub fn radial_conv_forward_with<T: Real>(
+pub fn radial_conv_forward_with<'r, T: Real>(
     paths: &ConvPaths<T>,
-    radial: &RadialMlp<T>,
+    radial: impl Into<EdgeRadial<'r, T>>,
     denominator: f64,
     graph: &ConvGraph,
     h: &[T],
@@ -280,7 +392,7 @@ pub fn radial_conv_forward_with<T: Real>(
     radial_conv_forward_on(
         isa,
         paths,
-        radial,
+        radial.into(),
         denominator,
         graph,
         h,
@@ -297,7 +409,7 @@ pub fn radial_conv_forward_with<T: Real>(
 fn radial_conv_forward_on<T: Real>(
     isa: Isa,
     paths: &ConvPaths<T>,
-    radial: &RadialMlp<T>,
+    radial: EdgeRadial<'_, T>,
     denominator: f64,
     graph: &ConvGraph,
     h: &[T],
@@ -313,7 +425,7 @@ fn radial_conv_forward_on<T: Real>(
         return Ok(());
     }
     let ht = rows_to_cm(&paths.in_ranges, h, paths.dim_in);
-    let blocks = row_blocks(&graph.center_offsets);
+    let blocks = row_blocks(&graph.center_offsets, radial.block_edges());
     let max_edges = max_block_edges(&graph.center_offsets, &blocks);
     let pieces = split_blocks(out, blocks.iter().copied(), dm);
     let pool = Mutex::new(Vec::new());
@@ -322,7 +434,7 @@ fn radial_conv_forward_on<T: Real>(
         |sc, ((r0, r1), piece)| {
             let sc = &mut **sc;
             let (p0, p1) = (graph.center_offsets[r0], graph.center_offsets[r1]);
-            block_weights(radial, &graph.center_edges, emb, p0, p1, sc);
+            block_weights(isa, radial, &graph.center_edges, emb, p0, p1, sc);
             for (i, row) in (r0..r1).zip(piece.chunks_exact_mut(dm)) {
                 fwd_row_mv(
                     isa,
@@ -348,9 +460,9 @@ fn radial_conv_forward_on<T: Real>(
 /// Overwrites `grad_h` (n_rows × dim_in), `grad_emb` (E × radial.dim_in())
 /// and `grad_sh` (E × dim_sh). The weights are recomputed block by block.
 #[allow(clippy::too_many_arguments)]
-pub fn radial_conv_backward<T: Real>(
+pub fn radial_conv_backward<'r, T: Real>(
     paths: &ConvPaths<T>,
-    radial: &RadialMlp<T>,
+    radial: impl Into<EdgeRadial<'r, T>>,
     denominator: f64,
     graph: &ConvGraph,
     h: &[T],
@@ -384,9 +496,9 @@ pub fn radial_conv_backward<T: Real>(
 /// same gradients as [`radial_conv_backward`] from the same values, bit
 /// for bit.
 #[allow(clippy::too_many_arguments)]
-pub fn radial_conv_backward_with<T: Real>(
+pub fn radial_conv_backward_with<'r, T: Real>(
     paths: &ConvPaths<T>,
-    radial: &RadialMlp<T>,
+    radial: impl Into<EdgeRadial<'r, T>>,
     denominator: f64,
     graph: &ConvGraph,
     h: &[T],
@@ -402,7 +514,7 @@ pub fn radial_conv_backward_with<T: Real>(
     radial_conv_backward_on(
         isa,
         paths,
-        radial,
+        radial.into(),
         denominator,
         graph,
         h,
@@ -422,7 +534,7 @@ pub fn radial_conv_backward_with<T: Real>(
 fn radial_conv_backward_on<T: Real>(
     isa: Isa,
     paths: &ConvPaths<T>,
-    radial: &RadialMlp<T>,
+    radial: EdgeRadial<'_, T>,
     denominator: f64,
     graph: &ConvGraph,
     h: &[T],
@@ -449,7 +561,7 @@ fn radial_conv_backward_on<T: Real>(
     // Edge gradients by sender-CSR position, so that each block's are contiguous.
     let mut gsh_pos = crate::work::zeroed(ne * ds);
     let mut gemb_pos = crate::work::zeroed(ne * nb);
-    let blocks = row_blocks(&graph.neighbor_offsets);
+    let blocks = row_blocks(&graph.neighbor_offsets, radial.block_edges());
     let max_edges = max_block_edges(&graph.neighbor_offsets, &blocks);
     let off = &graph.neighbor_offsets;
     let edge_bounds = || blocks.iter().map(|&(a, b)| (off[a], off[b]));
@@ -467,7 +579,7 @@ fn radial_conv_backward_on<T: Real>(
             |sc, (((&(r0, r1), gh), gy), gemb)| {
                 let sc = &mut **sc;
                 let (p0, p1) = (off[r0], off[r1]);
-                block_weights(radial, &graph.neighbor_edges, emb, p0, p1, sc);
+                block_weights(isa, radial, &graph.neighbor_edges, emb, p0, p1, sc);
                 // Every path overwrites its own weights' gradient (paths share
                 // no weight columns); columns no path reads keep the zero the
                 // scratch was made with, as nothing else writes `gw`. So no
@@ -490,7 +602,7 @@ fn radial_conv_backward_on<T: Real>(
                         &mut sc.conv,
                     );
                 }
-                radial.backward_block(p1 - p0, &mut sc.mlp, &sc.gw, gemb);
+                block_weights_backward(isa, radial, p1 - p0, sc, gemb);
             },
         );
     // Back to edge order.
@@ -567,7 +679,16 @@ mod tests {
             let mut out = vec![T::ZERO; n * dm];
             let ga = if layout == cm { &g_cm } else { &g };
             radial_conv_forward_on(
-                isa, &paths, &radial, 2.5, &graph, &h, &emb, &sh, layout, &mut out,
+                isa,
+                &paths,
+                (&radial).into(),
+                2.5,
+                &graph,
+                &h,
+                &emb,
+                &sh,
+                layout,
+                &mut out,
             )
             .expect("forward");
             if layout == cm {
@@ -584,7 +705,18 @@ mod tests {
                 vec![T::ZERO; sh.len()],
             );
             radial_conv_backward_on(
-                isa, &paths, &radial, 2.5, &graph, &h, &emb, &sh, ga, layout, &mut gh, &mut gemb,
+                isa,
+                &paths,
+                (&radial).into(),
+                2.5,
+                &graph,
+                &h,
+                &emb,
+                &sh,
+                ga,
+                layout,
+                &mut gh,
+                &mut gemb,
                 &mut gsh,
             )
             .expect("backward");
@@ -609,6 +741,107 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Every copy of the table's kernels gives the baseline's bits, in
+    /// the fused convolution's forward and backward.
+    fn table_copies_agree<T: Real>() {
+        use crate::radial::{CutoffFunction, EdgeEmbedding};
+        use crate::radial_table::{split_length, TableTolerance};
+        let mut seed = 5u64;
+        let mut next = move || values(&mut seed, 1)[0];
+        let ir = Irreps::parse("24x0e+13x1e+5x2e").expect("irreps");
+        let (paths, _, _) =
+            ConvPaths::<T>::uvu_sorted(&ir, 2, |_| 1, |ir| ir.l <= 2, wigner_3j).expect("paths");
+        let (n, ne) = (40usize, 500usize);
+        let centers: Vec<u32> = (0..ne).map(|e| (e * 13 % n) as u32).collect();
+        let neighbors: Vec<u32> = (0..ne).map(|e| ((e * 7 + 3) % n) as u32).collect();
+        let graph = ConvGraph::new(n, &centers, &neighbors).expect("graph");
+        let emb = EdgeEmbedding {
+            freqs: (1..=8)
+                .map(|k| k as f64 * std::f64::consts::PI / 5.0)
+                .collect(),
+            cutoff: 5.0,
+            envelope: CutoffFunction::Polynomial { p: 6 },
+        };
+        let widths = [8, 16, paths.dim_w()];
+        let mats: Vec<Vec<f64>> = (0..2)
+            .map(|k| (0..widths[k] * widths[k + 1]).map(|_| next()).collect())
+            .collect();
+        let mlp = RadialMlp::<f64>::new(&widths, &mats).expect("mlp");
+        let tol = TableTolerance {
+            value: 1e-7,
+            derivative: 1e-6,
+        };
+        let table = RadialTable::build(&emb, &mlp, tol)
+            .expect("table")
+            .to_precision::<T>();
+        let vecs: Vec<[T; 3]> = (0..ne)
+            .map(|_| std::array::from_fn(|_| T::from_f64(next() * 2.8)))
+            .collect();
+        let r: Vec<T> = vecs
+            .iter()
+            .flat_map(|v| {
+                let v = v.map(T::to_f64_lossless);
+                split_length::<T>((v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt())
+            })
+            .collect();
+        let mut sh = vec![T::ZERO; ne * sh_dim(2)];
+        sh_forward(&vecs, 2, &mut sh).expect("sh");
+        let h: Vec<T> = (0..n * ir.dim()).map(|_| T::from_f64(next())).collect();
+        let g: Vec<T> = (0..n * paths.dim_msg())
+            .map(|_| T::from_f64(next()))
+            .collect();
+        let run = |isa: Isa| {
+            let mut out = vec![T::ZERO; n * paths.dim_msg()];
+            let lay = BlockLayout::CopyMajor;
+            radial_conv_forward_on(
+                isa,
+                &paths,
+                (&table).into(),
+                2.0,
+                &graph,
+                &h,
+                &r,
+                &sh,
+                lay,
+                &mut out,
+            )
+            .expect("forward");
+            let (mut gh, mut gr, mut gsh) = (
+                vec![T::ZERO; h.len()],
+                vec![T::ZERO; r.len()],
+                vec![T::ZERO; sh.len()],
+            );
+            radial_conv_backward_on(
+                isa,
+                &paths,
+                (&table).into(),
+                2.0,
+                &graph,
+                &h,
+                &r,
+                &sh,
+                &g,
+                lay,
+                &mut gh,
+                &mut gr,
+                &mut gsh,
+            )
+            .expect("backward");
+            [out, gh, gr, gsh]
+        };
+        let base = run(Isa::Base);
+        assert!(base[2].iter().any(|v| v.to_f64_lossless().abs() > 1e-6));
+        for isa in supported_copies() {
+            assert!(run(isa) == base, "{isa:?} differs from the baseline copy");
+        }
+    }
+
+    #[test]
+    fn every_table_kernel_copy_gives_the_baseline_bits() {
+        table_copies_agree::<f32>();
+        table_copies_agree::<f64>();
     }
 
     #[test]
