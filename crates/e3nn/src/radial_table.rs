@@ -558,7 +558,7 @@ impl<T: Real> RadialTable<T> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::radial::CutoffFunction;
 
@@ -574,16 +574,21 @@ mod tests {
         ((*seed >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
     }
 
-    /// SevenNet-0's embedding shape (8 Bessel functions, polynomial
-    /// envelope p = 6, 5 Å) and a random 8 → 64 → 64 → 40 MLP.
-    fn network(seed: u64) -> (EdgeEmbedding, RadialMlp<f64>) {
-        let emb = EdgeEmbedding {
+    /// SevenNet-0's embedding shape: 8 Bessel functions, polynomial
+    /// envelope p = 6, 5 Å.
+    pub(crate) fn sevennet0_like_embedding() -> EdgeEmbedding {
+        EdgeEmbedding {
             freqs: (1..=8)
                 .map(|n| n as f64 * std::f64::consts::PI / 5.0)
                 .collect(),
             cutoff: 5.0,
             envelope: CutoffFunction::Polynomial { p: 6 },
-        };
+        }
+    }
+
+    /// [`sevennet0_like_embedding`] and a random 8 → 64 → 64 → 40 MLP.
+    fn network(seed: u64) -> (EdgeEmbedding, RadialMlp<f64>) {
+        let emb = sevennet0_like_embedding();
         let widths = [8, 64, 64, 40];
         let mut s = seed;
         let mats: Vec<Vec<f64>> = (0..3)

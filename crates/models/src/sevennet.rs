@@ -29,9 +29,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 pub enum RadialEvaluation {
     /// The radial MLP on each edge's embedding (the network as written).
     Network,
-    /// A cubic Hermite table of the whole radial network `r ↦ W(r)`, built
-    /// in f64 from the network to 1/64 of f32's unit roundoff (relative to
-    /// the largest weight), read per edge length (`ddmlip_e3nn::RadialTable`).
+    /// A table of quintic pieces of the whole radial network `r ↦ W(r)`,
+    /// built from the network in f64 to within f32's rounding
+    /// (`ddmlip_e3nn::radial_table::F32_TABLE_TOLERANCE`), read per edge
+    /// length (`ddmlip_e3nn::RadialTable`).
     Table,
 }
 
@@ -101,7 +102,10 @@ impl SevenNetModel {
     }
 
     /// The f32 tables of every layer (built on the first call, from the
-    /// f64 network).
+    /// f64 network). Where they cannot be built (a radial network that is
+    /// not finite on `[0, r_c]`, or that 256 intervals per cell do not
+    /// follow closely enough) this says why, and the f32 path runs the
+    /// network instead.
     pub fn f32_tables(&self) -> Result<Tables<f32>, EngineError> {
         self.f32_tables
             .get_or_init(|| {
@@ -347,9 +351,11 @@ impl Model for SevenNetModel {
         g: &mut Graph<f32>,
         inputs: &ModelInputs,
     ) -> Result<ModelOutputs, EngineError> {
+        // A network the tables cannot follow runs as it is (`f32_tables`
+        // reports why): slower, never less exact.
         let tables = match self.f32_radial {
             RadialEvaluation::Network => None,
-            RadialEvaluation::Table => Some(self.f32_tables()?),
+            RadialEvaluation::Table => self.f32_tables().ok(),
         };
         self.forward_impl(&self.f32_net, tables, g, inputs)
     }
@@ -380,8 +386,8 @@ impl RadialInput {
     }
 }
 
-/// Edge vectors (E×3) → radial input (embedding, n_basis, or length, 1) ‖
-/// spherical harmonics ((l_max+1)²).
+/// Edge vectors (E×3) → radial input (the embedding, n_basis columns, or
+/// the length as `LENGTH_COLUMNS`) ‖ spherical harmonics ((l_max+1)²).
 struct EdgeFeaturesKernel<T> {
     net: Arc<SevenNet<T>>,
     radial_input: RadialInput,

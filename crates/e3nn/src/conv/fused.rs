@@ -746,7 +746,6 @@ mod tests {
     /// Every copy of the table's kernels gives the baseline's bits, in
     /// the fused convolution's forward and backward.
     fn table_copies_agree<T: Real>() {
-        use crate::radial::{CutoffFunction, EdgeEmbedding};
         use crate::radial_table::{split_length, TableTolerance};
         let mut seed = 5u64;
         let mut next = move || values(&mut seed, 1)[0];
@@ -757,13 +756,7 @@ mod tests {
         let centers: Vec<u32> = (0..ne).map(|e| (e * 13 % n) as u32).collect();
         let neighbors: Vec<u32> = (0..ne).map(|e| ((e * 7 + 3) % n) as u32).collect();
         let graph = ConvGraph::new(n, &centers, &neighbors).expect("graph");
-        let emb = EdgeEmbedding {
-            freqs: (1..=8)
-                .map(|k| k as f64 * std::f64::consts::PI / 5.0)
-                .collect(),
-            cutoff: 5.0,
-            envelope: CutoffFunction::Polynomial { p: 6 },
-        };
+        let emb = crate::radial_table::tests::sevennet0_like_embedding();
         let widths = [8, 16, paths.dim_w()];
         let mats: Vec<Vec<f64>> = (0..2)
             .map(|k| (0..widths[k] * widths[k + 1]).map(|_| next()).collect())
