@@ -84,7 +84,6 @@ pub fn split_length<T: Real>(r: f64) -> [T; 2] {
 /// varies faster, at short lengths).
 #[derive(Clone, Debug)]
 pub struct RadialTable<T> {
-    cutoff: f64,
     /// Cells per Å.
     inv_cell: f64,
     /// Per cell: its first interval's index and log2 of its intervals.
@@ -368,27 +367,12 @@ impl<T: Real> RadialTable<T> {
             max_error = max_error.max(err);
         }
         Ok(Self {
-            cutoff,
             inv_cell: n_cells as f64 / cutoff,
             cells,
             dim_out: dw,
             coeffs,
             max_error,
         })
-    }
-}
-
-impl RadialTable<f64> {
-    /// The same table with its entries rounded to `T`.
-    pub fn to_precision<T: Real>(&self) -> RadialTable<T> {
-        RadialTable {
-            cutoff: self.cutoff,
-            inv_cell: self.inv_cell,
-            cells: self.cells.clone(),
-            dim_out: self.dim_out,
-            coeffs: self.coeffs.iter().map(|&v| T::from_f64(v)).collect(),
-            max_error: self.max_error,
-        }
     }
 }
 
@@ -713,8 +697,7 @@ pub(crate) mod tests {
     #[test]
     fn the_f32_table_is_within_f32_rounding() {
         let (emb, mlp) = network(7);
-        let table = RadialTable::build(&emb, &mlp, F32_TABLE_TOLERANCE).expect("table");
-        let t32 = table.to_precision::<f32>();
+        let t32 = RadialTable::<f32>::build(&emb, &mlp, F32_TABLE_TOLERANCE).expect("table");
         let mut s = 1u64;
         let r: Vec<f64> = (0..2000)
             .map(|_| 0.05 + 4.95 * (0.5 + 0.5 * lcg(&mut s)))

@@ -277,10 +277,25 @@ fn round_into<T: Real>(src: &[f64], dst: &mut [T]) {
 pub struct EdgeFeatures<T> {
     /// |r_e| (Å), E.
     pub lengths: Vec<T>,
-    /// Radial embedding, E × n_basis.
+    /// What rounding each length to `T` left out (zero in f64), E: with
+    /// `lengths`, the length as exactly as f64 gives it (the columns of
+    /// [`crate::radial_table::split_length`]).
+    pub lengths_lo: Vec<T>,
+    /// Radial embedding, E × n_basis (empty when asked for
+    /// [`RadialInput::Length`]).
     pub emb: Vec<T>,
     /// Spherical harmonics l ≤ lmax_sh, E × (lmax_sh+1)².
     pub sh: Vec<T>,
+}
+
+/// What the convolutions read as an edge's radial input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RadialInput {
+    /// The radial embedding (n_basis columns), for the radial MLP.
+    Embedding,
+    /// The length as its [`crate::radial_table::LENGTH_COLUMNS`] (the
+    /// rounded length and the rest), for a [`crate::RadialTable`].
+    Length,
 }
 
 /// The gradient of an edge's radial input: per embedding column
@@ -461,33 +476,66 @@ impl<T: Real> SevenNet<T> {
     }
 
     /// Lengths, radial embedding and SH of the edge vectors (Å).
+    pub fn edge_features(&self, vectors: &[[T; 3]]) -> Result<EdgeFeatures<T>, E3nnError> {
+        self.edge_inputs(vectors, RadialInput::Embedding)
+    }
+
+    /// Columns of an edge's radial input of kind `radial`.
+    pub fn radial_input_width(&self, radial: RadialInput) -> usize {
+        match radial {
+            RadialInput::Embedding => self.n_basis(),
+            RadialInput::Length => crate::radial_table::LENGTH_COLUMNS,
+        }
+    }
+
+    /// Lengths, SH and, for [`RadialInput::Embedding`], the radial
+    /// embedding of the edge vectors (Å).
     ///
     /// In f32 the features are computed in f64 from the (exactly promoted)
     /// vectors and rounded once: measured against upstream's float64, this
     /// phase in f32 arithmetic (sines of the Bessel basis, SH polynomials,
     /// their gradients) was most of the f32 force error, and it costs
     /// a few flops per edge against the convolution's hundreds.
-    pub fn edge_features(&self, vectors: &[[T; 3]]) -> Result<EdgeFeatures<T>, E3nnError> {
+    pub fn edge_inputs(
+        &self,
+        vectors: &[[T; 3]],
+        radial: RadialInput,
+    ) -> Result<EdgeFeatures<T>, E3nnError> {
         if is_f64::<T>() {
-            return self.edge_features_in(vectors);
+            return self.edge_features_in(vectors, radial);
         }
-        let (nb, d) = (self.n_basis(), self.sh_dim());
+        let d = self.sh_dim();
+        let nb = match radial {
+            RadialInput::Embedding => self.n_basis(),
+            RadialInput::Length => 0,
+        };
         let ne = vectors.len();
         let mut out = EdgeFeatures {
             lengths: vec![T::ZERO; ne],
+            lengths_lo: vec![T::ZERO; ne],
             emb: vec![T::ZERO; ne * nb],
             sh: vec![T::ZERO; ne * d],
         };
-        // Chunks of edges keep the f64 temporaries small.
+        // Chunks of edges keep the f64 temporaries small. Without an
+        // embedding each chunk gets an empty piece of it (a parallel zip
+        // with no chunks of an empty vector would end at once).
+        let emb_pieces: Vec<&mut [T]> = if nb > 0 {
+            out.emb.chunks_mut(EDGE_CHUNK * nb).collect()
+        } else {
+            (0..ne.div_ceil(EDGE_CHUNK)).map(|_| &mut [][..]).collect()
+        };
         out.lengths
             .par_chunks_mut(EDGE_CHUNK)
-            .zip(out.emb.par_chunks_mut(EDGE_CHUNK * nb.max(1)))
+            .zip(out.lengths_lo.par_chunks_mut(EDGE_CHUNK))
+            .zip(emb_pieces)
             .zip(out.sh.par_chunks_mut(EDGE_CHUNK * d.max(1)))
             .zip(vectors.par_chunks(EDGE_CHUNK))
-            .try_for_each(|(((l, e), sh), v)| {
+            .try_for_each(|((((l, lo), e), sh), v)| {
                 let v64: Vec<[f64; 3]> = v.iter().map(|x| x.map(T::to_f64_lossless)).collect();
-                let f = self.edge_features_in::<f64>(&v64)?;
-                round_into(&f.lengths, l);
+                let f = self.edge_features_in::<f64>(&v64, radial)?;
+                for ((hi, lo), &r) in l.iter_mut().zip(lo.iter_mut()).zip(&f.lengths) {
+                    [*hi, *lo] = crate::radial_table::split_length::<T>(r);
+                }
                 round_into(&f.emb, e);
                 round_into(&f.sh, sh);
                 Ok::<(), E3nnError>(())
@@ -550,12 +598,22 @@ impl<T: Real> SevenNet<T> {
         Ok(grad)
     }
 
-    /// [`Self::edge_features`] computed in precision `U`.
-    fn edge_features_in<U: Real>(&self, vectors: &[[U; 3]]) -> Result<EdgeFeatures<U>, E3nnError> {
+    /// [`Self::edge_inputs`] computed in precision `U` (`lengths_lo` zero).
+    fn edge_features_in<U: Real>(
+        &self,
+        vectors: &[[U; 3]],
+        radial: RadialInput,
+    ) -> Result<EdgeFeatures<U>, E3nnError> {
         let ne = vectors.len();
         let lengths = edge_lengths(vectors);
-        let mut emb = vec![U::ZERO; ne * self.n_basis()];
-        self.embedding.forward(&lengths, &mut emb)?;
+        let emb = match radial {
+            RadialInput::Embedding => {
+                let mut emb = vec![U::ZERO; ne * self.n_basis()];
+                self.embedding.forward(&lengths, &mut emb)?;
+                emb
+            }
+            RadialInput::Length => Vec::new(),
+        };
         let d = self.sh_dim();
         let mut sh = vec![U::ZERO; ne * d];
         sh_forward(vectors, self.lmax_sh, &mut sh)?;
@@ -575,7 +633,12 @@ impl<T: Real> SevenNet<T> {
                     }
                 });
         }
-        Ok(EdgeFeatures { lengths, emb, sh })
+        Ok(EdgeFeatures {
+            lengths,
+            lengths_lo: vec![U::ZERO; ne],
+            emb,
+            sh,
+        })
     }
 
     /// [`Self::edge_features_backward`] computed in precision `U`.

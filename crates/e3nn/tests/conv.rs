@@ -5,7 +5,8 @@ use ddmlip_e3nn::conv::uvu_sorted_paths;
 use ddmlip_e3nn::radial_table::{split_length, TableTolerance};
 use ddmlip_e3nn::{
     conv_backward, conv_forward, radial_conv_backward, radial_conv_forward, sh_dim, sh_forward,
-    wigner_3j, ConvGraph, ConvPaths, CutoffFunction, EdgeEmbedding, Irreps, RadialMlp, RadialTable,
+    wigner_3j, ConvGraph, ConvPaths, CutoffFunction, EdgeEmbedding, EdgeRadial, Irreps, RadialMlp,
+    RadialTable,
 };
 
 struct Rng(u64);
@@ -393,17 +394,7 @@ fn fused_radial_conv_with_a_table_matches_unfused() {
     let mut gr0 = vec![0.0; 2 * ne];
     table.backward(&r, &gw0, &mut gr0).unwrap();
 
-    let mut out = vec![f64::NAN; n * dm];
-    radial_conv_forward(&paths, &table, denom, &graph, &h, &r, &sh, &mut out).unwrap();
-    let (mut gh, mut gr, mut gsh) = (
-        vec![f64::NAN; h.len()],
-        vec![f64::NAN; 2 * ne],
-        vec![f64::NAN; sh.len()],
-    );
-    radial_conv_backward(
-        &paths, &table, denom, &graph, &h, &r, &sh, &g, &mut gh, &mut gr, &mut gsh,
-    )
-    .unwrap();
+    let [mut out, gh, gr, gsh] = fused(&paths, &table, denom, &graph, &h, &r, &sh, &g);
     fused_equals_unfused(&[
         ("out", &out, &want),
         ("grad_h", &gh, &gh0),
@@ -416,6 +407,35 @@ fn fused_radial_conv_with_a_table_matches_unfused() {
     assert!(
         radial_conv_forward(&paths, &table, denom, &graph, &h, &emb_rows, &sh, &mut out).is_err()
     );
+}
+
+/// The fused convolution's message and its gradients `[message, grad_h,
+/// grad_x, grad_sh]` from the message gradient `g`; `x` is what `radial`
+/// reads. The buffers start as NaN: every element must be written.
+#[allow(clippy::too_many_arguments)]
+fn fused<'r>(
+    paths: &ConvPaths<f64>,
+    radial: impl Into<EdgeRadial<'r, f64>>,
+    denom: f64,
+    graph: &ConvGraph,
+    h: &[f64],
+    x: &[f64],
+    sh: &[f64],
+    g: &[f64],
+) -> [Vec<f64>; 4] {
+    let radial = radial.into();
+    let mut out = vec![f64::NAN; graph.n_rows() * paths.dim_msg()];
+    radial_conv_forward(paths, radial, denom, graph, h, x, sh, &mut out).unwrap();
+    let (mut gh, mut gx, mut gsh) = (
+        vec![f64::NAN; h.len()],
+        vec![f64::NAN; x.len()],
+        vec![f64::NAN; sh.len()],
+    );
+    radial_conv_backward(
+        paths, radial, denom, graph, h, x, sh, g, &mut gh, &mut gx, &mut gsh,
+    )
+    .unwrap();
+    [out, gh, gx, gsh]
 }
 
 /// Each named fused result within 1e-12 (relative to the largest value) of
@@ -475,17 +495,7 @@ fn fused_matches_unfused(ir: &Irreps, paths: &ConvPaths<f64>) {
     radial.backward(&emb, ne, &gw0, &mut gemb0).unwrap();
 
     // Fused.
-    let mut out = vec![f64::NAN; n * dm];
-    radial_conv_forward(&paths, &radial, denom, &graph, &h, &emb, &sh, &mut out).unwrap();
-    let (mut gh, mut gemb, mut gsh) = (
-        vec![f64::NAN; h.len()],
-        vec![f64::NAN; emb.len()],
-        vec![f64::NAN; sh.len()],
-    );
-    radial_conv_backward(
-        &paths, &radial, denom, &graph, &h, &emb, &sh, &g, &mut gh, &mut gemb, &mut gsh,
-    )
-    .unwrap();
+    let [mut out, gh, gemb, gsh] = fused(&paths, &radial, denom, &graph, &h, &emb, &sh, &g);
     fused_equals_unfused(&[
         ("out", &out, &want),
         ("grad_h", &gh, &gh0),

@@ -5,9 +5,10 @@
 
 use crate::registry::ModelError;
 use ddmlip_e3nn::phases::{timed, Pass};
-use ddmlip_e3nn::radial_table::{split_length, F32_TABLE_TOLERANCE, LENGTH_COLUMNS};
+use ddmlip_e3nn::radial_table::{F32_TABLE_TOLERANCE, LENGTH_COLUMNS};
 use ddmlip_e3nn::sevennet::{
-    InteractionBlock, RadialInputGrad, Readout, SelfConnection, SevenNet, SevenNetWeights,
+    InteractionBlock, RadialInput, RadialInputGrad, Readout, SelfConnection, SevenNet,
+    SevenNetWeights,
 };
 use ddmlip_e3nn::species_linear::SpeciesLinear;
 use ddmlip_e3nn::{
@@ -166,7 +167,7 @@ impl SevenNetModel {
             }),
             &[vectors],
         )?;
-        let (nb, nsh) = (radial_input.width(net), net.sh_dim());
+        let (nb, nsh) = (net.radial_input_width(radial_input), net.sh_dim());
         let emb = g.slice_cols(feats, 0, nb)?;
         let sh = g.slice_cols(feats, nb, nb + nsh)?;
         g.pop_scope();
@@ -368,24 +369,6 @@ fn kernel_err(e: E3nnError) -> KernelError {
 /// Edges per parallel chunk of the edge-features kernel.
 const EDGE_ROWS: usize = 2048;
 
-/// What the convolutions read as an edge's radial input.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum RadialInput {
-    /// The radial embedding (n_basis columns), for the radial MLP.
-    Embedding,
-    /// The length (its `LENGTH_COLUMNS`: hi and lo), for a radial table.
-    Length,
-}
-
-impl RadialInput {
-    fn width<T: Real>(self, net: &SevenNet<T>) -> usize {
-        match self {
-            Self::Embedding => net.n_basis(),
-            Self::Length => LENGTH_COLUMNS,
-        }
-    }
-}
-
 /// Edge vectors (E×3) → radial input (the embedding, n_basis columns, or
 /// the length as `LENGTH_COLUMNS`) ‖ spherical harmonics ((l_max+1)²).
 struct EdgeFeaturesKernel<T> {
@@ -405,7 +388,7 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
         Ok((
             RowDomain::Edge,
             inputs[0].1,
-            self.radial_input.width(&self.net) + self.net.sh_dim(),
+            self.net.radial_input_width(self.radial_input) + self.net.sh_dim(),
         ))
     }
     fn forward(
@@ -415,34 +398,30 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
         out: &mut [T],
     ) -> Result<(), KernelError> {
         timed(self.name(), Pass::Forward, 0.0, || {
-            let (nb, nsh) = (self.radial_input.width(&self.net), self.net.sh_dim());
+            let (nb, nsh) = (
+                self.net.radial_input_width(self.radial_input),
+                self.net.sh_dim(),
+            );
             let width = nb + nsh;
             // Chunk by chunk over the threads: each edge's features depend
             // on its vector alone, and each chunk writes its own rows.
             out.par_chunks_mut(EDGE_ROWS * width.max(1))
                 .zip(inputs[0].par_chunks(EDGE_ROWS * 3))
                 .try_for_each(|(rows, v)| {
-                    let f = self.net.edge_features(&as_vec3(v)).map_err(kernel_err)?;
-                    let lengths: Vec<T>;
-                    let radial = match self.radial_input {
-                        RadialInput::Embedding => &f.emb,
-                        RadialInput::Length => {
-                            // In f64 from the vectors (as the features are),
-                            // kept to f64 precision as hi + lo.
-                            lengths = v
-                                .chunks_exact(3)
-                                .flat_map(|x| {
-                                    let x = [x[0], x[1], x[2]].map(T::to_f64_lossless);
-                                    split_length::<T>(
-                                        (x[0] * x[0] + x[1] * x[1] + x[2] * x[2]).sqrt(),
-                                    )
-                                })
-                                .collect();
-                            &lengths
-                        }
-                    };
+                    let f = self
+                        .net
+                        .edge_inputs(&as_vec3(v), self.radial_input)
+                        .map_err(kernel_err)?;
                     for (e, row) in rows.chunks_exact_mut(width.max(1)).enumerate() {
-                        row[..nb].copy_from_slice(&radial[e * nb..(e + 1) * nb]);
+                        match self.radial_input {
+                            RadialInput::Embedding => {
+                                row[..nb].copy_from_slice(&f.emb[e * nb..(e + 1) * nb])
+                            }
+                            // The length as the table reads it: rounded, and the rest.
+                            RadialInput::Length => {
+                                row[..nb].copy_from_slice(&[f.lengths[e], f.lengths_lo[e]])
+                            }
+                        }
                         row[nb..].copy_from_slice(&f.sh[e * nsh..(e + 1) * nsh]);
                     }
                     Ok(())
@@ -456,7 +435,10 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
         g: &[T],
         grads: &mut [Vec<T>],
     ) -> Option<Result<(), KernelError>> {
-        let (nb, nsh) = (self.radial_input.width(&self.net), self.net.sh_dim());
+        let (nb, nsh) = (
+            self.net.radial_input_width(self.radial_input),
+            self.net.sh_dim(),
+        );
         let width = nb + nsh;
         let run = || -> Result<(), KernelError> {
             grads[0]

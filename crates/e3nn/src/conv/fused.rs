@@ -641,6 +641,63 @@ mod tests {
         }
     }
 
+    /// One fused convolution's inputs: the edge input `x` is what `radial`
+    /// reads (embedding rows or length columns).
+    struct FusedCase<'a, T> {
+        paths: &'a ConvPaths<T>,
+        radial: EdgeRadial<'a, T>,
+        denominator: f64,
+        graph: &'a ConvGraph,
+        h: &'a [T],
+        x: &'a [T],
+        sh: &'a [T],
+    }
+
+    impl<T: Real> FusedCase<'_, T> {
+        /// Forward, then backward from the message gradient `g`, with the
+        /// kernel copy for `isa`, the message and `g` in `layout`:
+        /// `[message, grad_h, grad_x, grad_sh]`.
+        fn run(&self, isa: Isa, g: &[T], layout: BlockLayout) -> [Vec<T>; 4] {
+            let c = self;
+            let mut out = vec![T::ZERO; c.graph.n_rows * c.paths.dim_msg()];
+            radial_conv_forward_on(
+                isa,
+                c.paths,
+                c.radial,
+                c.denominator,
+                c.graph,
+                c.h,
+                c.x,
+                c.sh,
+                layout,
+                &mut out,
+            )
+            .expect("forward");
+            let (mut gh, mut gx, mut gsh) = (
+                vec![T::ZERO; c.h.len()],
+                vec![T::ZERO; c.x.len()],
+                vec![T::ZERO; c.sh.len()],
+            );
+            radial_conv_backward_on(
+                isa,
+                c.paths,
+                c.radial,
+                c.denominator,
+                c.graph,
+                c.h,
+                c.x,
+                c.sh,
+                g,
+                layout,
+                &mut gh,
+                &mut gx,
+                &mut gsh,
+            )
+            .expect("backward");
+            [out, gh, gx, gsh]
+        }
+    }
+
     /// Every copy of the fused kernels this CPU runs (AVX-512, AVX2+FMA,
     /// the baseline) gives the baseline's bits, forward and backward, over
     /// channel counts that fill the kernels' groups of copies and that leave
@@ -675,52 +732,27 @@ mod tests {
         let cm = BlockLayout::ComponentMajor;
         let dm = paths.dim_msg();
         let g_cm = rows_to_cm(&paths.out_ranges, &g, dm);
+        let case = FusedCase {
+            paths: &paths,
+            radial: (&radial).into(),
+            denominator: 2.5,
+            graph: &graph,
+            h: &h,
+            x: &emb,
+            sh: &sh,
+        };
         let run = |isa: Isa, layout: BlockLayout| {
-            let mut out = vec![T::ZERO; n * dm];
             let ga = if layout == cm { &g_cm } else { &g };
-            radial_conv_forward_on(
-                isa,
-                &paths,
-                (&radial).into(),
-                2.5,
-                &graph,
-                &h,
-                &emb,
-                &sh,
-                layout,
-                &mut out,
-            )
-            .expect("forward");
+            let mut got = case.run(isa, ga, layout);
             if layout == cm {
                 // Back to e3nn's layout, to compare with the other runs.
-                let mut moved = vec![T::ZERO; out.len()];
-                for (dst, src) in moved.chunks_exact_mut(dm).zip(out.chunks_exact(dm)) {
+                let mut moved = vec![T::ZERO; got[0].len()];
+                for (dst, src) in moved.chunks_exact_mut(dm).zip(got[0].chunks_exact(dm)) {
                     transpose_ranges(&paths.out_ranges, src, dst, false);
                 }
-                out = moved;
+                got[0] = moved;
             }
-            let (mut gh, mut gemb, mut gsh) = (
-                vec![T::ZERO; h.len()],
-                vec![T::ZERO; emb.len()],
-                vec![T::ZERO; sh.len()],
-            );
-            radial_conv_backward_on(
-                isa,
-                &paths,
-                (&radial).into(),
-                2.5,
-                &graph,
-                &h,
-                &emb,
-                &sh,
-                ga,
-                layout,
-                &mut gh,
-                &mut gemb,
-                &mut gsh,
-            )
-            .expect("backward");
-            [out, gh, gemb, gsh]
+            got
         };
         let base = run(Isa::Base, BlockLayout::CopyMajor);
         assert!(base[0].iter().any(|v| v.to_f64_lossless().abs() > 1e-3));
@@ -766,9 +798,7 @@ mod tests {
             value: 1e-7,
             derivative: 1e-6,
         };
-        let table = RadialTable::build(&emb, &mlp, tol)
-            .expect("table")
-            .to_precision::<T>();
+        let table = RadialTable::<T>::build(&emb, &mlp, tol).expect("table");
         let vecs: Vec<[T; 3]> = (0..ne)
             .map(|_| std::array::from_fn(|_| T::from_f64(next() * 2.8)))
             .collect();
@@ -785,45 +815,16 @@ mod tests {
         let g: Vec<T> = (0..n * paths.dim_msg())
             .map(|_| T::from_f64(next()))
             .collect();
-        let run = |isa: Isa| {
-            let mut out = vec![T::ZERO; n * paths.dim_msg()];
-            let lay = BlockLayout::CopyMajor;
-            radial_conv_forward_on(
-                isa,
-                &paths,
-                (&table).into(),
-                2.0,
-                &graph,
-                &h,
-                &r,
-                &sh,
-                lay,
-                &mut out,
-            )
-            .expect("forward");
-            let (mut gh, mut gr, mut gsh) = (
-                vec![T::ZERO; h.len()],
-                vec![T::ZERO; r.len()],
-                vec![T::ZERO; sh.len()],
-            );
-            radial_conv_backward_on(
-                isa,
-                &paths,
-                (&table).into(),
-                2.0,
-                &graph,
-                &h,
-                &r,
-                &sh,
-                &g,
-                lay,
-                &mut gh,
-                &mut gr,
-                &mut gsh,
-            )
-            .expect("backward");
-            [out, gh, gr, gsh]
+        let case = FusedCase {
+            paths: &paths,
+            radial: (&table).into(),
+            denominator: 2.0,
+            graph: &graph,
+            h: &h,
+            x: &r,
+            sh: &sh,
         };
+        let run = |isa: Isa| case.run(isa, &g, BlockLayout::CopyMajor);
         let base = run(Isa::Base);
         assert!(base[2].iter().any(|v| v.to_f64_lossless().abs() > 1e-6));
         for isa in supported_copies() {
