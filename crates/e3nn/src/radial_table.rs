@@ -440,8 +440,7 @@ impl<T: Real> RadialTable<T> {
         {
             let (k, t, _) = self.locate(re);
             let a = self.quintic(k);
-            let (t2, t3) = (t * t, t * t * t);
-            let (t4, t5) = (t2 * t2, t2 * t3);
+            let p = powers(t);
             // Whole groups of LANES weights, slices of a constant length so
             // that the loop has no bounds checks and vectorises.
             let full = dw / LANES * LANES;
@@ -449,15 +448,43 @@ impl<T: Real> RadialTable<T> {
                 let s = w0..w0 + LANES;
                 let (o, b) = (&mut o[s.clone()], a.map(|x| &x[s.clone()]));
                 for l in 0..LANES {
-                    o[l] = b[0][l]
-                        + ((t * b[1][l] + t2 * b[2][l])
-                            + (t3 * b[3][l] + (t4 * b[4][l] + t5 * b[5][l])));
+                    o[l] = value(&p, b, l);
                 }
             }
             for w in full..dw {
-                o[w] = a[0][w]
-                    + ((t * a[1][w] + t2 * a[2][w])
-                        + (t3 * a[3][w] + (t4 * a[4][w] + t5 * a[5][w])));
+                o[w] = value(&p, a, w);
+            }
+        }
+    }
+
+    /// [`Self::forward_rows`] (the same `out`, bit for bit) that also
+    /// writes each weight's slope `∂W/∂t` within its interval into `slope`
+    /// (rows × dim_out), for [`Self::backward_rows_from_slope`]: one read
+    /// of the coefficients serves the weights and their gradient.
+    #[inline(always)]
+    pub(crate) fn forward_rows_with_slope(&self, r: &[T], out: &mut [T], slope: &mut [T]) {
+        let dw = self.dim_out;
+        for ((re, o), d) in r
+            .chunks_exact(LENGTH_COLUMNS)
+            .zip(out.chunks_exact_mut(dw.max(1)))
+            .zip(slope.chunks_exact_mut(dw.max(1)))
+        {
+            let (k, t, _) = self.locate(re);
+            let a = self.quintic(k);
+            let (p, c) = (powers(t), slope_factors(t));
+            let full = dw / LANES * LANES;
+            for w0 in (0..full).step_by(LANES) {
+                let s = w0..w0 + LANES;
+                let b = a.map(|x| &x[s.clone()]);
+                let (o, d) = (&mut o[s.clone()], &mut d[s]);
+                for l in 0..LANES {
+                    o[l] = value(&p, b, l);
+                    d[l] = slope_at(&c, b, l);
+                }
+            }
+            for w in full..dw {
+                o[w] = value(&p, a, w);
+                d[w] = slope_at(&c, a, w);
             }
         }
     }
@@ -475,40 +502,57 @@ impl<T: Real> RadialTable<T> {
             .zip(grad_r.chunks_exact_mut(LENGTH_COLUMNS))
         {
             let (k, t, inv_h) = self.locate(re);
-            // ∂W_w/∂t = Σ_{j≥1} j·t^(j−1)·a_j[w], so the gradient is
-            // Σ_j j·t^(j−1)·(g·a_j): five dot products over the weights,
-            // each in LANES partial sums.
             // g·∂W/∂t in LANES partial sums, ∂W_w/∂t = Σ_{j≥1} j·t^(j−1)·a_j[w].
-            let (t2, t3) = (t * t, t * t * t);
-            let c = [
-                T::from_f64(2.0) * t,
-                T::from_f64(3.0) * t2,
-                T::from_f64(4.0) * t3,
-                T::from_f64(5.0) * t2 * t2,
-            ];
+            let c = slope_factors(t);
             let a = self.quintic(k);
-            let d = |b: [&[T]; TERMS], l: usize| {
-                b[1][l] + ((c[0] * b[2][l] + c[1] * b[3][l]) + (c[2] * b[4][l] + c[3] * b[5][l]))
-            };
             let mut acc = [T::ZERO; LANES];
             let full = dw / LANES * LANES;
             for w0 in (0..full).step_by(LANES) {
                 let s = w0..w0 + LANES;
                 let (g, b) = (&g[s.clone()], a.map(|x| &x[s.clone()]));
                 for l in 0..LANES {
-                    acc[l] += g[l] * d(b, l);
+                    acc[l] += g[l] * slope_at(&c, b, l);
                 }
             }
             for w in full..dw {
-                acc[w - full] += g[w] * d(a, w);
+                acc[w - full] += g[w] * slope_at(&c, a, w);
             }
-            let s =
-                ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-            // The length's gradient, in the `hi` column: `lo` is a constant
-            // correction (the gradient with respect to the edge vector goes
-            // through `hi`'s).
-            gr[0] = s * T::from_f64(inv_h);
-            gr[1] = T::ZERO;
+            length_gradient(&acc, inv_h, gr);
+        }
+    }
+
+    /// [`Self::backward_rows`] (the same `grad_r`, bit for bit) from the
+    /// slopes that [`Self::forward_rows_with_slope`] wrote for the same
+    /// lengths: a dot product per edge, no coefficient read.
+    #[inline(always)]
+    pub(crate) fn backward_rows_from_slope(
+        &self,
+        r: &[T],
+        grad_out: &[T],
+        slope: &[T],
+        grad_r: &mut [T],
+    ) {
+        let dw = self.dim_out;
+        for (((re, g), d), gr) in r
+            .chunks_exact(LENGTH_COLUMNS)
+            .zip(grad_out.chunks_exact(dw.max(1)))
+            .zip(slope.chunks_exact(dw.max(1)))
+            .zip(grad_r.chunks_exact_mut(LENGTH_COLUMNS))
+        {
+            let (_, _, inv_h) = self.locate(re);
+            let mut acc = [T::ZERO; LANES];
+            let full = dw / LANES * LANES;
+            for w0 in (0..full).step_by(LANES) {
+                let s = w0..w0 + LANES;
+                let (g, d) = (&g[s.clone()], &d[s]);
+                for l in 0..LANES {
+                    acc[l] += g[l] * d[l];
+                }
+            }
+            for w in full..dw {
+                acc[w - full] += g[w] * d[w];
+            }
+            length_gradient(&acc, inv_h, gr);
         }
     }
 
@@ -539,6 +583,50 @@ impl<T: Real> RadialTable<T> {
             .for_each(|((gr, r), g)| self.backward_rows(r, g, gr));
         Ok(())
     }
+}
+
+/// `t, t², …, t⁵` for [`value`].
+#[inline(always)]
+fn powers<T: Real>(t: T) -> [T; 5] {
+    let (t2, t3) = (t * t, t * t * t);
+    [t, t2, t3, t2 * t2, t2 * t3]
+}
+
+/// Weight `l` of the quintic with coefficient groups `b` at the powers `p`.
+#[inline(always)]
+fn value<T: Real>(p: &[T; 5], b: [&[T]; TERMS], l: usize) -> T {
+    b[0][l]
+        + ((p[0] * b[1][l] + p[1] * b[2][l]) + (p[2] * b[3][l] + (p[3] * b[4][l] + p[4] * b[5][l])))
+}
+
+/// `2t, 3t², 4t³, 5t⁴` for [`slope_at`].
+#[inline(always)]
+fn slope_factors<T: Real>(t: T) -> [T; 4] {
+    let (t2, t3) = (t * t, t * t * t);
+    [
+        T::from_f64(2.0) * t,
+        T::from_f64(3.0) * t2,
+        T::from_f64(4.0) * t3,
+        T::from_f64(5.0) * t2 * t2,
+    ]
+}
+
+/// `∂W_l/∂t = Σ_{j≥1} j·t^(j−1)·a_j[l]` of the quintic with coefficient
+/// groups `b`, at the factors `c` of [`slope_factors`].
+#[inline(always)]
+fn slope_at<T: Real>(c: &[T; 4], b: [&[T]; TERMS], l: usize) -> T {
+    b[1][l] + ((c[0] * b[2][l] + c[1] * b[3][l]) + (c[2] * b[4][l] + c[3] * b[5][l]))
+}
+
+/// The length's gradient from the lanes of `Σ_w g_w·∂W_w/∂t`, summed in a
+/// fixed order, times the intervals per Å: in the `hi` column, as `lo` is
+/// a constant correction (the gradient with respect to the edge vector
+/// goes through `hi`'s).
+#[inline(always)]
+fn length_gradient<T: Real>(acc: &[T; LANES], inv_h: f64, gr: &mut [T]) {
+    let s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    gr[0] = s * T::from_f64(inv_h);
+    gr[1] = T::ZERO;
 }
 
 #[cfg(test)]
@@ -572,8 +660,13 @@ pub(crate) mod tests {
 
     /// [`sevennet0_like_embedding`] and a random 8 → 64 → 64 → 40 MLP.
     fn network(seed: u64) -> (EdgeEmbedding, RadialMlp<f64>) {
+        network_of_width(seed, 40)
+    }
+
+    /// [`sevennet0_like_embedding`] and a random 8 → 64 → 64 → `dw` MLP.
+    fn network_of_width(seed: u64, dw: usize) -> (EdgeEmbedding, RadialMlp<f64>) {
         let emb = sevennet0_like_embedding();
-        let widths = [8, 64, 64, 40];
+        let widths = [8, 64, 64, dw];
         let mut s = seed;
         let mats: Vec<Vec<f64>> = (0..3)
             .map(|k| {
@@ -592,6 +685,48 @@ pub(crate) mod tests {
         let mut w = vec![0.0; r.len() * mlp.dim_out()];
         mlp.forward(&e, r.len(), &mut w).expect("mlp");
         w
+    }
+
+    /// The backward's one-read path — weights with their slopes, then the
+    /// length gradient from the slopes — gives the bits of the separate
+    /// forward and backward, in f32 and f64, with a width that leaves a
+    /// tail after the whole lane groups (40 = 5·8 is whole; 44 is not).
+    fn slopes_agree<T: Real>(tol: TableTolerance) {
+        let mut s = 17u64;
+        for (emb, mlp) in [network(3), network_of_width(4, 44)] {
+            let table = RadialTable::<T>::build(&emb, &mlp, tol).expect("table");
+            let dw = table.dim_out();
+            let r: Vec<f64> = (0..500).map(|_| 2.5 + 2.5 * lcg(&mut s)).collect();
+            let r = split::<T>(&r);
+            let g: Vec<T> = (0..500 * dw).map(|_| T::from_f64(lcg(&mut s))).collect();
+            let (mut w, mut w2, mut slope) = (
+                vec![T::ZERO; g.len()],
+                vec![T::ZERO; g.len()],
+                vec![T::ZERO; g.len()],
+            );
+            let (mut gr, mut gr2) = (vec![T::ZERO; r.len()], vec![T::ZERO; r.len()]);
+            table.forward_rows(&r, &mut w);
+            table.backward_rows(&r, &g, &mut gr);
+            table.forward_rows_with_slope(&r, &mut w2, &mut slope);
+            table.backward_rows_from_slope(&r, &g, &slope, &mut gr2);
+            let bits = |v: &[T]| {
+                v.iter()
+                    .map(|x| x.to_f64_lossless().to_bits())
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(bits(&w), bits(&w2), "weights, width {dw}");
+            assert_eq!(bits(&gr), bits(&gr2), "length gradients, width {dw}");
+            assert!(gr.iter().step_by(2).any(|x| x.to_f64_lossless() != 0.0));
+        }
+    }
+
+    #[test]
+    fn the_slope_path_gives_the_bits_of_forward_and_backward() {
+        slopes_agree::<f32>(F32_TABLE_TOLERANCE);
+        slopes_agree::<f64>(TableTolerance {
+            value: 1e-9,
+            derivative: 1e-9,
+        });
     }
 
     /// At random lengths the table equals the network (computed by the

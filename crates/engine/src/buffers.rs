@@ -103,6 +103,21 @@ impl<T: Scalar> Buffers<T> {
     /// A buffer of `len` elements whose content is unspecified (stale but
     /// initialised): for callers that overwrite every element.
     pub(crate) fn for_overwrite(&mut self, len: usize) -> Vec<T> {
+        let v = self.unspecified(len);
+        // Test builds hand out NaN, so that a kernel that claims to write
+        // every element and leaves one shows up in every result that
+        // reads it, instead of passing on a zero it happened to get.
+        #[cfg(debug_assertions)]
+        let v = {
+            let mut v = v;
+            v.fill(T::nan());
+            v
+        };
+        v
+    }
+
+    /// [`Self::for_overwrite`]'s buffer, before the check builds' poison.
+    fn unspecified(&mut self, len: usize) -> Vec<T> {
         // Best fit: the smallest kept buffer that holds `len` elements, but
         // not one more than twice too large: handing a large buffer to a
         // small request makes the next large request miss, and the pool

@@ -1,7 +1,7 @@
 //! Every op's backward against central finite differences of its forward, in f64.
 
 use ddmlip_engine::ops::{PeriodicShifts, Pointwise, Unary};
-use ddmlip_engine::{Edges, EngineError, Graph, OpaqueKernel, RowDomain, Tensor};
+use ddmlip_engine::{Buffers, Edges, EngineError, Graph, OpaqueKernel, RowDomain, Tensor};
 use std::sync::Arc;
 
 /// Deterministic pseudo-random numbers in [-1, 1).
@@ -512,7 +512,20 @@ fn shape_ops() {
     });
 }
 
-struct Cube;
+/// `y = x³` with a user backward. An adding cube (`Cube::ADDING`) adds
+/// into the zeroed buffers the engine gives by default; an assigning one
+/// says it assigns (`writes_every_output`, `backward_assigns`) and assigns
+/// `covers` of each buffer: all of it when it keeps its word.
+struct Cube {
+    assigns: bool,
+    covers: f64,
+}
+impl Cube {
+    const ADDING: Cube = Cube {
+        assigns: false,
+        covers: 1.0,
+    };
+}
 impl OpaqueKernel<f64> for Cube {
     fn name(&self) -> &str {
         "cube"
@@ -529,7 +542,8 @@ impl OpaqueKernel<f64> for Cube {
         _s: &[(RowDomain, usize, usize)],
         out: &mut [f64],
     ) -> Result<(), ddmlip_engine::KernelError> {
-        for (o, x) in out.iter_mut().zip(inputs[0]) {
+        let n = (out.len() as f64 * self.covers) as usize;
+        for (o, x) in out[..n].iter_mut().zip(inputs[0]) {
             *o = x * x * x;
         }
         Ok(())
@@ -541,18 +555,82 @@ impl OpaqueKernel<f64> for Cube {
         g: &[f64],
         grads: &mut [Vec<f64>],
     ) -> Option<Result<(), ddmlip_engine::KernelError>> {
-        for i in 0..g.len() {
-            grads[0][i] += 3.0 * inputs[0][i] * inputs[0][i] * g[i];
+        let n = (g.len() as f64 * self.covers) as usize;
+        for i in 0..n {
+            let d = 3.0 * inputs[0][i] * inputs[0][i] * g[i];
+            grads[0][i] = if self.assigns { d } else { grads[0][i] + d };
         }
         Some(Ok(()))
+    }
+    fn writes_every_output(&self) -> bool {
+        self.assigns
+    }
+    fn backward_assigns(&self) -> bool {
+        self.assigns
     }
 }
 
 #[test]
 fn opaque_op_with_user_backward() {
     check(vec![atoms(4, 2, 20)], &|g, t| {
-        g.opaque(Arc::new(Cube), &[t[0]])
+        g.opaque(Arc::new(Cube::ADDING), &[t[0]])
     });
+}
+
+/// A kernel that assigns gets unzeroed buffers, forward and backward, in
+/// evaluations that recycle the previous one's memory: its values and
+/// gradients equal the adding kernel's, and its gradient, added to an
+/// input's gradient from another reader, is added, not overwritten. A
+/// kernel that claims to assign and leaves elements unwritten reads NaN
+/// there in builds with debug assertions (where the tests run).
+#[test]
+fn kernels_that_assign_get_unzeroed_buffers_and_are_held_to_it() {
+    let (rows, cols) = (3000, 8);
+    let x0 = rand_vec(rows * cols, 71);
+    let seed = rand_vec(rows * cols, 72);
+    // One evaluation on a graph made from `buffers`, which it gives back
+    // (the runtime's pattern across steps: recycled memory, stale content).
+    let run = |buffers: &mut Option<Buffers<f64>>, kernel: Arc<dyn OpaqueKernel<f64>>| {
+        let mut g = Graph::with_buffers(buffers.take().unwrap_or_default());
+        let x = g.leaf(x0.clone(), rows, cols, RowDomain::Atom);
+        let y = g.rowwise(kernel, &[x]).unwrap();
+        // x has a second reader, so the kernel's gradient is added to it.
+        let z = g.add(y, x).unwrap();
+        let grads = g.grad(z, Some(seed.clone()), &[x]).unwrap();
+        let out = (g.value(y).to_vec(), grads[0].clone());
+        *buffers = Some(g.into_buffers());
+        out
+    };
+    let mut buffers = None;
+    let want = run(&mut buffers, Arc::new(Cube::ADDING));
+    for k in 0..3 {
+        let got = run(
+            &mut buffers,
+            Arc::new(Cube {
+                assigns: true,
+                covers: 1.0,
+            }),
+        );
+        assert_eq!(bits(&got.0), bits(&want.0), "values, evaluation {k}");
+        assert_eq!(bits(&got.1), bits(&want.1), "gradient, evaluation {k}");
+    }
+    let lying = run(
+        &mut buffers,
+        Arc::new(Cube {
+            assigns: true,
+            covers: 0.5,
+        }),
+    );
+    if cfg!(debug_assertions) {
+        assert!(
+            lying.0[rows * cols - 1].is_nan(),
+            "an unwritten output element"
+        );
+        assert!(
+            lying.1[rows * cols - 1].is_nan(),
+            "an unwritten gradient element"
+        );
+    }
 }
 
 struct NoBackward;
@@ -720,7 +798,7 @@ fn fused_message_passing_and_rowwise() {
                 "edge_neighbor",
             )?;
             let m = g.message_passing(Arc::new(TanhMessage), &[t[0]], &[t[1]], c, n)?;
-            g.rowwise(Arc::new(Cube), &[m])
+            g.rowwise(Arc::new(Cube::ADDING), &[m])
         },
     );
 }
@@ -1011,6 +1089,76 @@ fn row_ops_in_pieces_give_the_same_bits_whoever_runs_them() {
             assert!(a.iter().any(|v| *v != 0.0), "gradient of input {k} is zero");
             assert_eq!(bits(a), bits(b), "gradient of input {k} with {name}");
         }
+    }
+}
+
+/// Column slices, concatenation and row/column sums on tensors large enough
+/// to be split into parts (and pieces that other ranks may run), against a
+/// naive reference: `y = concat(x[:, 2..5], sum_cols(x), x)` (a slice,
+/// a per-row sum, and `x` itself, so `x`'s gradient gathers three adds)
+/// and `sum_rows(x)`, whose gradients for random seeds are written out by
+/// hand. Every run — one pass, pieces alone, pieces helped — gives the
+/// reference's bits.
+#[test]
+fn large_shape_ops_equal_a_naive_reference() {
+    let (rows, cols) = (60_011, 7);
+    let x0 = rand_vec(rows * cols, 61);
+    let wy = rand_vec(rows * (3 + 1 + cols), 62);
+    let ws = rand_vec(cols, 63);
+    let run = || -> Outcome {
+        let mut g = Graph::<f64>::new();
+        let x = g.leaf(x0.clone(), rows, cols, RowDomain::Atom);
+        let a = g.slice_cols(x, 2, 5).unwrap();
+        let b = g.sum_cols(x).unwrap();
+        let y = g.concat_cols(&[a, b, x]).unwrap();
+        let s = g.sum_rows(x).unwrap();
+        let gy = g.grad(y, Some(wy.clone()), &[x]).unwrap();
+        let gs = g.grad(s, Some(ws.clone()), &[x]).unwrap();
+        let mut value = g.value(y).to_vec();
+        value.extend_from_slice(g.value(s));
+        (value, vec![gy[0].clone(), gs[0].clone()])
+    };
+    // The reference, element by element.
+    let w = 3 + 1 + cols;
+    let mut y = vec![0.0; rows * w];
+    let mut gy = vec![0.0; rows * cols];
+    let mut s = vec![0.0; cols];
+    for r in 0..rows {
+        let xr = &x0[r * cols..(r + 1) * cols];
+        let (yr, wr) = (&mut y[r * w..(r + 1) * w], &wy[r * w..(r + 1) * w]);
+        yr[..3].copy_from_slice(&xr[2..5]);
+        yr[3] = xr.iter().copied().sum();
+        yr[4..].copy_from_slice(xr);
+        for c in 0..cols {
+            s[c] += xr[c];
+            // Gradients arrive in the tape's reverse order: x itself
+            // (concat), then the row sum, then the slice.
+            let mut gc = wr[4 + c] + wr[3];
+            if (2..5).contains(&c) {
+                gc += wr[c - 2];
+            }
+            gy[r * cols + c] = gc;
+        }
+    }
+    y.extend_from_slice(&s);
+    let gs: Vec<f64> = (0..rows * cols).map(|i| ws[i % cols]).collect();
+    let (one_pass, alone, helped) = runs_with_and_without_helpers(&run);
+    for (name, got) in [
+        ("one pass", &one_pass),
+        ("pieces alone", &alone),
+        ("helpers", &helped),
+    ] {
+        assert_eq!(bits(&got.0), bits(&y), "values, {name}");
+        assert_eq!(
+            bits(&got.1[0]),
+            bits(&gy),
+            "gradient through the concatenation, {name}"
+        );
+        assert_eq!(
+            bits(&got.1[1]),
+            bits(&gs),
+            "gradient of the column sums, {name}"
+        );
     }
 }
 

@@ -381,6 +381,24 @@ fn as_vec3<T: Copy>(v: &[T]) -> Vec<[T; 3]> {
 }
 
 impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
+    // Every row of the output is written (the radial input, then the
+    // SH), and the vectors' gradient assigned when it arrives fresh.
+    fn writes_every_output(&self) -> bool {
+        true
+    }
+    fn backward_fresh(
+        &self,
+        inputs: &[&[T]],
+        _shapes: &[Shape],
+        g: &[T],
+        grads: &mut [Vec<T>],
+        fresh: &[bool],
+    ) -> Option<Result<(), KernelError>> {
+        let assign = fresh.first().copied().unwrap_or(false);
+        Some(timed(self.name(), Pass::Backward, 0.0, || {
+            self.vectors_backward(inputs, g, &mut grads[0], assign)
+        }))
+    }
     fn name(&self) -> &str {
         "sevennet_edge_features"
     }
@@ -435,46 +453,58 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
         g: &[T],
         grads: &mut [Vec<T>],
     ) -> Option<Result<(), KernelError>> {
+        Some(timed(self.name(), Pass::Backward, 0.0, || {
+            self.vectors_backward(inputs, g, &mut grads[0], false)
+        }))
+    }
+}
+
+impl<T: Scalar + Real> EdgeFeaturesKernel<T> {
+    /// The edge vectors' gradient from the features' `g`: assigned to
+    /// `grad` (E × 3) when `assign`, else added into it.
+    fn vectors_backward(
+        &self,
+        inputs: &[&[T]],
+        g: &[T],
+        grad: &mut [T],
+        assign: bool,
+    ) -> Result<(), KernelError> {
         let (nb, nsh) = (
             self.net.radial_input_width(self.radial_input),
             self.net.sh_dim(),
         );
         let width = nb + nsh;
-        let run = || -> Result<(), KernelError> {
-            grads[0]
-                .par_chunks_mut(EDGE_ROWS * 3)
-                .zip(inputs[0].par_chunks(EDGE_ROWS * 3))
-                .zip(g.par_chunks(EDGE_ROWS * width.max(1)))
-                .try_for_each(|((grad, v), g)| {
-                    let v = as_vec3(v);
-                    let mut ge = Vec::with_capacity(v.len() * nb);
-                    let mut gs = Vec::with_capacity(v.len() * nsh);
-                    for row in g.chunks_exact(width.max(1)) {
-                        ge.extend_from_slice(&row[..nb]);
-                        gs.extend_from_slice(&row[nb..]);
+        grad.par_chunks_mut(EDGE_ROWS * 3)
+            .zip(inputs[0].par_chunks(EDGE_ROWS * 3))
+            .zip(g.par_chunks(EDGE_ROWS * width.max(1)))
+            .try_for_each(|((grad, v), g)| {
+                let v = as_vec3(v);
+                let mut ge = Vec::with_capacity(v.len() * nb);
+                let mut gs = Vec::with_capacity(v.len() * nsh);
+                for row in g.chunks_exact(width.max(1)) {
+                    ge.extend_from_slice(&row[..nb]);
+                    gs.extend_from_slice(&row[nb..]);
+                }
+                // A table's gradient is the length's, in the hi column.
+                let g_len: Vec<T>;
+                let ge = match self.radial_input {
+                    RadialInput::Embedding => RadialInputGrad::Embedding(&ge[..]),
+                    RadialInput::Length => {
+                        g_len = ge.iter().step_by(LENGTH_COLUMNS).copied().collect();
+                        RadialInputGrad::Length(&g_len[..])
                     }
-                    // A table's gradient is the length's, in the hi column.
-                    let g_len: Vec<T>;
-                    let ge = match self.radial_input {
-                        RadialInput::Embedding => RadialInputGrad::Embedding(&ge[..]),
-                        RadialInput::Length => {
-                            g_len = ge.iter().step_by(LENGTH_COLUMNS).copied().collect();
-                            RadialInputGrad::Length(&g_len[..])
-                        }
-                    };
-                    let gv = self
-                        .net
-                        .edge_inputs_backward(&v, ge, &gs)
-                        .map_err(kernel_err)?;
-                    for (dst, src) in grad.chunks_exact_mut(3).zip(gv) {
-                        for k in 0..3 {
-                            dst[k] += src[k];
-                        }
+                };
+                let gv = self
+                    .net
+                    .edge_inputs_backward(&v, ge, &gs)
+                    .map_err(kernel_err)?;
+                for (dst, src) in grad.chunks_exact_mut(3).zip(gv) {
+                    for k in 0..3 {
+                        dst[k] = if assign { src[k] } else { dst[k] + src[k] };
                     }
-                    Ok(())
-                })
-        };
-        Some(timed(self.name(), Pass::Backward, 0.0, run))
+                }
+                Ok(())
+            })
     }
 }
 
@@ -489,6 +519,15 @@ struct LinearKernel<T> {
 }
 
 impl<T: Scalar + Real> OpaqueKernel<T> for LinearKernel<T> {
+    // The e3nn kernel assigns every element of its output and of the
+    // input's gradient: no zeroing pass over either (node features are
+    // megabytes per layer).
+    fn writes_every_output(&self) -> bool {
+        true
+    }
+    fn backward_assigns(&self) -> bool {
+        true
+    }
     fn name(&self) -> &str {
         &self.name
     }
@@ -543,6 +582,25 @@ struct SpeciesLinearKernel<T> {
 }
 
 impl<T: Scalar + Real> OpaqueKernel<T> for SpeciesLinearKernel<T> {
+    // The features' gradient and the output are assigned element by
+    // element by the e3nn kernel; the one-hot's gradient (a constant of
+    // the structure) is left zero, as the default protocol has it.
+    fn writes_every_output(&self) -> bool {
+        true
+    }
+    fn backward_fresh(
+        &self,
+        inputs: &[&[T]],
+        shapes: &[Shape],
+        g: &[T],
+        grads: &mut [Vec<T>],
+        fresh: &[bool],
+    ) -> Option<Result<(), KernelError>> {
+        for (grad, _) in grads.iter_mut().zip(fresh).skip(1).filter(|(_, &f)| f) {
+            grad.fill(T::ZERO);
+        }
+        self.backward(inputs, shapes, g, grads)
+    }
     fn name(&self) -> &str {
         &self.name
     }
@@ -594,6 +652,15 @@ struct FcnKernel<T> {
 }
 
 impl<T: Scalar + Real> OpaqueKernel<T> for FcnKernel<T> {
+    // The e3nn kernel assigns every element of its output and of the
+    // input's gradient: no zeroing pass over either (node features are
+    // megabytes per layer).
+    fn writes_every_output(&self) -> bool {
+        true
+    }
+    fn backward_assigns(&self) -> bool {
+        true
+    }
     fn name(&self) -> &str {
         &self.name
     }
@@ -635,6 +702,15 @@ struct GateKernel {
 }
 
 impl<T: Scalar + Real> OpaqueKernel<T> for GateKernel {
+    // The e3nn kernel assigns every element of its output and of the
+    // input's gradient: no zeroing pass over either (node features are
+    // megabytes per layer).
+    fn writes_every_output(&self) -> bool {
+        true
+    }
+    fn backward_assigns(&self) -> bool {
+        true
+    }
     fn name(&self) -> &str {
         &self.name
     }

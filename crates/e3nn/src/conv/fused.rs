@@ -162,15 +162,23 @@ fn table_fwd<T: Real>(table: &RadialTable<T>, r: &[T], out: &mut [T]) {
 }
 
 #[inline(always)]
-fn table_bwd<T: Real>(table: &RadialTable<T>, r: &[T], g: &[T], gr: &mut [T]) {
-    table.backward_rows(r, g, gr)
+fn table_fwd_slope<T: Real>(table: &RadialTable<T>, r: &[T], out: &mut [T], slope: &mut [T]) {
+    table.forward_rows_with_slope(r, out, slope)
+}
+
+#[inline(always)]
+fn table_bwd_slope<T: Real>(table: &RadialTable<T>, r: &[T], g: &[T], slope: &[T], gr: &mut [T]) {
+    table.backward_rows_from_slope(r, g, slope, gr)
 }
 
 multiversion!(table_fwd_mv, table_fwd_avx512, table_fwd_avx2, table_fwd, (
     table: &RadialTable<T>, r: &[T], out: &mut [T]
 ));
-multiversion!(table_bwd_mv, table_bwd_avx512, table_bwd_avx2, table_bwd, (
-    table: &RadialTable<T>, r: &[T], g: &[T], gr: &mut [T]
+multiversion!(table_fwd_slope_mv, table_fwd_slope_avx512, table_fwd_slope_avx2, table_fwd_slope, (
+    table: &RadialTable<T>, r: &[T], out: &mut [T], slope: &mut [T]
+));
+multiversion!(table_bwd_slope_mv, table_bwd_slope_avx512, table_bwd_slope_avx2, table_bwd_slope, (
+    table: &RadialTable<T>, r: &[T], g: &[T], slope: &[T], gr: &mut [T]
 ));
 
 /// Per-task scratch of the fused kernels.
@@ -182,8 +190,18 @@ struct FusedScratch<T> {
     emb: Vec<T>,
     /// The block's per-edge weights.
     w: Vec<T>,
-    /// Their gradient.
+    /// Their gradient (the backward; empty in the forward).
     gw: Vec<T>,
+    /// The weights' slopes within their table intervals (the backward
+    /// with a table; empty otherwise).
+    slope: Vec<T>,
+}
+
+/// Which pass a [`FusedScratch`] serves.
+#[derive(Clone, Copy, PartialEq)]
+enum Pass {
+    Forward,
+    Backward,
 }
 
 fn fused_scratch<T: Real>(
@@ -191,7 +209,10 @@ fn fused_scratch<T: Real>(
     radial: EdgeRadial<'_, T>,
     row: usize,
     max_edges: usize,
+    pass: Pass,
 ) -> FusedScratch<T> {
+    let per_block = max_edges * paths.dim_w;
+    let backward = if pass == Pass::Backward { per_block } else { 0 };
     FusedScratch {
         conv: paths.scratch(row),
         mlp: match radial {
@@ -199,8 +220,12 @@ fn fused_scratch<T: Real>(
             EdgeRadial::Table(_) => None,
         },
         emb: vec![T::ZERO; max_edges * radial.dim_in()],
-        w: vec![T::ZERO; max_edges * paths.dim_w],
-        gw: vec![T::ZERO; max_edges * paths.dim_w],
+        w: vec![T::ZERO; per_block],
+        gw: vec![T::ZERO; backward],
+        slope: match radial {
+            EdgeRadial::Table(_) => vec![T::ZERO; backward],
+            EdgeRadial::Network(_) => Vec::new(),
+        },
     }
 }
 
@@ -213,36 +238,38 @@ fn max_block_edges(offsets: &[usize], blocks: &[(usize, usize)]) -> usize {
         .unwrap_or(0)
 }
 
-/// Weights of the edges at CSR positions `p0..p1` of `edges` into `sc.w`
-/// (their inputs gathered into `sc.emb`).
+/// Weights of a block's `edges` (ids, in CSR order) into `sc.w`
+/// (their inputs gathered into `sc.emb`); in the backward with a table,
+/// their slopes into `sc.slope` too, for [`block_weights_backward`].
 fn block_weights<T: Real>(
     isa: Isa,
     radial: EdgeRadial<'_, T>,
     edges: &[u32],
     emb: &[T],
-    p0: usize,
-    p1: usize,
+    pass: Pass,
     sc: &mut FusedScratch<T>,
 ) {
-    let (nb, rows) = (radial.dim_in(), p1 - p0);
-    for (dst, &e) in sc.emb.chunks_exact_mut(nb.max(1)).zip(&edges[p0..p1]) {
+    let (nb, rows) = (radial.dim_in(), edges.len());
+    for (dst, &e) in sc.emb.chunks_exact_mut(nb.max(1)).zip(edges) {
         let e = e as usize;
         dst[..nb].copy_from_slice(&emb[e * nb..(e + 1) * nb]);
     }
     match (radial, sc.mlp.as_mut()) {
         (EdgeRadial::Network(m), Some(s)) => m.forward_block(&sc.emb, rows, s, &mut sc.w),
-        (EdgeRadial::Table(t), _) => table_fwd_mv(
-            isa,
-            t,
-            &sc.emb[..rows * LENGTH_COLUMNS],
-            &mut sc.w[..rows * t.dim_out()],
-        ),
+        (EdgeRadial::Table(t), _) => {
+            let (r, n) = (&sc.emb[..rows * LENGTH_COLUMNS], rows * t.dim_out());
+            match pass {
+                Pass::Forward => table_fwd_mv(isa, t, r, &mut sc.w[..n]),
+                Pass::Backward => table_fwd_slope_mv(isa, t, r, &mut sc.w[..n], &mut sc.slope[..n]),
+            }
+        }
         (EdgeRadial::Network(_), None) => unreachable!("a network's scratch has its MLP buffers"),
     }
 }
 
 /// Gradient of the block's edge inputs (`gemb`, rows × dim_in) from the
-/// weights' gradient in `sc.gw`, after [`block_weights`] on the same block.
+/// weights' gradient in `sc.gw`, after [`block_weights`] on the same block
+/// in the backward pass.
 fn block_weights_backward<T: Real>(
     isa: Isa,
     radial: EdgeRadial<'_, T>,
@@ -252,13 +279,17 @@ fn block_weights_backward<T: Real>(
 ) {
     match (radial, sc.mlp.as_mut()) {
         (EdgeRadial::Network(m), Some(s)) => m.backward_block(rows, s, &sc.gw, gemb),
-        (EdgeRadial::Table(t), _) => table_bwd_mv(
-            isa,
-            t,
-            &sc.emb[..rows * LENGTH_COLUMNS],
-            &sc.gw[..rows * t.dim_out()],
-            &mut gemb[..rows * LENGTH_COLUMNS],
-        ),
+        (EdgeRadial::Table(t), _) => {
+            let n = rows * t.dim_out();
+            table_bwd_slope_mv(
+                isa,
+                t,
+                &sc.emb[..rows * LENGTH_COLUMNS],
+                &sc.gw[..n],
+                &sc.slope[..n],
+                &mut gemb[..rows * LENGTH_COLUMNS],
+            )
+        }
         (EdgeRadial::Network(_), None) => unreachable!("a network's scratch has its MLP buffers"),
     }
 }
@@ -430,11 +461,16 @@ fn radial_conv_forward_on<T: Real>(
     let pieces = split_blocks(out, blocks.iter().copied(), dm);
     let pool = Mutex::new(Vec::new());
     blocks.into_par_iter().zip(pieces).for_each_init(
-        || Pooled::take(&pool, || fused_scratch(paths, radial, dm, max_edges)),
+        || {
+            Pooled::take(&pool, || {
+                fused_scratch(paths, radial, dm, max_edges, Pass::Forward)
+            })
+        },
         |sc, ((r0, r1), piece)| {
             let sc = &mut **sc;
             let (p0, p1) = (graph.center_offsets[r0], graph.center_offsets[r1]);
-            block_weights(isa, radial, &graph.center_edges, emb, p0, p1, sc);
+            let edges = &graph.center_edges[p0..p1];
+            block_weights(isa, radial, edges, emb, Pass::Forward, sc);
             for (i, row) in (r0..r1).zip(piece.chunks_exact_mut(dm)) {
                 fwd_row_mv(
                     isa,
@@ -575,11 +611,16 @@ fn radial_conv_backward_on<T: Real>(
         .zip(gsh_pieces)
         .zip(gemb_pieces)
         .for_each_init(
-            || Pooled::take(&pool, || fused_scratch(paths, radial, di, max_edges)),
+            || {
+                Pooled::take(&pool, || {
+                    fused_scratch(paths, radial, di, max_edges, Pass::Backward)
+                })
+            },
             |sc, (((&(r0, r1), gh), gy), gemb)| {
                 let sc = &mut **sc;
                 let (p0, p1) = (off[r0], off[r1]);
-                block_weights(isa, radial, &graph.neighbor_edges, emb, p0, p1, sc);
+                let edges = &graph.neighbor_edges[p0..p1];
+                block_weights(isa, radial, edges, emb, Pass::Backward, sc);
                 // Every path overwrites its own weights' gradient (paths share
                 // no weight columns); columns no path reads keep the zero the
                 // scratch was made with, as nothing else writes `gw`. So no

@@ -66,6 +66,28 @@ pub(crate) fn map_parts<T: Send>(out: &mut [T], f: impl Fn(usize, &mut [T]) + Sy
     }
 }
 
+/// `f(row0, part)` over consecutive whole-row parts of `out` (rows of
+/// `width` elements; `row0` = the part's first row) that together cover
+/// it: work-sharing pieces, rayon chunks above [`PAR_THRESHOLD`] elements,
+/// or one part. `f` must compute each row the same way whatever part holds
+/// it (a row's result may not depend on the split).
+pub(crate) fn map_rows<T: Send>(out: &mut [T], width: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    use rayon::prelude::*;
+    let width = width.max(1);
+    let pieces = crate::helpers::pieces_for(out.len());
+    if pieces > 1 {
+        crate::helpers::run_parts(out, width, pieces, &|start, part| f(start / width, part));
+    } else if out.len() >= PAR_THRESHOLD {
+        // About 4096 elements per chunk, in whole rows.
+        let rows = (4096 / width).max(1);
+        out.par_chunks_mut(rows * width)
+            .enumerate()
+            .for_each(|(c, part)| f(c * rows, part));
+    } else {
+        f(0, out);
+    }
+}
+
 /// `update(i, &mut out[i])` for every element, each once: over rayon above
 /// [`PAR_THRESHOLD`], in pieces other ranks may run when they can help.
 pub(crate) fn update_each<T: Send>(out: &mut [T], update: impl Fn(usize, &mut T) + Sync) {

@@ -47,10 +47,21 @@ pub trait OpaqueKernel<T: Scalar>: Send + Sync {
         grads: &mut [Vec<T>],
         fresh: &[bool],
     ) -> Option<Result<(), KernelError>> {
-        for (g, _) in grads.iter_mut().zip(fresh).filter(|(_, &f)| f) {
-            crate::ops::map_into(g, |_| T::zero());
+        if !self.backward_assigns() {
+            for (g, _) in grads.iter_mut().zip(fresh).filter(|(_, &f)| f) {
+                crate::ops::map_into(g, |_| T::zero());
+            }
         }
         self.backward(inputs, shapes, grad_out, grads)
+    }
+
+    /// When true, [`OpaqueKernel::backward`] assigns every element of every
+    /// gradient buffer it gets, so the default
+    /// [`OpaqueKernel::backward_fresh`] hands them over without zeroing
+    /// them first; when false (the default), it adds into zeroed buffers.
+    /// Not together with [`OpaqueKernel::adds_into_gradients`].
+    fn backward_assigns(&self) -> bool {
+        false
     }
 
     /// Whether [`OpaqueKernel::backward`] reads the values of input

@@ -1,6 +1,7 @@
 //! Concatenation, column slices and reductions along rows or columns.
 
 use crate::graph::NodeSpec;
+use crate::ops::map_rows;
 use crate::{EngineError, Graph, RowDomain, Scalar, Tensor};
 
 impl<T: Scalar> Graph<T> {
@@ -19,15 +20,19 @@ impl<T: Scalar> Graph<T> {
             ));
         }
         let cols: usize = widths.iter().sum();
-        let mut out = self.pool.zeroed(rows * cols);
-        let mut off = 0;
-        for (&t, &w) in parts.iter().zip(&widths) {
-            let v = &self.nodes[t.id].value;
-            for r in 0..rows {
-                out[r * cols + off..r * cols + off + w].copy_from_slice(&v[r * w..(r + 1) * w]);
+        // Every element is written below: the parts tile each row.
+        let mut out = self.pool.for_overwrite(rows * cols);
+        let values: Vec<&[T]> = parts.iter().map(|t| &self.nodes[t.id].value[..]).collect();
+        map_rows(&mut out, cols, |r0, part| {
+            for (k, row) in part.chunks_exact_mut(cols.max(1)).enumerate() {
+                let r = r0 + k;
+                let mut off = 0;
+                for (v, &w) in values.iter().zip(&widths) {
+                    row[off..off + w].copy_from_slice(&v[r * w..(r + 1) * w]);
+                    off += w;
+                }
             }
-            off += w;
-        }
+        });
         let n0 = &self.nodes[first.id];
         let spec = NodeSpec {
             op: "concat_cols".into(),
@@ -50,10 +55,12 @@ impl<T: Scalar> Graph<T> {
                     if ctx.wants(t) {
                         // Every element is written below.
                         let mut gt = ctx.for_overwrite(rows * w);
-                        for r in 0..rows {
-                            gt[r * w..(r + 1) * w]
-                                .copy_from_slice(&g[r * cols + off..r * cols + off + w]);
-                        }
+                        map_rows(&mut gt, w, |r0, part| {
+                            for (k, row) in part.chunks_exact_mut(w.max(1)).enumerate() {
+                                let r = (r0 + k) * cols + off;
+                                row.copy_from_slice(&g[r..r + w]);
+                            }
+                        });
                         ctx.accumulate(t, gt);
                     }
                     off += w;
@@ -80,10 +87,14 @@ impl<T: Scalar> Graph<T> {
         }
         let w = end - start;
         let v = &self.nodes[x.id].value;
-        let mut out = Vec::with_capacity(rows * w);
-        for r in 0..rows {
-            out.extend_from_slice(&v[r * cols + start..r * cols + end]);
-        }
+        // Every element is written below.
+        let mut out = self.pool.for_overwrite(rows * w);
+        map_rows(&mut out, w, |r0, part| {
+            for (k, row) in part.chunks_exact_mut(w.max(1)).enumerate() {
+                let r = (r0 + k) * cols;
+                row.copy_from_slice(&v[r + start..r + end]);
+            }
+        });
         let n = &self.nodes[x.id];
         let spec = NodeSpec {
             op: "slice_cols".into(),
@@ -101,11 +112,14 @@ impl<T: Scalar> Graph<T> {
             None,
             Box::new(move |ctx, g| {
                 ctx.accumulate_with(x, |gx| {
-                    for r in 0..rows {
-                        for c in 0..w {
-                            gx[r * cols + start + c] += g[r * w + c];
+                    map_rows(gx, cols, |r0, part| {
+                        for (k, row) in part.chunks_exact_mut(cols.max(1)).enumerate() {
+                            let r = (r0 + k) * w;
+                            for (a, &b) in row[start..end].iter_mut().zip(&g[r..r + w]) {
+                                *a += b;
+                            }
                         }
-                    }
+                    });
                 });
                 Ok(())
             }),
@@ -137,11 +151,13 @@ impl<T: Scalar> Graph<T> {
             None,
             Box::new(move |ctx, g| {
                 ctx.accumulate_with(x, |gx| {
-                    for r in 0..rows {
-                        for c in 0..cols {
-                            gx[r * cols + c] += g[r];
+                    map_rows(gx, cols, |r0, part| {
+                        for (k, row) in part.chunks_exact_mut(cols.max(1)).enumerate() {
+                            for a in row {
+                                *a += g[r0 + k];
+                            }
                         }
-                    }
+                    });
                 });
                 Ok(())
             }),
@@ -177,11 +193,13 @@ impl<T: Scalar> Graph<T> {
             None,
             Box::new(move |ctx, g| {
                 ctx.accumulate_with(x, |gx| {
-                    for r in 0..rows {
-                        for c in 0..cols {
-                            gx[r * cols + c] += g[c];
+                    map_rows(gx, cols, |_, part| {
+                        for row in part.chunks_exact_mut(cols.max(1)) {
+                            for (a, &b) in row.iter_mut().zip(g) {
+                                *a += b;
+                            }
                         }
-                    }
+                    });
                 });
                 Ok(())
             }),
