@@ -382,22 +382,12 @@ fn as_vec3<T: Copy>(v: &[T]) -> Vec<[T; 3]> {
 
 impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
     // Every row of the output is written (the radial input, then the
-    // SH), and the vectors' gradient assigned when it arrives fresh.
+    // SH), and every element of the vectors' gradient assigned.
     fn writes_every_output(&self) -> bool {
         true
     }
-    fn backward_fresh(
-        &self,
-        inputs: &[&[T]],
-        _shapes: &[Shape],
-        g: &[T],
-        grads: &mut [Vec<T>],
-        fresh: &[bool],
-    ) -> Option<Result<(), KernelError>> {
-        let assign = fresh.first().copied().unwrap_or(false);
-        Some(timed(self.name(), Pass::Backward, 0.0, || {
-            self.vectors_backward(inputs, g, &mut grads[0], assign)
-        }))
+    fn backward_assigns(&self) -> bool {
+        true
     }
     fn name(&self) -> &str {
         "sevennet_edge_features"
@@ -453,58 +443,44 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
         g: &[T],
         grads: &mut [Vec<T>],
     ) -> Option<Result<(), KernelError>> {
-        Some(timed(self.name(), Pass::Backward, 0.0, || {
-            self.vectors_backward(inputs, g, &mut grads[0], false)
-        }))
-    }
-}
-
-impl<T: Scalar + Real> EdgeFeaturesKernel<T> {
-    /// The edge vectors' gradient from the features' `g`: assigned to
-    /// `grad` (E × 3) when `assign`, else added into it.
-    fn vectors_backward(
-        &self,
-        inputs: &[&[T]],
-        g: &[T],
-        grad: &mut [T],
-        assign: bool,
-    ) -> Result<(), KernelError> {
         let (nb, nsh) = (
             self.net.radial_input_width(self.radial_input),
             self.net.sh_dim(),
         );
         let width = nb + nsh;
-        grad.par_chunks_mut(EDGE_ROWS * 3)
-            .zip(inputs[0].par_chunks(EDGE_ROWS * 3))
-            .zip(g.par_chunks(EDGE_ROWS * width.max(1)))
-            .try_for_each(|((grad, v), g)| {
-                let v = as_vec3(v);
-                let mut ge = Vec::with_capacity(v.len() * nb);
-                let mut gs = Vec::with_capacity(v.len() * nsh);
-                for row in g.chunks_exact(width.max(1)) {
-                    ge.extend_from_slice(&row[..nb]);
-                    gs.extend_from_slice(&row[nb..]);
-                }
-                // A table's gradient is the length's, in the hi column.
-                let g_len: Vec<T>;
-                let ge = match self.radial_input {
-                    RadialInput::Embedding => RadialInputGrad::Embedding(&ge[..]),
-                    RadialInput::Length => {
-                        g_len = ge.iter().step_by(LENGTH_COLUMNS).copied().collect();
-                        RadialInputGrad::Length(&g_len[..])
+        let run = || -> Result<(), KernelError> {
+            grads[0]
+                .par_chunks_mut(EDGE_ROWS * 3)
+                .zip(inputs[0].par_chunks(EDGE_ROWS * 3))
+                .zip(g.par_chunks(EDGE_ROWS * width.max(1)))
+                .try_for_each(|((grad, v), g)| {
+                    let v = as_vec3(v);
+                    let mut ge = Vec::with_capacity(v.len() * nb);
+                    let mut gs = Vec::with_capacity(v.len() * nsh);
+                    for row in g.chunks_exact(width.max(1)) {
+                        ge.extend_from_slice(&row[..nb]);
+                        gs.extend_from_slice(&row[nb..]);
                     }
-                };
-                let gv = self
-                    .net
-                    .edge_inputs_backward(&v, ge, &gs)
-                    .map_err(kernel_err)?;
-                for (dst, src) in grad.chunks_exact_mut(3).zip(gv) {
-                    for k in 0..3 {
-                        dst[k] = if assign { src[k] } else { dst[k] + src[k] };
+                    // A table's gradient is the length's, in the hi column.
+                    let g_len: Vec<T>;
+                    let ge = match self.radial_input {
+                        RadialInput::Embedding => RadialInputGrad::Embedding(&ge[..]),
+                        RadialInput::Length => {
+                            g_len = ge.iter().step_by(LENGTH_COLUMNS).copied().collect();
+                            RadialInputGrad::Length(&g_len[..])
+                        }
+                    };
+                    let gv = self
+                        .net
+                        .edge_inputs_backward(&v, ge, &gs)
+                        .map_err(kernel_err)?;
+                    for (dst, src) in grad.chunks_exact_mut(3).zip(gv) {
+                        dst.copy_from_slice(&src);
                     }
-                }
-                Ok(())
-            })
+                    Ok(())
+                })
+        };
+        Some(timed(self.name(), Pass::Backward, 0.0, run))
     }
 }
 
