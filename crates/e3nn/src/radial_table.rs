@@ -646,6 +646,13 @@ pub(crate) mod tests {
         ((*seed >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
     }
 
+    /// `n` random lengths in [0.05, 5) Å.
+    fn lengths(n: usize, seed: &mut u64) -> Vec<f64> {
+        (0..n)
+            .map(|_| 0.05 + 4.95 * (0.5 + 0.5 * lcg(seed)))
+            .collect()
+    }
+
     /// SevenNet-0's embedding shape: 8 Bessel functions, polynomial
     /// envelope p = 6, 5 Å.
     pub(crate) fn sevennet0_like_embedding() -> EdgeEmbedding {
@@ -749,9 +756,7 @@ pub(crate) mod tests {
         .expect("table");
         assert!(table.cells() >= MIN_CELLS && table.error_fraction() <= 1.0);
         let mut s = 5u64;
-        let r: Vec<f64> = (0..3000)
-            .map(|_| 0.05 + 4.95 * (0.5 + 0.5 * lcg(&mut s)))
-            .collect();
+        let r = lengths(3000, &mut s);
         let want = exact(&emb, &mlp, &r);
         let mut got = vec![0.0; want.len()];
         table.forward(&split(&r), &mut got).expect("forward");
@@ -834,9 +839,7 @@ pub(crate) mod tests {
         let (emb, mlp) = network(7);
         let t32 = RadialTable::<f32>::build(&emb, &mlp, F32_TABLE_TOLERANCE).expect("table");
         let mut s = 1u64;
-        let r: Vec<f64> = (0..2000)
-            .map(|_| 0.05 + 4.95 * (0.5 + 0.5 * lcg(&mut s)))
-            .collect();
+        let r = lengths(2000, &mut s);
         let want = exact(&emb, &mlp, &r);
         // The table reads each length as its f32 pair, as exact as f64.
         let mut got = vec![0.0f32; want.len()];

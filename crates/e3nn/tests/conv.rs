@@ -382,15 +382,8 @@ fn fused_radial_conv_with_a_table_matches_unfused() {
     let (denom, dm) = (3.1, paths.dim_msg());
     let mut w = vec![0.0; ne * paths.dim_w()];
     table.forward(&r, &mut w).unwrap();
-    let mut want = vec![0.0; n * dm];
-    conv_forward(&paths, &graph, &h, &sh, &w, denom, &mut want).unwrap();
     let g = rng.vec(n * dm);
-    let (mut gh0, mut gsh0, mut gw0) =
-        (vec![0.0; h.len()], vec![0.0; sh.len()], vec![0.0; w.len()]);
-    conv_backward(
-        &paths, &graph, &h, &sh, &w, denom, &g, &mut gh0, &mut gsh0, &mut gw0,
-    )
-    .unwrap();
+    let [want, gh0, gsh0, gw0] = unfused(&paths, &graph, &h, &sh, &w, denom, &g);
     let mut gr0 = vec![0.0; 2 * ne];
     table.backward(&r, &gw0, &mut gr0).unwrap();
 
@@ -407,6 +400,25 @@ fn fused_radial_conv_with_a_table_matches_unfused() {
     assert!(
         radial_conv_forward(&paths, &table, denom, &graph, &h, &emb_rows, &sh, &mut out).is_err()
     );
+}
+
+/// The unfused convolution on per-edge weights `w`, the reference of the
+/// fused one: `[message, grad_h, grad_sh, grad_w]` from the message
+/// gradient `g`.
+fn unfused(
+    paths: &ConvPaths<f64>,
+    graph: &ConvGraph,
+    h: &[f64],
+    sh: &[f64],
+    w: &[f64],
+    denom: f64,
+    g: &[f64],
+) -> [Vec<f64>; 4] {
+    let mut out = vec![0.0; graph.n_rows() * paths.dim_msg()];
+    conv_forward(paths, graph, h, sh, w, denom, &mut out).unwrap();
+    let (mut gh, mut gsh, mut gw) = (vec![0.0; h.len()], vec![0.0; sh.len()], vec![0.0; w.len()]);
+    conv_backward(paths, graph, h, sh, w, denom, g, &mut gh, &mut gsh, &mut gw).unwrap();
+    [out, gh, gsh, gw]
 }
 
 /// The fused convolution's message and its gradients `[message, grad_h,
@@ -482,15 +494,8 @@ fn fused_matches_unfused(ir: &Irreps, paths: &ConvPaths<f64>) {
     // Unfused reference.
     let mut w = vec![0.0; ne * paths.dim_w()];
     radial.forward(&emb, ne, &mut w).unwrap();
-    let mut want = vec![0.0; n * dm];
-    conv_forward(&paths, &graph, &h, &sh, &w, denom, &mut want).unwrap();
     let g = rng.vec(n * dm);
-    let (mut gh0, mut gsh0, mut gw0) =
-        (vec![0.0; h.len()], vec![0.0; sh.len()], vec![0.0; w.len()]);
-    conv_backward(
-        &paths, &graph, &h, &sh, &w, denom, &g, &mut gh0, &mut gsh0, &mut gw0,
-    )
-    .unwrap();
+    let [want, gh0, gsh0, gw0] = unfused(&paths, &graph, &h, &sh, &w, denom, &g);
     let mut gemb0 = vec![0.0; emb.len()];
     radial.backward(&emb, ne, &gw0, &mut gemb0).unwrap();
 

@@ -50,20 +50,9 @@ pub(crate) fn map_into<T: Send>(out: &mut [T], f: impl Fn(usize) -> T + Sync) {
 /// `f(start, part)` over consecutive parts of `out` that together cover it
 /// (`start` = the part's first element): work-sharing pieces, rayon chunks
 /// above [`PAR_THRESHOLD`], or one part. `f` must compute each element the
-/// same way whatever part holds it.
+/// same way whatever part holds it. [`map_rows`] with one-element rows.
 pub(crate) fn map_parts<T: Send>(out: &mut [T], f: impl Fn(usize, &mut [T]) + Sync) {
-    use rayon::prelude::*;
-    const CHUNK: usize = 1 << 12;
-    let pieces = crate::helpers::pieces_for(out.len());
-    if pieces > 1 {
-        crate::helpers::run_parts(out, 1, pieces, &f);
-    } else if out.len() >= PAR_THRESHOLD {
-        out.par_chunks_mut(CHUNK)
-            .enumerate()
-            .for_each(|(c, part)| f(c * CHUNK, part));
-    } else {
-        f(0, out);
-    }
+    map_rows(out, 1, f)
 }
 
 /// `f(row0, part)` over consecutive whole-row parts of `out` (rows of
