@@ -8,7 +8,8 @@
 #     cargo test -p ddmlip-cuda --no-run   # then copy target/debug/deps/gpu-* there
 #   and optionally a `ddmlip` binary built with `--features cuda`, which is
 #   then checked end to end (eval on cuda vs cpu, a bad device index, md and
-#   relax on cuda vs cpu, validate and eval split over ranks sharing the GPU).
+#   relax on cuda vs cpu, validate and eval split over ranks sharing the GPU,
+#   models through the op engine on the GPU).
 # Environment: DDMLIP_FIXTURE_XYZ (the SevenNet-0 fixture frames, if the
 # tests cannot find them next to the repository), DDMLIP_GPU_INDEX (device).
 set -u
@@ -29,7 +30,7 @@ for exe in "$dir"/*; do
     out=$("$exe" --test-threads=1 --nocapture 2>&1)
     # What each test measured, and every panic with its message line.
     echo "$out" | awk '/panicked at/ {print; if ((getline line) > 0) print "    " line; next}
-        /^test |lj (f64|f32) case|sevennet f(64|32) GPU|schnet f(64|32) |TIMING|systems, |ranks: energy|f32 vs f64:|split vs one rank|SKIPPED/ {print}'
+        /^test |lj (f64|f32) case|sevennet f(64|32) GPU|schnet f(64|32) |TIMING|systems, |ranks: energy|f32 vs f64:|split vs one rank|engine |SKIPPED/ {print}'
 
     counts=$(echo "$out" | sed -n 's/^test result: [a-zA-Z]*\. \([0-9]*\) passed; \([0-9]*\) failed.*/\1 \2/p')
     p=${counts% *} f=${counts#* }
@@ -58,7 +59,10 @@ PY
     check "eval lj on cuda" 0 '"device":"cuda:' "$cli" eval --model lj --structure "$xyz" --device cuda --json
     check "eval lj on cpu" 0 '"energy"' "$cli" eval --model lj --structure "$xyz" --device cpu --json
     check "device index out of range" 2 "does not exist" "$cli" eval --model lj --structure "$xyz" --device cuda:99
-    check "model without a CUDA path" 2 "has no CUDA path" "$cli" eval --model eam-demo --structure "$xyz" --device cuda
+    # Models without CUDA kernels of their own run through the op engine on the GPU.
+    check "eval eam-demo on cuda through the engine" 0 'op engine' "$cli" eval --model eam-demo --structure "$xyz" --device cuda --json
+    check "eval schnet-demo --engine-ops on cuda" 0 'op engine' "$cli" eval --model schnet-demo --structure "$xyz" --device cuda --engine-ops --ranks 2 --json
+    check "--engine-ops needs cuda" 2 "needs --device cuda" "$cli" eval --model schnet-demo --structure "$xyz" --engine-ops
     check "eval schnet-demo on cuda" 0 '"device":"cuda:' "$cli" eval --model schnet-demo --structure "$xyz" --device cuda --json
     check "bench model schnet-demo on cuda" 0 "µs/atom/step" "$cli" bench model --model schnet-demo --crystal si --repeat 8 --device cuda --repeats 2
     check "bench model lj on cuda" 0 "µs/atom/step" "$cli" bench model --model lj --crystal cu --repeat 4 --device cuda
@@ -135,6 +139,9 @@ PY
     check "validate lj on cuda, 4 ranks" 0 "PASSED" "$cli" validate --model lj --structure "$ar" --device cuda --ranks 4
     check "validate sevennet-0 on cuda, 4 ranks" 0 "PASSED" "$cli" validate --model sevennet-0 --structure "$si64" --device cuda --ranks 4
     check "validate schnet-demo on cuda, 4 ranks" 0 "PASSED" "$cli" validate --model schnet-demo --structure "$si64" --device cuda --ranks 4
+    check "validate eam-demo through the engine on cuda, 4 ranks" 0 "matches the single-process run" "$cli" validate --model eam-demo --structure "$si64" --device cuda --ranks 4
+    check "validate schnet-demo --engine-ops on cuda, 3 ranks" 0 "matches the single-process run" "$cli" validate --model schnet-demo --structure "$si64" --device cuda --engine-ops --ranks 3
+    check "bench model schnet-demo --engine-ops on cuda" 0 "µs/atom/step" "$cli" bench model --model schnet-demo --crystal si --repeat 8 --device cuda --engine-ops --repeats 2
     check "validate schnet-demo on cuda f32, 3 ranks" 0 "PASSED" "$cli" validate --model schnet-demo --structure "$si64" --device cuda --ranks 3 --dtype f32
     check "validate sevennet-0 on cuda f32, 3 ranks" 0 "PASSED" "$cli" validate --model sevennet-0 --structure "$si64" --device cuda --ranks 3 --dtype f32
     check "eval sevennet-0 on cuda, 2 ranks" 0 '"ranks":2' "$cli" eval --model sevennet-0 --structure "$si64" --device cuda --ranks 2 --json

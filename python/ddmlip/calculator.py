@@ -27,8 +27,10 @@ class Calculator(_AseCalculator):
     (idle ranks run pieces of busy ones; same bits), ``timeout`` (s, of
     every blocking communication call), ``device`` (``"cpu"``, or
     ``"cuda"`` / ``"cuda:N"`` for an NVIDIA GPU: ``lj``, ``schnet-demo``
-    and the SevenNet checkpoints, ``ranks`` ranks sharing it; without a GPU or driver it
-    raises ``ValueError`` saying which).
+    and the SevenNet checkpoints with their own kernels, every other model
+    through the op engine with its generic ops on the GPU; ``ranks`` ranks
+    sharing it; without a GPU or driver it raises ``ValueError`` saying
+    which).
 
     Properties (ASE units): ``energy`` and ``free_energy`` (eV), ``forces``
     (eV/Å), ``stress`` (eV/Å³, ASE's sign, Voigt ``xx yy zz yz xz xy``;

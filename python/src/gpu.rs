@@ -1,6 +1,7 @@
-//! `device="cuda[:N]"`: models with a GPU path evaluated on an NVIDIA GPU
-//! (the CUDA libraries are loaded at run time; without them the calculator
-//! raises `ValueError` saying so).
+//! `device="cuda[:N]"`: models with CUDA kernels of their own evaluated
+//! with them on an NVIDIA GPU, the others through the op engine with its
+//! generic ops there (the CUDA libraries are loaded at run time; without
+//! them the calculator raises `ValueError` saying so).
 
 use ddmlip::{Device, System};
 use ddmlip_cuda::{CudaDevice, CudaError, GpuModel, GpuOutput, LjParameters, Precision};
@@ -23,6 +24,20 @@ pub(crate) fn gpu_error(e: CudaError) -> PyErr {
     } else {
         PyRuntimeError::new_err(e.to_string())
     }
+}
+
+/// Whether `model` has CUDA kernels of its own (`lj`, `schnet-demo`,
+/// SevenNet); the others run through the op engine on the GPU.
+pub(crate) fn has_own_kernels(model: &str) -> Result<bool, PyErr> {
+    ddmlip_models::model_source(model)
+        .map(|s| s.is_some())
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// CUDA device `index` for the op engine's generic ops.
+pub(crate) fn engine_device(index: usize) -> Result<ddmlip::EngineDevice, PyErr> {
+    let source = ddmlip_cuda::CudaEngineSource::open(index).map_err(gpu_error)?;
+    Ok(ddmlip::EngineDevice(std::sync::Arc::new(source)))
 }
 
 /// A model on a GPU with its device.

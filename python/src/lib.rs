@@ -224,7 +224,16 @@ impl Engine {
         timeout: f64,
         device: &str,
     ) -> PyResult<Self> {
-        let device = gpu::parse_device(device)?;
+        let mut device = gpu::parse_device(device)?;
+        // A model without CUDA kernels of its own runs through the op
+        // engine, its generic ops on the GPU.
+        let engine_device = match device {
+            ddmlip::Device::Cuda(index) if !gpu::has_own_kernels(model)? => {
+                device = ddmlip::Device::Cpu;
+                Some(py.detach(|| gpu::engine_device(index))?)
+            }
+            _ => None,
+        };
         if device != ddmlip::Device::Cpu && spec_json.is_some() {
             return Err(PyValueError::new_err(
                 "spec does not apply to device=\"cuda\": the GPU models split the same way \
@@ -239,6 +248,7 @@ impl Engine {
             threads_per_rank,
             work_sharing,
             timeout: parse_timeout(timeout)?,
+            device: engine_device,
             ..Default::default()
         };
         if ranks == 0 {
@@ -430,6 +440,7 @@ fn validate(
         max_attempts,
         timeout: parse_timeout(timeout)?,
         dtype,
+        device: None,
     };
     let batch = systems
         .into_iter()

@@ -91,8 +91,10 @@ pub struct EvalArgs {
     /// Print one JSON object on stdout.
     #[arg(long)]
     pub(crate) json: bool,
-    /// Where to evaluate: cpu, or cuda[:N] (build with --features cuda;
-    /// models with a CUDA path: lj).
+    /// Where to evaluate: cpu, or cuda[:N] (build with --features cuda):
+    /// lj, schnet-demo and SevenNet use their own CUDA kernels, every other
+    /// model (and any with --engine-ops) runs through the op engine with
+    /// its generic ops on the GPU.
     #[arg(long, default_value = "cpu")]
     pub(crate) device: crate::device::Device,
     /// GPUs of the ranks with `--device cuda` and `--ranks N`, round-robin:
@@ -100,4 +102,9 @@ pub struct EvalArgs {
     /// every rank on the `--device` GPU.
     #[arg(long)]
     pub(crate) gpus: Option<crate::device::GpuList>,
+    /// With `--device cuda`: run the model through the op engine, its
+    /// generic ops on the GPU (any model; what models without CUDA
+    /// kernels of their own always do), instead of the model's own kernels.
+    #[arg(long)]
+    pub(crate) engine_ops: bool,
 }

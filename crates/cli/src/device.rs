@@ -26,6 +26,80 @@ pub fn cuda_model(model_arg: &str) -> Result<ddmlip_models::ModelSource, CliErro
 /// Where a command evaluates (`--device cpu|cuda[:N]`).
 pub use ddmlip::Device;
 
+/// The engine's device for `--device cuda:N`, when the model runs through
+/// the op engine there: with `--engine-ops`, or for a model without CUDA
+/// kernels of its own (`None`: the CPU, or the model's own CUDA path).
+/// Returns the device and its description (`cuda:0 (NVIDIA H100, sm_90)`).
+pub fn engine_device(
+    device: Device,
+    engine_ops: bool,
+    model: &str,
+) -> Result<Option<(ddmlip::EngineDevice, String)>, CliError> {
+    match engine_gpu(device, engine_ops, model)? {
+        Some(index) => open_engine_device(index).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Refuses what the op engine on a GPU does not do yet: one MPI process
+/// per rank (`mpi`) or ranks over several GPUs (`gpus`).
+pub fn engine_one_process(mpi: bool, gpus: bool) -> Result<(), CliError> {
+    if mpi || gpus {
+        return Err(CliError::input(anyhow!(
+            "the op engine on a GPU runs in one process, its ranks threads sharing the \
+             `--device` GPU: --backend mpi and --gpus are not supported with it yet"
+        )));
+    }
+    Ok(())
+}
+
+/// The GPU index when [`engine_device`] would open one, without opening it.
+pub fn engine_gpu(
+    device: Device,
+    engine_ops: bool,
+    model: &str,
+) -> Result<Option<usize>, CliError> {
+    let index = match device {
+        Device::Cpu if engine_ops => {
+            return Err(CliError::input(anyhow!(
+                "--engine-ops puts the op engine's ops on a GPU: it needs --device cuda"
+            )))
+        }
+        Device::Cpu => return Ok(None),
+        Device::Cuda(index) => index,
+    };
+    let own_kernels = ddmlip_models::model_source(model)
+        .map_err(CliError::input)?
+        .is_some();
+    Ok((engine_ops || !own_kernels).then_some(index))
+}
+
+/// Opens GPU `index` for the op engine (see [`engine_device`]).
+#[cfg(feature = "cuda")]
+pub fn open_engine_device(index: usize) -> Result<(ddmlip::EngineDevice, String), CliError> {
+    let source = ddmlip_cuda::CudaEngineSource::open(index).map_err(|e| {
+        if e.is_input() {
+            CliError::input(e)
+        } else {
+            CliError::failed(e)
+        }
+    })?;
+    let d = source.device();
+    let described = format!(
+        "cuda:{} ({}, {}, op engine: generic ops on the GPU)",
+        d.index(),
+        d.name(),
+        d.arch()
+    );
+    Ok((ddmlip::EngineDevice(std::sync::Arc::new(source)), described))
+}
+
+/// `--device cuda` for the op engine in a build without CUDA: exit 2.
+#[cfg(not(feature = "cuda"))]
+pub fn open_engine_device(_index: usize) -> Result<(ddmlip::EngineDevice, String), CliError> {
+    Err(no_cuda_build())
+}
+
 /// `--gpus`: the GPUs the ranks of a split GPU run go to, round-robin.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GpuList {

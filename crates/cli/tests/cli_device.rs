@@ -98,6 +98,22 @@ fn device_cuda_without_a_usable_gpu_is_exit_2_saying_why() {
         model_args("relax", "lj", xyz, &["--device", "cuda", "--ranks", "3"]),
         model_args("validate", "lj", xyz, &["--device", "cuda", "--ranks", "2"]),
         model_args("validate", "sevennet-0", xyz_si, &["--device", "cuda"]),
+        // Through the op engine: models without CUDA kernels of their own,
+        // or any model with --engine-ops.
+        model_args("eval", "eam-demo", xyz, &["--device", "cuda"]),
+        model_args("eval", "lj", xyz, &["--device", "cuda", "--engine-ops"]),
+        model_args("validate", "eam-demo", xyz, &["--device", "cuda"]),
+        vec![
+            "bench",
+            "model",
+            "--model",
+            "schnet-demo",
+            "--repeat",
+            "1",
+            "--device",
+            "cuda",
+            "--engine-ops",
+        ],
     ] {
         let (code, _, err) = run(&args);
         assert_eq!(code, 2, "{args:?}: {err}");
@@ -114,24 +130,26 @@ fn device_cuda_without_a_usable_gpu_is_exit_2_saying_why() {
     }
 }
 
+/// `--engine-ops` puts the op engine's ops on a GPU: without `--device
+/// cuda` it is a usage error; the op engine on a GPU runs one process, so
+/// `--backend mpi` and `--gpus` are refused with it.
 #[test]
-fn a_model_without_a_cuda_path_is_refused_naming_those_with_one() {
+fn engine_ops_need_a_gpu_and_one_process() {
     let dir = tempfile::tempdir().unwrap();
     let xyz = structure(&dir);
-    let (code, _, err) = run(&model_args(
-        "eval",
-        "eam-demo",
-        xyz.to_str().unwrap(),
-        &["--device", "cuda"],
-    ));
+    let xyz = xyz.to_str().unwrap();
+    let (code, _, err) = run(&model_args("eval", "schnet-demo", xyz, &["--engine-ops"]));
     assert_eq!(code, 2, "{err}");
-    assert!(
-        err.contains("eam-demo")
-            && err.contains("has no CUDA path")
-            && err.contains("lj")
-            && err.contains("schnet-demo"),
-        "{err}"
-    );
+    assert!(err.contains("needs --device cuda"), "{err}");
+    for command in ["eval", "validate"] {
+        for extra in [&["--backend", "mpi"][..], &["--gpus", "0"][..]] {
+            let mut args = model_args(command, "eam-demo", xyz, &["--device", "cuda"]);
+            args.extend_from_slice(extra);
+            let (code, _, err) = run(&args);
+            assert_eq!(code, 2, "{args:?}: {err}");
+            assert!(err.contains("not supported with it yet"), "{args:?}: {err}");
+        }
+    }
 }
 
 #[test]

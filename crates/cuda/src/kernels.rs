@@ -28,6 +28,10 @@ pub const SCHNET_KERNELS: &str = concat!(
     include_str!("kernels/schnet.cu")
 );
 
+/// The op engine's generic kernels (element-wise maps, broadcasts, row and
+/// column sums, gathers, inverse-map sums, radial bases), for f64 and f32.
+pub const ENGINE_OPS_KERNELS: &str = include_str!("kernels/engine_ops.cu");
+
 /// Options every kernel module is compiled with. `--fmad=false`: no fused
 /// multiply-adds, so pair vectors and cutoff decisions round exactly as on
 /// the CPU.

@@ -31,6 +31,7 @@ macro_rules! launch {
 
 mod decomposed;
 mod device;
+mod engine_backend;
 mod error;
 pub mod kernels;
 mod lj;
@@ -44,6 +45,7 @@ pub use decomposed::{
     GpuPlacement, GpuRankReport,
 };
 pub use device::{arch_name, check_libraries, device_count, CudaDevice};
+pub use engine_backend::{CudaEngineDevice, CudaEngineSource};
 pub use error::CudaError;
 pub use lj::{evaluate_lj, evaluate_lj_rank, LjParameters, Precision};
 pub use model::{GpuModel, GpuOutput};

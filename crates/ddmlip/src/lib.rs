@@ -61,7 +61,8 @@ mod device;
 pub use ddmlip_engine::{DType, Model, ModelForward, ModelInfo};
 pub use ddmlip_models::{load_model, model_names, ModelError};
 pub use ddmlip_runtime::{
-    evaluate, BalancePolicy, EvalError, EvalOptions, EvalResult, Evaluator, OutputData, RankTimings,
+    evaluate, BalancePolicy, EngineDevice, EvalError, EvalOptions, EvalResult, Evaluator,
+    OutputData, RankTimings,
 };
 pub use ddmlip_spec::{GatherMode, MLIPSpec, OutputKind, Policy, PolicyKind, ScatterMode};
 pub use ddmlip_validate::{trace_and_validate, TraceReport, ValidateError, ValidateOptions};

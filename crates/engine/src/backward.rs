@@ -1,6 +1,7 @@
 //! What an op's backward closure sees.
 
 use crate::buffers::Buffers;
+use crate::device::{DeviceBackend, DeviceCsr, DeviceError, DeviceMem};
 use crate::dist::Distributor;
 use crate::graph::{Index, IndexNode, Node, Tensor};
 use crate::ops::map_into;
@@ -14,6 +15,11 @@ pub struct BackwardCtx<'a, T: Scalar> {
     pub(crate) nodes: &'a [Node<T>],
     pub(crate) indices: &'a [IndexNode],
     pub(crate) grads: &'a mut [Option<Vec<T>>],
+    /// Gradients on the device, for ops that ran there.
+    pub(crate) device_grads: &'a mut [Option<DeviceMem>],
+    pub(crate) backend: Option<&'a dyn DeviceBackend<T>>,
+    /// The output's gradient when the op ran on the device.
+    pub(crate) out_grad_device: Option<&'a DeviceMem>,
     pub(crate) dist: Option<&'a mut (dyn Distributor + 'static)>,
     pub(crate) counts: &'a mut BTreeMap<String, usize>,
     pub(crate) pool: &'a mut Buffers<T>,
@@ -201,6 +207,75 @@ impl<'a, T: Scalar> BackwardCtx<'a, T> {
         let pool = &mut *self.pool;
         let acc = self.grads[t.id].get_or_insert_with(|| pool.zeroed(len));
         f(acc);
+    }
+
+    /// The graph's device (ops that ran there have one).
+    pub(crate) fn backend(&self, op: &str) -> Result<&'a dyn DeviceBackend<T>, EngineError> {
+        self.backend.ok_or_else(|| EngineError::Device {
+            op: op.to_string(),
+            message: "the graph has no device".into(),
+        })
+    }
+
+    /// The output's gradient, on the device, of an op that ran there.
+    pub(crate) fn device_out_grad(&self, op: &str) -> Result<&'a DeviceMem, EngineError> {
+        self.out_grad_device.ok_or_else(|| EngineError::Device {
+            op: op.to_string(),
+            message: "no gradient on the device".into(),
+        })
+    }
+
+    /// The device copy of `t`'s forward value.
+    pub(crate) fn device_value(&self, t: Tensor) -> Result<&'a DeviceMem, EngineError> {
+        let nodes: &'a [Node<T>] = self.nodes;
+        nodes[t.id]
+            .device
+            .as_ref()
+            .ok_or_else(|| EngineError::Device {
+                op: nodes[t.id].op.clone(),
+                message: "the value is not on the device".into(),
+            })
+    }
+
+    /// The device copy of an index array.
+    pub(crate) fn device_index(&self, i: Index) -> Result<&'a DeviceMem, EngineError> {
+        let backend = self.backend("index")?;
+        let indices: &'a [IndexNode] = self.indices;
+        indices[i.id].device_values(backend)
+    }
+
+    /// The device copy of an index array's inverse map.
+    pub(crate) fn device_csr(&mut self, i: Index) -> Result<&'a DeviceCsr, EngineError> {
+        let backend = self.backend("scatter")?;
+        let indices: &'a [IndexNode] = self.indices;
+        let node = &indices[i.id];
+        node.device_csr(backend, || self.pool.take_indices())
+    }
+
+    /// Adds into `t`'s gradient on the device through `f(backend, acc,
+    /// accumulate)`: `accumulate` is false when `t` had no device gradient
+    /// yet, and `f` must then overwrite every element of `acc`.
+    pub(crate) fn device_accumulate(
+        &mut self,
+        op: &str,
+        t: Tensor,
+        f: impl FnOnce(&dyn DeviceBackend<T>, &mut DeviceMem, bool) -> Result<(), DeviceError>,
+    ) -> Result<(), EngineError> {
+        if !self.nodes[t.id].requires_grad {
+            return Ok(());
+        }
+        let backend = self.backend(op)?;
+        let len = self.nodes[t.id].rows * self.nodes[t.id].cols;
+        let (mut acc, accumulate) = match self.device_grads[t.id].take() {
+            Some(acc) => (acc, true),
+            None => (
+                backend.alloc(len).map_err(|e| EngineError::device(op, e))?,
+                false,
+            ),
+        };
+        f(backend, &mut acc, accumulate).map_err(|e| EngineError::device(op, e))?;
+        self.device_grads[t.id] = Some(acc);
+        Ok(())
     }
 
     pub(crate) fn dist(

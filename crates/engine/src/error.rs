@@ -67,12 +67,27 @@ pub enum EngineError {
         /// The op whose output was released.
         op: String,
     },
+    /// The device an op ran on failed (allocation, launch, transfer).
+    #[error("op `{op}` on the device: {message}")]
+    Device {
+        /// The op (or transfer) that failed.
+        op: String,
+        /// The device's error, in words.
+        message: String,
+    },
     /// Anything a model reports about its input (species, geometry…).
     #[error("{0}")]
     Input(String),
 }
 
 impl EngineError {
+    pub(crate) fn device(op: &str, e: crate::device::DeviceError) -> Self {
+        Self::Device {
+            op: op.to_string(),
+            message: e.0,
+        }
+    }
+
     pub(crate) fn shape(op: &str, message: impl Into<String>) -> Self {
         Self::Shape {
             op: op.to_string(),

@@ -1,3 +1,4 @@
+use crate::device::{DeviceBackend, DeviceMem};
 use crate::dist::Distributor;
 use crate::trace::{Phase, Trace, TraceEvent, TraceShape};
 use crate::{EngineError, RowDomain, Scalar};
@@ -48,6 +49,12 @@ pub(crate) struct Node<T: Scalar> {
     /// The caller released the value while a backward still reads it: it
     /// goes back to the pool once the backward pass has passed this node.
     pub release_after_backward: bool,
+    /// The value on the graph's device (see [`crate::device`]); `value`
+    /// is then empty until a host op or a caller downloads it.
+    pub device: Option<DeviceMem>,
+    /// The op ran on the device, and so does its backward: it takes the
+    /// output's gradient there (see [`BackwardCtx::device_out_grad`]).
+    pub ran_on_device: bool,
 }
 
 /// A tape of ops over tensors of element type `T`.
@@ -92,6 +99,9 @@ pub struct Graph<T: Scalar> {
     pub(crate) live_stats: Option<LiveStats>,
     /// Time per op kind while [`Graph::enable_profile`] is on.
     pub(crate) profile: Option<crate::profile::Profiler>,
+    /// The device ops run on when they have a kernel there (see
+    /// [`Graph::set_device`]).
+    pub(crate) backend: Option<Arc<dyn DeviceBackend<T>>>,
 }
 
 /// Where the tape's memory peaks: the most bytes of op outputs and
@@ -113,6 +123,16 @@ impl<T: Scalar> Default for Graph<T> {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// What an op recorded besides its output: its tensor inputs and index
+/// arrays, the distributed handler that fired, and the values its backward
+/// reads (among its inputs and its output).
+pub(crate) struct OpRecord<'a> {
+    pub inputs: &'a [Tensor],
+    pub indices: &'a [Index],
+    pub handler: Option<&'a str>,
+    pub reads: &'a [Tensor],
 }
 
 /// Properties of a node to push.
@@ -147,6 +167,7 @@ impl<T: Scalar> Graph<T> {
             live_bytes: 0,
             live_stats: None,
             profile: None,
+            backend: None,
         }
     }
 
@@ -304,7 +325,9 @@ impl<T: Scalar> Graph<T> {
         }
         let value = std::mem::take(&mut node.value);
         node.released = true;
-        self.live_bytes = (self.live_bytes).saturating_sub(value.len() * std::mem::size_of::<T>());
+        let device_len = node.device.take().map_or(0, |m| m.len());
+        self.live_bytes =
+            (self.live_bytes).saturating_sub((value.len() + device_len) * std::mem::size_of::<T>());
         self.pool.give(value);
     }
 
@@ -317,7 +340,14 @@ impl<T: Scalar> Graph<T> {
     /// released.
     pub fn try_value(&self, t: Tensor) -> Result<&[T], EngineError> {
         self.check_live(&[t])?;
-        Ok(&self.nodes[t.id].value)
+        let node = &self.nodes[t.id];
+        if node.device.is_some() && node.value.len() != node.rows * node.cols {
+            return Err(EngineError::Device {
+                op: node.op.clone(),
+                message: "the value is on the device (Graph::ensure_host downloads it)".into(),
+            });
+        }
+        Ok(&node.value)
     }
 
     /// [`EngineError::Released`] naming the first of `ts` whose value was
@@ -549,15 +579,12 @@ impl<T: Scalar> Graph<T> {
                 format!("index `{role}` holds {bad} but its target has {target_rows} rows"),
             ));
         }
-        self.indices.push(IndexNode {
+        self.indices.push(IndexNode::new(
             values,
             largest,
-            domain,
-            target,
-            target_rows,
-            role: role.to_string(),
-            csr: std::sync::OnceLock::new(),
-        });
+            (domain, target, target_rows),
+            role,
+        ));
         Ok(Index {
             id: self.indices.len() - 1,
         })
@@ -612,6 +639,7 @@ impl<T: Scalar> Graph<T> {
             replicated: false,
             input_ids: reads.iter().map(|t| t.id).collect(),
             output_id: usize::MAX,
+            device: None,
         };
         if let Some(trace) = &mut self.trace {
             trace.push(event);
@@ -636,14 +664,22 @@ impl<T: Scalar> Graph<T> {
     /// Forward value (row-major rows × cols).
     ///
     /// A released value (see [`Graph::release`]) reads as empty; debug
-    /// builds assert. Use [`Graph::try_value`] for a typed error.
+    /// builds assert. Use [`Graph::try_value`] for a typed error. A value
+    /// only on the device (see [`Graph::set_device`]) reads as empty too:
+    /// call [`Graph::ensure_host`] first.
     pub fn value(&self, t: Tensor) -> &[T] {
+        let node = &self.nodes[t.id];
         debug_assert!(
-            !self.nodes[t.id].released,
+            !node.released,
             "value of `{}` read after its release",
-            self.nodes[t.id].op
+            node.op
         );
-        &self.nodes[t.id].value
+        debug_assert!(
+            node.device.is_none() || node.value.len() == node.rows * node.cols,
+            "value of `{}` read on the host while it is on the device",
+            node.op
+        );
+        &node.value
     }
 
     /// (rows, cols).
@@ -674,7 +710,22 @@ impl<T: Scalar> Graph<T> {
         backward: Option<BackwardFn<T>>,
     ) -> Tensor {
         debug_assert_eq!(value.len(), spec.rows * spec.cols, "op {}", spec.op);
-        self.live_bytes += value.len() * std::mem::size_of::<T>();
+        self.push_stored(spec, value, None, requires_grad, backward)
+    }
+
+    /// [`Graph::push_raw`] for a value on the host (`value`) or, with
+    /// `device`, on the graph's device (`value` empty).
+    pub(crate) fn push_stored(
+        &mut self,
+        spec: NodeSpec,
+        value: Vec<T>,
+        device: Option<DeviceMem>,
+        requires_grad: bool,
+        backward: Option<BackwardFn<T>>,
+    ) -> Tensor {
+        let ran_on_device = device.is_some();
+        self.live_bytes +=
+            (value.len() + device.as_ref().map_or(0, DeviceMem::len)) * std::mem::size_of::<T>();
         self.nodes.push(Node {
             value,
             rows: spec.rows,
@@ -689,6 +740,8 @@ impl<T: Scalar> Graph<T> {
             saved: false,
             released: false,
             release_after_backward: false,
+            device,
+            ran_on_device,
         });
         self.note_live();
         if let (Some(p), Some(node)) = (&mut self.profile, self.nodes.last()) {
@@ -734,6 +787,32 @@ impl<T: Scalar> Graph<T> {
         backward: BackwardFn<T>,
         reads: &[Tensor],
     ) -> Result<Tensor, EngineError> {
+        let op = OpRecord {
+            inputs,
+            indices,
+            handler,
+            reads,
+        };
+        self.push_op_stored(spec, value, None, op, backward)
+    }
+
+    /// [`Graph::push_op_reading`] for an output on the host (`value`) or,
+    /// with `device`, on the graph's device (`value` empty; the backward
+    /// then runs on the device too).
+    pub(crate) fn push_op_stored(
+        &mut self,
+        spec: NodeSpec,
+        value: Vec<T>,
+        device: Option<DeviceMem>,
+        op: OpRecord<'_>,
+        backward: BackwardFn<T>,
+    ) -> Result<Tensor, EngineError> {
+        let OpRecord {
+            inputs,
+            indices,
+            handler,
+            reads,
+        } = op;
         // Ops read only their inputs, so an op whose inputs include a
         // deferred sum has just computed from a partial: refuse it (every
         // rank does, at the same op), and the caller runs again eagerly.
@@ -745,7 +824,22 @@ impl<T: Scalar> Graph<T> {
         self.check_live(inputs)?;
         let requires_grad = inputs.iter().any(|t| self.nodes[t.id].requires_grad);
         if self.check_finite {
-            if let Some(pos) = value.iter().position(|x| !x.is_finite()) {
+            let downloaded = match (&device, &self.backend) {
+                (Some(mem), Some(backend)) => {
+                    let mut v = vec![T::zero(); mem.len()];
+                    backend
+                        .download(mem, &mut v)
+                        .map_err(|e| EngineError::device(&spec.op, e))?;
+                    v
+                }
+                _ => Vec::new(),
+            };
+            let checked = if device.is_some() {
+                &downloaded
+            } else {
+                &value
+            };
+            if let Some(pos) = checked.iter().position(|x| !x.is_finite()) {
                 let op = spec.op.clone();
                 return Err(EngineError::NonFinite {
                     op,
@@ -759,7 +853,7 @@ impl<T: Scalar> Graph<T> {
         if let Some(h) = handler {
             *self.handler_counts.entry(h.to_string()).or_insert(0) += 1;
         }
-        let t = self.push_raw(spec, value, requires_grad, Some(backward));
+        let t = self.push_stored(spec, value, device, requires_grad, Some(backward));
         if requires_grad {
             let reads: Vec<usize> = reads.iter().map(|r| r.id).collect();
             for &r in &reads {
@@ -785,17 +879,33 @@ impl<T: Scalar> Graph<T> {
             (Some(d), RowDomain::Atom) if node.rows == d.n_local() => d.n_owned(),
             _ => node.rows,
         };
-        let sum: f64 = node.value[..owned * node.cols]
-            .iter()
-            .map(|x| x.to_f64_lossless())
-            .sum();
-        let sum_sq: f64 = node.value[..owned * node.cols]
+        // A device value is downloaded for its sums (tracing is for
+        // inspection, not speed).
+        let downloaded;
+        let values: &[T] = match (&node.device, &self.backend) {
+            (Some(mem), Some(backend)) if node.value.len() != mem.len() => {
+                let mut v = vec![T::zero(); mem.len()];
+                downloaded = backend
+                    .download(mem, &mut v)
+                    .map(|()| v)
+                    .unwrap_or_default();
+                &downloaded
+            }
+            _ => &node.value,
+        };
+        let owned_values = values.get(..owned * node.cols).unwrap_or(&[]);
+        let sum: f64 = owned_values.iter().map(|x| x.to_f64_lossless()).sum();
+        let sum_sq: f64 = owned_values
             .iter()
             .map(|x| {
                 let v = x.to_f64_lossless();
                 v * v
             })
             .sum();
+        let device = match (&node.device, &self.backend) {
+            (Some(_), Some(b)) if node.ran_on_device => Some(b.name()),
+            _ => None,
+        };
         let event = TraceEvent {
             seq: 0,
             phase: Phase::Forward,
@@ -816,6 +926,7 @@ impl<T: Scalar> Graph<T> {
             replicated: node.replicated,
             input_ids: inputs.iter().map(|t| t.id).collect(),
             output_id: t.id,
+            device,
         };
         if let Some(trace) = &mut self.trace {
             trace.push(event);
@@ -878,6 +989,8 @@ impl<T: Scalar> Graph<T> {
         }
         grads[output.id] = Some(seed);
         let keep: std::collections::HashSet<usize> = wrt.iter().map(|t| t.id).collect();
+        // Gradients made by ops that ran on the device, summed there.
+        let mut device_grads: Vec<Option<DeviceMem>> = (0..n).map(|_| None).collect();
         let Graph {
             nodes,
             indices,
@@ -888,16 +1001,50 @@ impl<T: Scalar> Graph<T> {
             live_bytes,
             live_stats,
             profile,
+            backend,
             ..
         } = self;
+        let backend = backend.as_deref();
         // Every rank walks the same nodes in the same order, so collective
         // adjoints (refresh ↔ reverse-sum, all-reduce) line up across ranks.
         for id in (0..=output.id).rev() {
-            let Some(g) = grads[id].take() else {
-                release_passed(nodes, pool, live_bytes, id);
-                continue;
-            };
             let node = &nodes[id];
+            let len = node.rows * node.cols;
+            let on_device = node.ran_on_device && node.backward.is_some();
+            // A tensor read by ops on both sides has a gradient in both
+            // places: the two parts meet where its own backward runs.
+            let (g, g_device) = match (grads[id].take(), device_grads[id].take(), backend) {
+                (None, None, _) => {
+                    release_passed(nodes, pool, live_bytes, id);
+                    continue;
+                }
+                (host, Some(mut dev), Some(b)) if on_device => {
+                    if let Some(host) = host {
+                        let up = b
+                            .upload(&host)
+                            .map_err(|e| EngineError::device(&node.op, e))?;
+                        b.axpy(1.0, &up, &mut dev, true)
+                            .map_err(|e| EngineError::device(&node.op, e))?;
+                        pool.give(host);
+                    }
+                    (Vec::new(), Some(dev))
+                }
+                (Some(host), None, Some(b)) if on_device => {
+                    let dev = b
+                        .upload(&host)
+                        .map_err(|e| EngineError::device(&node.op, e))?;
+                    pool.give(host);
+                    (Vec::new(), Some(dev))
+                }
+                (host, dev, _) => {
+                    let mut host = host.unwrap_or_else(|| pool.zeroed(len));
+                    if let (Some(dev), Some(b)) = (dev, backend) {
+                        add_download(b, &dev, &mut host, pool)
+                            .map_err(|e| EngineError::device(&node.op, e))?;
+                    }
+                    (host, None)
+                }
+            };
             let Some(bw) = &node.backward else {
                 grads[id] = Some(g);
                 release_passed(nodes, pool, live_bytes, id);
@@ -912,6 +1059,9 @@ impl<T: Scalar> Graph<T> {
                 nodes,
                 indices,
                 grads: &mut grads,
+                device_grads: &mut device_grads,
+                backend,
+                out_grad_device: g_device.as_ref(),
                 dist: dist.as_deref_mut(),
                 counts: handler_counts,
                 pool,
@@ -923,7 +1073,13 @@ impl<T: Scalar> Graph<T> {
                 p.backward_node(&node.op, t0);
             }
             if let Some(tr) = trace.as_mut() {
-                let sum: f64 = g.iter().map(|x| x.to_f64_lossless()).sum();
+                let mut sum: f64 = g.iter().map(|x| x.to_f64_lossless()).sum();
+                if let (Some(dev), Some(b)) = (&g_device, backend) {
+                    let mut v = vec![T::zero(); dev.len()];
+                    b.download(dev, &mut v)
+                        .map_err(|e| EngineError::device(&node.op, e))?;
+                    sum = v.iter().map(|x| x.to_f64_lossless()).sum();
+                }
                 tr.push(TraceEvent {
                     seq: 0,
                     phase: Phase::Backward,
@@ -946,6 +1102,7 @@ impl<T: Scalar> Graph<T> {
                     replicated: false,
                     input_ids: vec![id],
                     output_id: id,
+                    device: g_device.as_ref().and(backend).map(|b| b.name()),
                 });
             }
             if let Some(stats) = live_stats.as_mut() {
@@ -965,20 +1122,40 @@ impl<T: Scalar> Graph<T> {
             // only their inputs (earlier nodes) and their own output.
             release_passed(nodes, pool, live_bytes, id);
         }
-        let out = wrt
-            .iter()
-            .map(|t| {
-                grads[t.id].take().unwrap_or_else(|| {
-                    vec![T::zero(); self.nodes[t.id].rows * self.nodes[t.id].cols]
-                })
-            })
-            .collect();
+        // Leaves have no backward: a device part of their gradient is
+        // still on the device.
+        let mut out = Vec::with_capacity(wrt.len());
+        for t in wrt {
+            let len = self.nodes[t.id].rows * self.nodes[t.id].cols;
+            let mut g = grads[t.id].take().unwrap_or_else(|| vec![T::zero(); len]);
+            if let (Some(dev), Some(b)) = (device_grads[t.id].take(), self.backend.as_deref()) {
+                add_download(b, &dev, &mut g, &mut self.pool)
+                    .map_err(|e| EngineError::device("grad", e))?;
+            }
+            out.push(g);
+        }
         // Gradients of leaves nobody asked for are recycled, not dropped.
         for g in grads.into_iter().flatten() {
             self.pool.give(g);
         }
         Ok(out)
     }
+}
+
+/// `host += dev` (downloaded through a recycled buffer).
+fn add_download<T: Scalar>(
+    backend: &dyn DeviceBackend<T>,
+    dev: &DeviceMem,
+    host: &mut [T],
+    pool: &mut Buffers<T>,
+) -> Result<(), crate::device::DeviceError> {
+    let mut tmp = pool.for_overwrite(dev.len());
+    backend.download(dev, &mut tmp)?;
+    for (h, d) in host.iter_mut().zip(&tmp) {
+        *h += *d;
+    }
+    pool.give(tmp);
+    Ok(())
 }
 
 /// Returns the value of node `id` to the pool once the backward pass has
@@ -993,7 +1170,9 @@ fn release_passed<T: Scalar>(
     if node.release_after_backward && !node.released {
         let value = std::mem::take(&mut node.value);
         node.released = true;
-        *live_bytes = live_bytes.saturating_sub(value.len() * std::mem::size_of::<T>());
+        let device_len = node.device.take().map_or(0, |m| m.len());
+        *live_bytes =
+            live_bytes.saturating_sub((value.len() + device_len) * std::mem::size_of::<T>());
         pool.give(value);
     }
 }
@@ -1013,8 +1192,10 @@ fn note_peak<T: Scalar>(
     }
     let mut by_op: BTreeMap<&str, usize> = BTreeMap::new();
     for n in nodes {
-        if !n.value.is_empty() {
-            *by_op.entry(n.op.as_str()).or_insert(0) += n.value.len() * std::mem::size_of::<T>();
+        // Host and device copies both count.
+        let len = n.value.len() + n.device.as_ref().map_or(0, DeviceMem::len);
+        if len > 0 {
+            *by_op.entry(n.op.as_str()).or_insert(0) += len * std::mem::size_of::<T>();
         }
     }
     let mut peak_by_op: Vec<(String, usize)> =

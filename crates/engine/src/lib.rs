@@ -10,6 +10,7 @@
 
 mod backward;
 mod buffers;
+pub mod device;
 mod dist;
 mod error;
 mod graph;

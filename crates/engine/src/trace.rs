@@ -51,6 +51,9 @@ pub struct TraceEvent {
     pub input_ids: Vec<usize>,
     /// Tensor id of the output.
     pub output_id: usize,
+    /// The device the op ran on (`cuda:0`); absent for the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
 }
 
 /// The record of one run: every op in order.

@@ -5,10 +5,12 @@
 //! the single-process run.
 
 use ddmlip_atoms::{Cell, System};
+use ddmlip_engine::device::ReferenceSource;
 use ddmlip_pt2::ImportedModel;
-use ddmlip_runtime::{evaluate, EvalOptions, EvalResult};
+use ddmlip_runtime::{evaluate, EngineDevice, EvalOptions, EvalResult};
 use serde_json::Value;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 const RTOL: f64 = 1e-10;
 
@@ -71,6 +73,16 @@ fn run(model: &ImportedModel, sys: &System, ranks: usize) -> EvalResult {
     evaluate(model, std::slice::from_ref(sys), &opts).unwrap()
 }
 
+/// [`run`] with the engine's ops on the reference device.
+fn run_on_device(model: &ImportedModel, sys: &System, ranks: usize) -> EvalResult {
+    let opts = EvalOptions {
+        ranks,
+        device: Some(EngineDevice(Arc::new(ReferenceSource))),
+        ..EvalOptions::default()
+    };
+    evaluate(model, std::slice::from_ref(sys), &opts).unwrap()
+}
+
 fn out<'a>(r: &'a EvalResult, name: &str) -> &'a [f64] {
     &r.outputs[name].values
 }
@@ -118,6 +130,18 @@ fn check_model_in(file: &str, name: &str) {
                 &floats(&r["stress"]),
             );
             stresses += 1;
+        }
+        // The engine's ops on a device (single process and split): the
+        // same outputs.
+        for ranks in [1, 2] {
+            let on_device = run_on_device(&model, &sys, ranks);
+            for key in ["energy", "atomic_energies", "forces"] {
+                assert_close(
+                    &format!("{label} {key} on a device, {ranks} rank(s)"),
+                    out(&on_device, key),
+                    out(&single, key),
+                );
+            }
         }
         for ranks in [2, 4] {
             let split = run(&model, &sys, ranks);

@@ -211,6 +211,37 @@ pub(crate) fn stress_from_strain_grad(geps: &[f64], batch: &[System]) -> Vec<f64
     out
 }
 
+/// Puts the graph's device-eligible ops on `opts.device`, when set (a
+/// backend of its own for this graph).
+pub(crate) fn place_on_device<T: Scalar>(
+    g: &mut Graph<T>,
+    opts: &crate::EvalOptions,
+) -> Result<(), EvalError> {
+    if let Some(device) = &opts.device {
+        let backend = ddmlip_engine::device::open_backend::<T>(device.0.as_ref()).map_err(|e| {
+            EvalError::Engine(EngineError::Device {
+                op: format!("opening {}", device.0.name()),
+                message: e.0,
+            })
+        })?;
+        g.set_device(backend);
+    }
+    Ok(())
+}
+
+/// Host copies of the model's outputs (energy, atomic energies, extras):
+/// what the runtime reads after the backward pass.
+pub(crate) fn outputs_to_host<T: Scalar>(
+    g: &mut Graph<T>,
+    out: &ddmlip_engine::ModelOutputs,
+) -> Result<(), EvalError> {
+    let mut ts = vec![out.energy];
+    ts.extend(out.atomic_energies);
+    ts.extend(out.extra.iter().map(|(_, t)| *t));
+    g.ensure_host(&ts)?;
+    Ok(())
+}
+
 /// Seconds since `clock`, restarting it.
 pub(crate) fn lap(clock: &mut Instant) -> f64 {
     let now = Instant::now();

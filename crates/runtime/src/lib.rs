@@ -29,7 +29,7 @@ mod threads;
 pub use error::EvalError;
 pub use evaluator::{evaluate, Evaluator};
 pub use inputs::check_batch;
-pub use options::{BalancePolicy, EvalOptions, MAX_THREAD_RANKS, MIN_DISTANCE};
+pub use options::{BalancePolicy, EngineDevice, EvalOptions, MAX_THREAD_RANKS, MIN_DISTANCE};
 pub use rank::{evaluate_on_communicator, RankResult};
 pub use results::{EvalDiagnostics, EvalResult, OutputData, RankTimings, NEIGHBOR_COUNTS};
 pub use split::{effective_spec, ghost_width};

@@ -1,9 +1,23 @@
 //! How to run an evaluation: [`EvalOptions`] and [`BalancePolicy`].
 
 use ddmlip_domain::Balance;
+use ddmlip_engine::device::DeviceSource;
 use ddmlip_engine::DType;
 use ddmlip_spec::MLIPSpec;
+use std::sync::Arc;
 use std::time::Duration;
+
+/// The device the engine's ops run on (see [`ddmlip_engine::device`]):
+/// each graph — the single process's, every rank's — opens its own backend
+/// there.
+#[derive(Clone)]
+pub struct EngineDevice(pub Arc<dyn DeviceSource>);
+
+impl std::fmt::Debug for EngineDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "EngineDevice({})", self.0.name())
+    }
+}
 
 /// How to run an evaluation.
 #[derive(Debug, Clone)]
@@ -40,6 +54,9 @@ pub struct EvalOptions {
     /// of ranks still working (`ddmlip_engine::helpers`). Results are the
     /// same bits whoever runs a piece.
     pub work_sharing: bool,
+    /// Where the ops that have a device kernel run; `None`: the host.
+    /// Ranks given a device exchange their halos through the host.
+    pub device: Option<EngineDevice>,
 }
 
 /// How a decomposed run places its domain boundaries.
@@ -81,6 +98,7 @@ impl Default for EvalOptions {
             threads_per_rank: 0,
             balance: BalancePolicy::Geometric,
             work_sharing: true,
+            device: None,
         }
     }
 }

@@ -4,7 +4,8 @@
 
 use crate::consolidate::{gather_shares, panic_message, RankShare};
 use crate::inputs::{
-    build_inputs, check_batch, check_energy_shape, close_atoms_error, lap, LocalProblem,
+    build_inputs, check_batch, check_energy_shape, close_atoms_error, lap, outputs_to_host,
+    place_on_device, LocalProblem,
 };
 use crate::split::{plan_split, Layout, Split};
 use crate::{EvalError, EvalOptions, EvalResult, RankTimings, MIN_DISTANCE, NEIGHBOR_COUNTS};
@@ -255,6 +256,7 @@ fn rank_body<T: Scalar>(
     if opts.check_finite {
         g.enable_finite_checks();
     }
+    place_on_device(g, opts)?;
     let n_sys = batch.len();
     let (n_owned, n_local) = (layout.n_owned[rank], layout.n_local[rank]);
     let (problem, globals) = rank_problem(g, model, batch, split, rank, opts, scratch)?;
@@ -276,6 +278,7 @@ fn rank_body<T: Scalar>(
     timings.forward = lap(&mut clock);
     timings.forward_comm = g.distributor().map_or(0.0, |d| d.comm_seconds());
     let (gpos, geps) = rank_gradients(g, out.energy, rank, n_sys, [pos, eps])?;
+    outputs_to_host(g, &out)?;
     timings.backward = lap(&mut clock);
     let profile = g.take_profile();
     timings.backward_comm =

@@ -1,8 +1,8 @@
 //! The single-process run: the whole batch on one graph.
 
 use crate::inputs::{
-    build_inputs, check_energy_shape, close_atoms_error, has_stress, lap, stress_from_strain_grad,
-    LocalProblem,
+    build_inputs, check_energy_shape, close_atoms_error, has_stress, lap, outputs_to_host,
+    place_on_device, stress_from_strain_grad, LocalProblem,
 };
 use crate::{EvalError, EvalOptions, EvalResult, OutputData, RankTimings, MIN_DISTANCE};
 use ddmlip_atoms::System;
@@ -28,6 +28,7 @@ pub(crate) fn evaluate_single<T: Scalar>(
     if opts.check_finite {
         g.enable_finite_checks();
     }
+    place_on_device(&mut g, opts)?;
     let n_sys = batch.len();
     let problem = batch_problem(&mut g, model, batch, opts, scratch)?;
     let built = build_inputs(&mut g, problem, model.uses_runtime_graph())?;
@@ -40,6 +41,7 @@ pub(crate) fn evaluate_single<T: Scalar>(
     check_energy_shape(&g, out.energy, n_sys)?;
     timings.forward = lap(&mut clock);
     let grads = g.grad(out.energy, None, &[pos, eps])?;
+    outputs_to_host(&mut g, &out)?;
     timings.backward = lap(&mut clock);
     let mut result = collect_outputs(&g, &out, &grads, batch);
     result.diagnostics.handler_counts = g.handler_counts().clone();

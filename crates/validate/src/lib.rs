@@ -68,6 +68,9 @@ pub struct ValidateOptions {
     pub timeout: Duration,
     /// Precision of both runs. Default f64.
     pub dtype: DType,
+    /// Where both runs' device-eligible ops run (see
+    /// [`EvalOptions::device`]); `None`: the host.
+    pub device: Option<ddmlip_runtime::EngineDevice>,
 }
 
 impl Default for ValidateOptions {
@@ -81,6 +84,7 @@ impl Default for ValidateOptions {
             max_attempts: 8,
             timeout: Duration::from_secs(120),
             dtype: DType::F64,
+            device: None,
         }
     }
 }
@@ -159,6 +163,7 @@ pub fn trace_and_validate_with(
             trace: true,
             check_finite: true,
             timeout: options.timeout,
+            device: options.device.clone(),
             ..Default::default()
         },
     );
@@ -483,6 +488,7 @@ fn run_attempt(
         trace: true,
         check_finite: true,
         timeout: options.timeout,
+        device: options.device.clone(),
         ..Default::default()
     });
     let seconds = t0.elapsed().as_secs_f64();

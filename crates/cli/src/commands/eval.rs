@@ -11,7 +11,15 @@ use ddmlip::{DType, EvalOptions};
 /// Runs `eval`; `--backend mpi` runs this process's rank of an MPI job.
 pub fn run(a: EvalArgs) -> Result<u8, CliError> {
     crate::device::gpus_need_cuda(a.device, a.gpus.as_ref())?;
-    if let crate::device::Device::Cuda(index) = a.device {
+    let engine_gpu = crate::device::engine_gpu(a.device, a.engine_ops, &a.model)?;
+    let engine = match engine_gpu {
+        Some(index) => {
+            crate::device::engine_one_process(a.backend == Backend::Mpi, a.gpus.is_some())?;
+            Some(crate::device::open_engine_device(index)?)
+        }
+        None => None,
+    };
+    if let (crate::device::Device::Cuda(index), None) = (a.device, &engine) {
         if a.spec.is_some() {
             return Err(CliError::input(anyhow::anyhow!(
                 "--spec does not apply to --device cuda: the GPU models split the same way \
@@ -50,6 +58,7 @@ pub fn run(a: EvalArgs) -> Result<u8, CliError> {
         ranks,
         spec,
         balance: a.balance.into(),
+        device: engine.as_ref().map(|(d, _)| d.clone()),
         ..Default::default()
     };
     let to_stdout = a.output.as_deref().is_some_and(eval_batch::is_stdio);
@@ -73,9 +82,16 @@ pub fn run(a: EvalArgs) -> Result<u8, CliError> {
     }
     let dtype = DType::from(a.dtype).to_string();
     let report = if a.json {
-        eval_batch::batch_json(model.as_ref(), &run, ranks, &dtype).to_string() + "\n"
+        let mut obj = eval_batch::batch_json(model.as_ref(), &run, ranks, &dtype);
+        if let (Some((_, described)), Some(o)) = (&engine, obj.as_object_mut()) {
+            o.insert("device".into(), serde_json::json!(described));
+        }
+        obj.to_string() + "\n"
     } else {
         let mut text = eval_batch::batch_text(model.as_ref(), &run, ranks);
+        if let Some((_, described)) = &engine {
+            text.push_str(&format!("device: {described}\n"));
+        }
         if let Some(out) = a.output.as_ref().filter(|_| !to_stdout) {
             text.push_str(&format!("wrote {}\n", out.display()));
         }

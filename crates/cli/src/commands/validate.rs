@@ -65,9 +65,11 @@ pub struct ValidateArgs {
     #[arg(long, default_value_t = 120.0, allow_negative_numbers = true)]
     timeout: f64,
     /// Where both runs evaluate: cpu, or cuda[:N] (build with --features
-    /// cuda; models with a CUDA path: lj, SevenNet). On a GPU the reference
-    /// is the one-rank GPU run and the split run puts `--ranks` ranks on
-    /// the same GPU, split as the GPU models always split (no spec to infer).
+    /// cuda). Models with CUDA kernels of their own (lj, schnet-demo,
+    /// SevenNet): the reference is the one-rank GPU run and the split run
+    /// puts `--ranks` ranks on the same GPU, split as those models always
+    /// split (no spec to infer). Any other model (or any with
+    /// --engine-ops): the CPU's validation with both runs' ops on the GPU.
     #[arg(long, default_value = "cpu")]
     device: crate::device::Device,
     /// GPUs of the ranks with `--device cuda` and `--ranks N`, round-robin:
@@ -75,6 +77,12 @@ pub struct ValidateArgs {
     /// every rank on the `--device` GPU.
     #[arg(long)]
     gpus: Option<crate::device::GpuList>,
+    /// With `--device cuda`: run the model through the op engine, its
+    /// generic ops on the GPU (any model; what models without CUDA kernels
+    /// of their own always do): the trace, spec inference and auto-fix of
+    /// the CPU, with both runs' ops on the GPU.
+    #[arg(long)]
+    engine_ops: bool,
 }
 
 /// Everything a validation needs, read and checked.
@@ -158,13 +166,27 @@ fn finish(a: &ValidateArgs, report: &TraceReport) -> Result<u8, CliError> {
 /// Runs the validation; exit status 0 pass, 1 fail (2 comes back as an error).
 pub fn run(a: ValidateArgs) -> Result<u8, CliError> {
     crate::device::gpus_need_cuda(a.device, a.gpus.as_ref())?;
-    if let crate::device::Device::Cuda(index) = a.device {
+    let engine_gpu = crate::device::engine_gpu(a.device, a.engine_ops, &a.model)?;
+    let engine = match engine_gpu {
+        Some(index) => {
+            crate::device::engine_one_process(a.backend == Backend::Mpi, a.gpus.is_some())?;
+            Some(crate::device::open_engine_device(index)?)
+        }
+        None => None,
+    };
+    if let (crate::device::Device::Cuda(index), None) = (a.device, &engine) {
         return validate_gpu(&a, index);
     }
     if a.backend == Backend::Mpi {
         return validate_mpi(a);
     }
-    let p = prepare(&a, a.ranks.unwrap_or(DEFAULT_RANKS))?;
+    let mut p = prepare(&a, a.ranks.unwrap_or(DEFAULT_RANKS))?;
+    if let Some((device, described)) = engine {
+        p.options.device = Some(device);
+        if !a.json {
+            println!("device: {described}");
+        }
+    }
     let report = trace_and_validate(p.model.as_ref(), &p.frames, &p.options).map_err(|e| {
         let mut e = validate_error(e);
         e.error = e.error.context(a.structure.display().to_string());

@@ -24,6 +24,7 @@ pub fn gpu() -> Option<CudaDevice> {
 
 /// The SevenNet-0 fixture structures (bulk, slab, molecule, …), from
 /// `DDMLIP_FIXTURE_XYZ` or the shared fixtures beside the repository.
+#[allow(dead_code)]
 pub fn fixture_frames() -> Vec<System> {
     let path = std::env::var_os("DDMLIP_FIXTURE_XYZ")
         .map(PathBuf::from)

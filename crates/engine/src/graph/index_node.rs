@@ -1,8 +1,9 @@
 //! Integer index tensors on the tape ([`IndexNode`]) and their inverse
 //! maps ([`Csr`], target row → source rows) that scatters walk.
 
-use crate::RowDomain;
-use std::sync::Arc;
+use crate::device::{DeviceBackend, DeviceCsr, DeviceMem};
+use crate::{EngineError, RowDomain, Scalar};
+use std::sync::{Arc, OnceLock};
 
 /// An index tensor: one target row per source row (edge centres,
 /// neighbours, atom → system), kept beside the float nodes.
@@ -15,7 +16,11 @@ pub(crate) struct IndexNode {
     pub target_rows: usize,
     pub role: String,
     /// Inverse map (target row → source rows), built on first scatter.
-    pub csr: std::sync::OnceLock<Arc<Csr>>,
+    pub csr: OnceLock<Arc<Csr>>,
+    /// `values` on the graph's device, uploaded on first use there.
+    pub device: OnceLock<DeviceMem>,
+    /// The inverse map on the graph's device, uploaded on first use there.
+    pub device_csr: OnceLock<DeviceCsr>,
 }
 
 /// For each target row, the source rows that point at it, in ascending order.
@@ -54,6 +59,73 @@ impl Csr {
 }
 
 impl IndexNode {
+    /// A new index node (no inverse map, nothing on a device yet).
+    pub(crate) fn new(
+        values: Arc<Vec<u32>>,
+        largest: u32,
+        (domain, target, target_rows): (RowDomain, RowDomain, usize),
+        role: &str,
+    ) -> Self {
+        Self {
+            values,
+            largest,
+            domain,
+            target,
+            target_rows,
+            role: role.to_string(),
+            csr: OnceLock::new(),
+            device: OnceLock::new(),
+            device_csr: OnceLock::new(),
+        }
+    }
+
+    /// The values on `backend`'s device (uploaded on first call).
+    pub(crate) fn device_values<T: Scalar>(
+        &self,
+        backend: &dyn DeviceBackend<T>,
+    ) -> Result<&DeviceMem, EngineError> {
+        if let Some(m) = self.device.get() {
+            return Ok(m);
+        }
+        let m = backend
+            .upload_indices(&self.values)
+            .map_err(|e| EngineError::device(&self.role, e))?;
+        Ok(self.device.get_or_init(|| m))
+    }
+
+    /// The inverse map on `backend`'s device (built and uploaded on first
+    /// call; `spare` as for [`IndexNode::csr`]).
+    pub(crate) fn device_csr<T: Scalar>(
+        &self,
+        backend: &dyn DeviceBackend<T>,
+        spare: impl FnOnce() -> Vec<u32>,
+    ) -> Result<&DeviceCsr, EngineError> {
+        if let Some(m) = self.device_csr.get() {
+            return Ok(m);
+        }
+        let csr = self.csr(spare);
+        let offsets: Vec<u32> = csr
+            .offsets
+            .iter()
+            .map(|&o| u32::try_from(o))
+            .collect::<Result<_, _>>()
+            .map_err(|_| EngineError::Device {
+                op: self.role.clone(),
+                message: "more than 2³² index entries".into(),
+            })?;
+        let upload = |v: &[u32]| {
+            backend
+                .upload_indices(v)
+                .map_err(|e| EngineError::device(&self.role, e))
+        };
+        let m = DeviceCsr {
+            offsets: upload(&offsets)?,
+            sources: csr.sources.as_deref().map(upload).transpose()?,
+            targets: self.target_rows,
+        };
+        Ok(self.device_csr.get_or_init(|| m))
+    }
+
     /// The inverse map, built on first use; `spare` supplies recycled
     /// memory for its permutation (called at most once, and only when one
     /// is needed).

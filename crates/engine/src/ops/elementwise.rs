@@ -1,3 +1,4 @@
+use crate::device::{DeviceBinary, DeviceBroadcast};
 use crate::graph::NodeSpec;
 use crate::ops::map_parts;
 use crate::{EngineError, Graph, RowDomain, Scalar, Tensor};
@@ -40,7 +41,7 @@ pub enum Unary {
 }
 
 impl Unary {
-    fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Unary::Silu => "silu",
             Unary::Tanh => "tanh",
@@ -435,9 +436,59 @@ fn binary_into<T: Scalar>(
     });
 }
 
+/// The node of a binary op's output (`a`'s shape, domain and freshness,
+/// the broadcast `b`'s freshness when it has Atom rows).
+fn binary_spec<T: Scalar>(
+    name: &str,
+    (rows, cols): (usize, usize),
+    na: &crate::graph::Node<T>,
+    nb: &crate::graph::Node<T>,
+    bc: Broadcast,
+) -> NodeSpec {
+    let b_fresh = nb.domain != RowDomain::Atom
+        || nb.fresh
+        || bc != Broadcast::Full && bc != Broadcast::PerRow;
+    NodeSpec {
+        op: name.to_string(),
+        rows,
+        cols,
+        domain: na.domain,
+        fresh: na.fresh && b_fresh,
+        replicated: na.replicated && nb.replicated,
+    }
+}
+
+impl Broadcast {
+    fn on_device(self) -> DeviceBroadcast {
+        match self {
+            Broadcast::Full => DeviceBroadcast::Full,
+            Broadcast::PerRow => DeviceBroadcast::PerRow,
+            Broadcast::PerCol => DeviceBroadcast::PerCol,
+            Broadcast::Scalar => DeviceBroadcast::Scalar,
+        }
+    }
+}
+
+impl BinaryKind {
+    /// The device kernel of this op, when it has one (a quotient runs on
+    /// the host).
+    fn on_device(self) -> Option<DeviceBinary> {
+        match self {
+            BinaryKind::Add => Some(DeviceBinary::Add),
+            BinaryKind::Sub => Some(DeviceBinary::Sub),
+            BinaryKind::Mul => Some(DeviceBinary::Mul),
+            BinaryKind::Div => None,
+        }
+    }
+}
+
 impl<T: Scalar> Graph<T> {
     /// Applies an element-wise function.
     pub fn unary(&mut self, x: Tensor, f: Unary) -> Result<Tensor, EngineError> {
+        if let Some(backend) = self.device_for_op() {
+            return self.unary_device(backend, x, f);
+        }
+        self.ensure_host(&[x])?;
         self.check_live(&[x])?;
         let (rows, cols) = self.shape(x);
         let n = &self.nodes[x.id];
@@ -545,6 +596,12 @@ impl<T: Scalar> Graph<T> {
                 format!("cannot broadcast {rb}×{cb} against {ra}×{ca}"),
             ));
         };
+        if let (Some(backend), Some(kind)) = (self.device_for_op(), kind.on_device()) {
+            let (na, nb) = (&self.nodes[a.id], &self.nodes[b.id]);
+            let spec = binary_spec(name, (ra, ca), na, nb, bc);
+            return self.binary_device(backend, (a, b), kind, bc.on_device(), spec);
+        }
+        self.ensure_host(&[a, b])?;
         let na = &self.nodes[a.id];
         let nb = &self.nodes[b.id];
         let (av, bv) = (&na.value, &nb.value);
@@ -558,17 +615,7 @@ impl<T: Scalar> Graph<T> {
         };
         let mut out = self.pool.for_overwrite(av.len());
         binary_into(&mut out, av, bv, kind, bc, ca);
-        let b_fresh = nb.domain != RowDomain::Atom
-            || nb.fresh
-            || bc != Broadcast::Full && bc != Broadcast::PerRow;
-        let spec = NodeSpec {
-            op: name.to_string(),
-            rows: ra,
-            cols: ca,
-            domain: na.domain,
-            fresh: na.fresh && b_fresh,
-            replicated: na.replicated && nb.replicated,
-        };
+        let spec = binary_spec(name, (ra, ca), na, nb, bc);
         // What the partials read: a sum none; a product each factor for
         // the other's gradient; a quotient the divisor for both, the
         // dividend for the divisor's.

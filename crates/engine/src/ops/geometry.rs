@@ -56,6 +56,7 @@ impl<T: Scalar> Graph<T> {
         eps: Tensor,
         idx: Index,
     ) -> Result<Tensor, EngineError> {
+        self.ensure_host(&[x, eps])?;
         let (rows, cols) = self.shape(x);
         let (_, ecols) = self.shape(eps);
         if cols != 3 || ecols != 9 {
@@ -293,6 +294,10 @@ impl<T: Scalar> Graph<T> {
     /// Errors: an expression that does not take exactly one input, or one
     /// [`Graph::pointwise`] refuses.
     pub fn pair_sum(&mut self, edges: &Edges, expr: &Pointwise) -> Result<Tensor, EngineError> {
+        self.ensure_host(&[edges.positions])?;
+        if let Some((cell, _, _)) = edges.periodic {
+            self.ensure_host(&[cell])?;
+        }
         let op = format!("pair_sum:{}", expr.name);
         expr.check().map_err(|m| EngineError::shape(&op, m))?;
         if expr.n_inputs != 1 {
@@ -589,6 +594,10 @@ impl<T: Scalar> Graph<T> {
         neighbor: Index,
         periodic: Option<PeriodicShifts>,
     ) -> Result<EdgeGeometry, EngineError> {
+        self.ensure_host(&[positions])?;
+        if let Some(p) = &periodic {
+            self.ensure_host(&[p.cell])?;
+        }
         let mut positions = positions;
         let mut handler = None;
         let mode = match &self.dist {
@@ -681,6 +690,7 @@ impl<T: Scalar> Graph<T> {
 
     /// Euclidean norm of each row (rows×cols → rows×1).
     pub fn row_norm(&mut self, x: Tensor) -> Result<Tensor, EngineError> {
+        self.ensure_host(&[x])?;
         let (rows, cols) = self.shape(x);
         let xv = &self.nodes[x.id].value;
         // Every element is written below: no zeroing pass first.

@@ -123,6 +123,9 @@ impl<T: Scalar> Graph<T> {
                 }
             }
         }
+        if let Some(backend) = self.device_for_op() {
+            return self.gather_device(backend, x, idx, handler);
+        }
         self.gather_local(x, idx, handler)
     }
 
@@ -132,6 +135,7 @@ impl<T: Scalar> Graph<T> {
         idx: Index,
         handler: Option<&str>,
     ) -> Result<Tensor, EngineError> {
+        self.ensure_host(&[x])?;
         self.check_live(&[x])?;
         let (_, cols) = self.shape(x);
         let ix = &self.indices[idx.id];
@@ -187,7 +191,13 @@ impl<T: Scalar> Graph<T> {
             _ => None,
         };
         let handler = mode.map(scatter_handler);
-        let y = self.scatter_local(src, idx, handler, mode.is_none())?;
+        let y = match self.device_for_op() {
+            Some(backend) => {
+                let landing = (handler, mode.is_none());
+                self.scatter_device(backend, src, idx, "scatter_add", landing)?
+            }
+            None => self.scatter_local(src, idx, handler, mode.is_none())?,
+        };
         match mode {
             Some(mode) => self.land_scatter(y, idx, mode),
             None => Ok(y),
@@ -225,6 +235,7 @@ impl<T: Scalar> Graph<T> {
         handler: Option<&str>,
         fresh: bool,
     ) -> Result<Tensor, EngineError> {
+        self.ensure_host(&[src])?;
         self.check_live(&[src])?;
         let (rows_src, cols) = self.shape(src);
         let ix = &self.indices[idx.id];
@@ -285,6 +296,11 @@ impl<T: Scalar> Graph<T> {
     pub fn segment_sum(&mut self, x: Tensor, idx: Index) -> Result<Tensor, EngineError> {
         self.check_live(&[x])?;
         self.check_index_rows("segment_sum", x, idx)?;
+        // Decomposed, the owned rows' sums meet in an all-reduce on the host.
+        if let (Some(backend), None) = (self.device_for_op(), &self.dist) {
+            return self.scatter_device(backend, x, idx, "segment_sum", (None, true));
+        }
+        self.ensure_host(&[x])?;
         let (reduce, limit) = match &self.dist {
             Some(d) if self.nodes[x.id].rows == d.n_local() => {
                 if d.spec().system_reductions {
@@ -406,6 +422,7 @@ impl<T: Scalar> Graph<T> {
         step: Collective,
         handler: &str,
     ) -> Result<Tensor, EngineError> {
+        self.ensure_host(&[x])?;
         let (rows, cols) = self.shape(x);
         let mut v = self.pool.for_overwrite(self.nodes[x.id].value.len());
         v.copy_from_slice(&self.nodes[x.id].value);

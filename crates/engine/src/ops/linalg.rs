@@ -110,6 +110,10 @@ impl<T: Scalar> Graph<T> {
                 format!("inner sizes differ: {m}×{k} · {kb}×{n}"),
             ));
         }
+        if let Some(backend) = self.device_for_op() {
+            return self.matmul_device(backend, a, b, (m, k, n));
+        }
+        self.ensure_host(&[a, b])?;
         // β = 0: the GEMM writes every element without reading it.
         let mut out = self.pool.for_overwrite(m * n);
         matmul_into(self.value(a), self.value(b), &mut out, m, k, n, false);

@@ -66,6 +66,8 @@ impl<T: Scalar> Graph<T> {
         center: Index,
         neighbor: Index,
     ) -> Result<Tensor, EngineError> {
+        self.ensure_host(nodes)?;
+        self.ensure_host(edges)?;
         let name = kernel.name().to_string();
         let n_rows = self.indices[center.id].target_rows;
         let n_edges = self.indices[center.id].values.len();

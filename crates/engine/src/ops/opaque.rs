@@ -167,6 +167,7 @@ impl<T: Scalar> Graph<T> {
         handler: Option<&str>,
         row_local: bool,
     ) -> Result<Tensor, EngineError> {
+        self.ensure_host(ins)?;
         self.check_live(ins)?;
         let kernel_err = |source| EngineError::Kernel {
             op: kernel.name().to_string(),

@@ -280,6 +280,7 @@ impl<T: Scalar> Graph<T> {
         inputs: &[Tensor],
         expr: &Pointwise,
     ) -> Result<Tensor, EngineError> {
+        self.ensure_host(inputs)?;
         let op = format!("pointwise:{}", expr.name);
         expr.check().map_err(|m| EngineError::shape(&op, m))?;
         if inputs.len() != expr.n_inputs {

@@ -37,7 +37,8 @@ pub enum Radial {
 }
 
 impl Radial {
-    fn width(&self) -> usize {
+    /// K, the number of functions (columns of the output).
+    pub fn width(&self) -> usize {
         match self {
             Radial::Gaussian { centers, .. } => centers.len(),
             Radial::Bessel { n, .. } => *n,
@@ -45,7 +46,7 @@ impl Radial {
         }
     }
 
-    fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Radial::Gaussian { .. } => "gaussian_basis",
             Radial::Bessel { .. } => "bessel_basis",
@@ -55,7 +56,7 @@ impl Radial {
     }
 
     /// Writes values and derivatives of the K functions at `d` (computed in f64).
-    fn eval(&self, d: f64, val: &mut [f64], der: &mut [f64]) {
+    pub(crate) fn eval(&self, d: f64, val: &mut [f64], der: &mut [f64]) {
         match self {
             Radial::Gaussian { centers, gamma } => {
                 for (k, &mu) in centers.iter().enumerate() {
@@ -116,6 +117,10 @@ impl<T: Scalar> Graph<T> {
             ));
         }
         let k = f.width();
+        if let Some(backend) = self.device_for_op() {
+            return self.radial_device(backend, d, f, (rows, k));
+        }
+        self.ensure_host(&[d])?;
         let dv = &self.nodes[d.id].value;
         let mut val = self.pool.zeroed(rows * k);
         let mut der = self.pool.zeroed(rows * k);

@@ -7,6 +7,7 @@ use crate::{EngineError, Graph, RowDomain, Scalar, Tensor};
 impl<T: Scalar> Graph<T> {
     /// Concatenates tensors with equal row counts along columns.
     pub fn concat_cols(&mut self, parts: &[Tensor]) -> Result<Tensor, EngineError> {
+        self.ensure_host(parts)?;
         self.check_live(parts)?;
         let Some(&first) = parts.first() else {
             return Err(EngineError::shape("concat_cols", "no inputs"));
@@ -77,6 +78,7 @@ impl<T: Scalar> Graph<T> {
         start: usize,
         end: usize,
     ) -> Result<Tensor, EngineError> {
+        self.ensure_host(&[x])?;
         self.check_live(&[x])?;
         let (rows, cols) = self.shape(x);
         if start > end || end > cols {
@@ -128,6 +130,7 @@ impl<T: Scalar> Graph<T> {
 
     /// Sum over the columns of each row (rows×cols → rows×1).
     pub fn sum_cols(&mut self, x: Tensor) -> Result<Tensor, EngineError> {
+        self.ensure_host(&[x])?;
         self.check_live(&[x])?;
         let (rows, cols) = self.shape(x);
         let v = &self.nodes[x.id].value;
@@ -168,6 +171,7 @@ impl<T: Scalar> Graph<T> {
     /// reduction: in a decomposed run it does not combine ranks — use
     /// [`Graph::segment_sum`] for per-system totals.
     pub fn sum_rows(&mut self, x: Tensor) -> Result<Tensor, EngineError> {
+        self.ensure_host(&[x])?;
         self.check_live(&[x])?;
         let (rows, cols) = self.shape(x);
         let v = &self.nodes[x.id].value;

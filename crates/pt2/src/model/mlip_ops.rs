@@ -548,11 +548,14 @@ impl<T: Scalar> Run<'_, T> {
     pub(super) fn lt_mask(&mut self, node: &Node, c: f64) -> Res<()> {
         let (v, shape) = match self.tensor_arg(node, "self")? {
             Val::T { t, shape } => (
-                self.g
-                    .value(t)
-                    .iter()
-                    .map(|x| x.to_f64_lossless())
-                    .collect::<Vec<_>>(),
+                {
+                    // A value the device holds is read here, on the host.
+                    self.g.ensure_host(&[t]).map_err(|e| e.to_string())?;
+                    self.g.value(t)
+                }
+                .iter()
+                .map(|x| x.to_f64_lossless())
+                .collect::<Vec<_>>(),
                 shape,
             ),
             other => {

@@ -89,8 +89,9 @@ pub struct ModelBenchArgs {
     #[arg(long)]
     pub(crate) json: bool,
     /// Where to evaluate: cpu, or cuda[:N] (build with --features cuda; one
-    /// process on one GPU, --ranks ranks sharing it; --threads and --rounds
-    /// do not apply).
+    /// process on one GPU, --ranks ranks sharing it). With the model's own
+    /// kernels --threads and --rounds do not apply; through the op engine
+    /// (models without kernels of their own, or --engine-ops) they do.
     #[arg(long, default_value = "cpu")]
     pub(crate) device: Device,
     /// Time each SevenNet kernel phase (forward and backward per layer:
@@ -98,6 +99,12 @@ pub struct ModelBenchArgs {
     /// kernels; one rank only (`--ranks 1`).
     #[arg(long)]
     pub(crate) phases: bool,
+    /// With `--device cuda`: time the model through the op engine, its
+    /// generic ops on the GPU (what models without CUDA kernels of their
+    /// own always do), instead of the model's own kernels; --ranks as on
+    /// the CPU (ranks share the GPU).
+    #[arg(long)]
+    pub(crate) engine_ops: bool,
     /// Run exactly one rank count in this process and print its record as JSON.
     #[arg(long, hide = true)]
     pub(crate) child: bool,
@@ -292,7 +299,8 @@ fn threads_per_rank(a: &ModelBenchArgs, ranks: usize) -> usize {
 }
 
 pub fn run(a: &ModelBenchArgs) -> Result<u8, CliError> {
-    if let Device::Cuda(index) = a.device {
+    let engine = crate::device::engine_gpu(a.device, a.engine_ops, &a.model)?;
+    if let (Device::Cuda(index), None) = (a.device, engine) {
         if a.profile {
             return Err(CliError::input(anyhow!(
                 "--profile times the op engine on the CPU; it does not apply to --device cuda"
@@ -408,6 +416,9 @@ fn run_child(a: &ModelBenchArgs, exe: &std::path::Path, r: usize) -> Result<Mode
     }
     if a.phases {
         cmd.arg("--phases");
+    }
+    if let Device::Cuda(index) = a.device {
+        cmd.args(["--device", &format!("cuda:{index}"), "--engine-ops"]);
     }
     match &a.structure {
         Some(p) => cmd.arg("--structure").arg(p),
@@ -678,6 +689,7 @@ pub fn child(a: &ModelBenchArgs) -> Result<u8, CliError> {
     let (sys, label) = bench_system(a)?;
     let edges = count_edges(&sys, model.cutoff())?;
     let frames = vec![sys];
+    let engine = crate::device::engine_device(a.device, a.engine_ops, &a.model)?;
     let opts = EvalOptions {
         dtype: a.dtype.into(),
         ranks,
@@ -685,6 +697,7 @@ pub fn child(a: &ModelBenchArgs) -> Result<u8, CliError> {
         balance: a.balance.into(),
         work_sharing: !a.no_work_sharing,
         profile: a.profile,
+        device: engine.map(|(d, _)| d),
         ..Default::default()
     };
     let rss_before = read_status_kib("VmRSS:").unwrap_or(0) * 1024;

@@ -1,0 +1,258 @@
+//! Tensors on an accelerator: the contract a device backend (the CUDA one
+//! lives in `ddmlip-cuda`) implements so that the engine's generic ops run
+//! there with the same row domains, tape and trace as on the host.
+//!
+//! A graph given a backend ([`Graph::set_device`](crate::Graph::set_device))
+//! runs every op that has a device kernel on the device: its inputs are
+//! uploaded once (a tensor may then live in both places, the same values)
+//! and its output stays there. Ops without one (geometry, opaque kernels,
+//! distributed handlers) read their inputs on the host, downloaded once.
+//! So every model runs, and runs where kernels exist; the trace records the
+//! same ops, shapes and sums as a host run, each event naming where it ran.
+//! Gradients follow their op: a device op's backward adds into device
+//! gradients, a host op's into host ones, and a tensor's two parts are
+//! summed where its own backward runs.
+
+use crate::ops::Radial;
+use crate::ops::Unary;
+use crate::{DType, Scalar};
+use std::any::Any;
+use std::sync::Arc;
+
+mod reference;
+pub use reference::{ReferenceDevice, ReferenceSource};
+
+/// Memory of one array on a device: `len` elements of the graph's float
+/// type (or `u32` for index arrays), held by the backend that made it.
+pub struct DeviceMem {
+    inner: Box<dyn Any + Send + Sync>,
+    len: usize,
+}
+
+impl std::fmt::Debug for DeviceMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceMem").field("len", &self.len).finish()
+    }
+}
+
+impl DeviceMem {
+    /// Wraps a backend's buffer of `len` elements.
+    pub fn new(inner: Box<dyn Any + Send + Sync>, len: usize) -> Self {
+        Self { inner, len }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an empty array.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The backend's buffer, when it is a `B`.
+    pub fn get<B: 'static>(&self) -> Option<&B> {
+        self.inner.downcast_ref()
+    }
+
+    /// The backend's buffer, mutably, when it is a `B`.
+    pub fn get_mut<B: 'static>(&mut self) -> Option<&mut B> {
+        self.inner.downcast_mut()
+    }
+}
+
+/// Why a device call failed (allocation, a launch, a transfer), in words.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct DeviceError(pub String);
+
+/// The element-wise binary ops with a device kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceBinary {
+    /// a + b
+    Add,
+    /// a − b
+    Sub,
+    /// a · b
+    Mul,
+}
+
+/// How `b` broadcasts against a `rows × cols` operand `a` in
+/// [`DeviceBackend::binary`]: element `(r, c)` reads `b` at
+/// `r·cols + c` (`Full`), `r` (`PerRow`), `c` (`PerCol`) or 0 (`Scalar`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceBroadcast {
+    /// Same shape.
+    Full,
+    /// One value per row.
+    PerRow,
+    /// One value per column.
+    PerCol,
+    /// One value.
+    Scalar,
+}
+
+/// A row-major GEMM `C (m×n) = op(A) · op(B)` (+ C when accumulating),
+/// with `op(A)` m×k and `op(B)` k×n; a transposed operand is stored the
+/// other way round (`A` k×m, `B` n×k).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GemmShape {
+    /// Rows of C.
+    pub m: usize,
+    /// The summed dimension.
+    pub k: usize,
+    /// Columns of C.
+    pub n: usize,
+    /// `A` is stored k×m and read transposed.
+    pub a_transposed: bool,
+    /// `B` is stored n×k and read transposed.
+    pub b_transposed: bool,
+}
+
+/// An inverse map on the device (target row → its source rows, ascending):
+/// `offsets` (targets + 1 values, `u32`) and, unless the sources of target
+/// `t` are `offsets[t]..offsets[t+1]` themselves, the permutation `sources`.
+pub struct DeviceCsr {
+    /// Start of each target's sources; `targets + 1` entries.
+    pub offsets: DeviceMem,
+    /// Source rows in target order, or `None` for a non-decreasing index.
+    pub sources: Option<DeviceMem>,
+    /// Number of target rows.
+    pub targets: usize,
+}
+
+/// An accelerator the engine's ops run on, for elements of type `T`.
+///
+/// Every kernel is deterministic (the same bits on every run: sums in a
+/// fixed order, no floating-point atomics) and queued in order on one
+/// stream: a call returns once the work is queued, [`DeviceBackend::download`]
+/// waits for it. "Accumulate" arguments say whether a kernel adds into its
+/// output (`true`) or overwrites every element of it (`false`). Lengths are
+/// the caller's contract: every buffer holds the elements its shape says.
+pub trait DeviceBackend<T: Scalar>: Send + Sync {
+    /// Where the tensors live, as traces and messages name it (`cuda:0`).
+    fn name(&self) -> String;
+    /// `len` elements of unspecified value.
+    fn alloc(&self, len: usize) -> Result<DeviceMem, DeviceError>;
+    /// A copy of `host` on the device.
+    fn upload(&self, host: &[T]) -> Result<DeviceMem, DeviceError>;
+    /// A copy of an index array on the device.
+    fn upload_indices(&self, host: &[u32]) -> Result<DeviceMem, DeviceError>;
+    /// Copies `mem` (after the work queued before) into `out` (same length).
+    fn download(&self, mem: &DeviceMem, out: &mut [T]) -> Result<(), DeviceError>;
+    /// `y (+)= alpha · x`, element-wise.
+    fn axpy(
+        &self,
+        alpha: f64,
+        x: &DeviceMem,
+        y: &mut DeviceMem,
+        accumulate: bool,
+    ) -> Result<(), DeviceError>;
+    /// `out = f(x)`, element-wise.
+    fn unary(&self, f: Unary, x: &DeviceMem, out: &mut DeviceMem) -> Result<(), DeviceError>;
+    /// `out (+)= g · f'(x)` with `y = f(x)` given too (whichever the
+    /// derivative reads).
+    fn unary_grad(
+        &self,
+        f: Unary,
+        x: &DeviceMem,
+        y: &DeviceMem,
+        g: &DeviceMem,
+        out: &mut DeviceMem,
+        accumulate: bool,
+    ) -> Result<(), DeviceError>;
+    /// `out (+)= a ∘ b` over a `rows × cols` `a`, `b` broadcast by `bc`.
+    #[allow(clippy::too_many_arguments)]
+    fn binary(
+        &self,
+        op: DeviceBinary,
+        a: &DeviceMem,
+        b: &DeviceMem,
+        bc: DeviceBroadcast,
+        rows: usize,
+        cols: usize,
+        out: &mut DeviceMem,
+        accumulate: bool,
+    ) -> Result<(), DeviceError>;
+    /// `out[r] (+)= Σ_c x[r, c]` (columns in order).
+    fn row_sums(
+        &self,
+        x: &DeviceMem,
+        rows: usize,
+        cols: usize,
+        out: &mut DeviceMem,
+        accumulate: bool,
+    ) -> Result<(), DeviceError>;
+    /// `out[c] (+)= Σ_r x[r, c]` (a fixed order of the rows).
+    fn col_sums(
+        &self,
+        x: &DeviceMem,
+        rows: usize,
+        cols: usize,
+        out: &mut DeviceMem,
+        accumulate: bool,
+    ) -> Result<(), DeviceError>;
+    /// `out[r] = src[index[r]]`, rows of `cols` elements.
+    fn gather_rows(
+        &self,
+        src: &DeviceMem,
+        cols: usize,
+        index: &DeviceMem,
+        out: &mut DeviceMem,
+    ) -> Result<(), DeviceError>;
+    /// `out[t] (+)= Σ_{s ∈ csr(t)} src[s]`, rows of `cols` elements, each
+    /// target's sources added in ascending order in f64 and rounded once.
+    fn sum_rows_csr(
+        &self,
+        src: &DeviceMem,
+        cols: usize,
+        csr: &DeviceCsr,
+        out: &mut DeviceMem,
+        accumulate: bool,
+    ) -> Result<(), DeviceError>;
+    /// [`GemmShape`]'s product.
+    fn gemm(
+        &self,
+        shape: GemmShape,
+        a: &DeviceMem,
+        b: &DeviceMem,
+        c: &mut DeviceMem,
+        accumulate: bool,
+    ) -> Result<(), DeviceError>;
+    /// The K functions of `f` at each of the `rows` distances `d`, and
+    /// their derivatives (both rows × K), computed in f64 and rounded.
+    fn radial(
+        &self,
+        f: &Radial,
+        d: &DeviceMem,
+        values: &mut DeviceMem,
+        derivatives: &mut DeviceMem,
+    ) -> Result<(), DeviceError>;
+}
+
+/// One device as a runtime sees it: it opens a backend per graph that runs
+/// there (each with its own queue, so that ranks sharing the device never
+/// share a stream), for either float type.
+pub trait DeviceSource: Send + Sync {
+    /// The device's name (`cuda:0`).
+    fn name(&self) -> String;
+    /// A new f64 backend on the device.
+    fn open_f64(&self) -> Result<Arc<dyn DeviceBackend<f64>>, DeviceError>;
+    /// A new f32 backend on the device.
+    fn open_f32(&self) -> Result<Arc<dyn DeviceBackend<f32>>, DeviceError>;
+}
+
+/// A new backend of element type `T` on `source`'s device.
+pub fn open_backend<T: Scalar>(
+    source: &dyn DeviceSource,
+) -> Result<Arc<dyn DeviceBackend<T>>, DeviceError> {
+    let opened: Box<dyn Any> = match T::DTYPE {
+        DType::F64 => Box::new(source.open_f64()?),
+        DType::F32 => Box::new(source.open_f32()?),
+    };
+    opened
+        .downcast::<Arc<dyn DeviceBackend<T>>>()
+        .map(|b| *b)
+        .map_err(|_| DeviceError("no backend for this element type".into()))
+}
