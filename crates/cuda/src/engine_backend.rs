@@ -15,8 +15,8 @@ use cudarc::driver::{
     CudaFunction, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
 use ddmlip_engine::device::{
-    DeviceBackend, DeviceBinary, DeviceBroadcast, DeviceCsr, DeviceError, DeviceMem, DeviceSource,
-    GemmShape,
+    DeviceBackend, DeviceBinary, DeviceBroadcast, DeviceCsr, DeviceEdges, DeviceError, DeviceMem,
+    DeviceSource, GemmShape, GeometrySource,
 };
 use ddmlip_engine::ops::{Radial, Unary};
 use ddmlip_engine::Scalar;
@@ -46,6 +46,14 @@ struct EngineKernels {
     sum_rows_csr: CudaFunction,
     sum_rows_csr_wide: CudaFunction,
     radial: CudaFunction,
+    edge_geometry: CudaFunction,
+    edge_geometry_exact: CudaFunction,
+    length_rows: CudaFunction,
+    length_rows_exact: CudaFunction,
+    shift_outer: CudaFunction,
+    strain_rows: CudaFunction,
+    strain_rows_grad: CudaFunction,
+    row_outer: CudaFunction,
 }
 
 impl<T: GpuFloat> CudaEngineDevice<T> {
@@ -113,6 +121,58 @@ impl EngineKernels {
             sum_rows_csr: f("sum_rows_csr")?,
             sum_rows_csr_wide: f("sum_rows_csr_wide")?,
             radial: f("radial")?,
+            edge_geometry: f("edge_geometry")?,
+            edge_geometry_exact: f("edge_geometry_exact")?,
+            length_rows: f("length_rows")?,
+            length_rows_exact: f("length_rows_exact")?,
+            shift_outer: f("shift_outer")?,
+            strain_rows: f("strain_rows")?,
+            strain_rows_grad: f("strain_rows_grad")?,
+            row_outer: f("row_outer")?,
+        })
+    }
+}
+
+/// Positions and cells of an edge kernel: f64 arrays (`Exact`) or the
+/// graph's type (`Same`, typed where the kernel is launched).
+enum Positions<'a> {
+    Exact(&'a CudaSlice<f64>, &'a CudaSlice<f64>),
+    Same(&'a DeviceMem, &'a DeviceMem),
+}
+
+/// The arguments every edge kernel takes. Without periodic shifts, the
+/// shift and system arguments are stand-ins the kernel never reads
+/// (`periodic` = 0), and so is the cell.
+struct EdgeArgs<'a> {
+    center: &'a CudaSlice<u32>,
+    neighbor: &'a CudaSlice<u32>,
+    shifts: &'a CudaSlice<u32>,
+    systems: &'a CudaSlice<u32>,
+    periodic: i32,
+    positions: Positions<'a>,
+}
+
+impl<'a> EdgeArgs<'a> {
+    fn new(edges: &DeviceEdges<'a>, source: GeometrySource<'a>) -> Result<Self, DeviceError> {
+        let center = slice::<u32>(edges.center)?;
+        let neighbor = slice::<u32>(edges.neighbor)?;
+        let (shifts, systems, periodic) = match (edges.periodic, source.cell) {
+            (Some((s, sys)), Some(_)) => (slice::<u32>(s)?, slice::<u32>(sys)?, 1),
+            _ => (center, center, 0),
+        };
+        let cell = source.cell.unwrap_or(source.positions);
+        let positions = if source.exact {
+            Positions::Exact(slice::<f64>(source.positions)?, slice::<f64>(cell)?)
+        } else {
+            Positions::Same(source.positions, cell)
+        };
+        Ok(Self {
+            center,
+            neighbor,
+            shifts,
+            systems,
+            periodic,
+            positions,
         })
     }
 }
@@ -410,6 +470,143 @@ where
         // same shape (the `DeviceBackend` contract).
         unsafe { self.device.blas().gemm(cfg, b, a, c) }
             .map_err(|e| DeviceError(format!("a cuBLAS GEMM: {e:?}")))
+    }
+
+    fn upload_f64(&self, host: &[f64]) -> Result<DeviceMem, DeviceError> {
+        self.upload_slice(host, "f64 values")
+    }
+
+    fn edge_geometry(
+        &self,
+        edges: &DeviceEdges<'_>,
+        source: GeometrySource<'_>,
+        vectors: Option<&mut DeviceMem>,
+        lengths: Option<&mut DeviceMem>,
+    ) -> Result<(), DeviceError> {
+        let n = edges.count as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        let g = EdgeArgs::new(edges, source)?;
+        let (want_vectors, want_lengths) =
+            (i32::from(vectors.is_some()), i32::from(lengths.is_some()));
+        let stream = self.device.stream();
+        // An output not asked for gets a one-element stand-in, never written.
+        let stand_in = |what| {
+            stream
+                .alloc_zeros::<T>(1)
+                .map_err(|e| DeviceError(format!("allocating the {what} stand-in: {e}")))
+        };
+        let (mut spare_v, mut spare_l) = (None, None);
+        let vectors = match vectors {
+            Some(v) => slice_mut::<T>(v)?,
+            None => spare_v.insert(stand_in("vectors")?),
+        };
+        let lengths = match lengths {
+            Some(l) => slice_mut::<T>(l)?,
+            None => spare_l.insert(stand_in("lengths")?),
+        };
+        let cfg = grid_1d(n, THREADS);
+        match g.positions {
+            Positions::Exact(pos, cell) => launch!(stream, &self.kernels.edge_geometry_exact, cfg, "edge geometry";
+                pos, cell, g.center, g.neighbor, g.shifts, g.systems, &g.periodic, vectors, &want_vectors, lengths, &want_lengths, &n),
+            Positions::Same(pos, cell) => launch!(stream, &self.kernels.edge_geometry, cfg, "edge geometry";
+                slice::<T>(pos)?, slice::<T>(cell)?, g.center, g.neighbor, g.shifts, g.systems, &g.periodic, vectors, &want_vectors, lengths, &want_lengths, &n),
+        }
+        .map_err(err("edge geometry"))
+    }
+
+    fn length_gradient_rows(
+        &self,
+        edges: &DeviceEdges<'_>,
+        source: GeometrySource<'_>,
+        g: &DeviceMem,
+        lengths: &DeviceMem,
+        rows: &mut DeviceMem,
+    ) -> Result<(), DeviceError> {
+        let n = edges.count as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        let a = EdgeArgs::new(edges, source)?;
+        let (g, lengths, rows) = (slice::<T>(g)?, slice::<T>(lengths)?, slice_mut::<T>(rows)?);
+        let stream = self.device.stream();
+        let cfg = grid_1d(n, THREADS);
+        match a.positions {
+            Positions::Exact(pos, cell) => launch!(stream, &self.kernels.length_rows_exact, cfg, "length gradient";
+                pos, cell, a.center, a.neighbor, a.shifts, a.systems, &a.periodic, g, lengths, rows, &n),
+            Positions::Same(pos, cell) => launch!(stream, &self.kernels.length_rows, cfg, "length gradient";
+                slice::<T>(pos)?, slice::<T>(cell)?, a.center, a.neighbor, a.shifts, a.systems, &a.periodic, g, lengths, rows, &n),
+        }
+        .map_err(err("length gradient"))
+    }
+
+    fn shift_outer(
+        &self,
+        edges: &DeviceEdges<'_>,
+        rows: &DeviceMem,
+        out: &mut DeviceMem,
+    ) -> Result<(), DeviceError> {
+        let n = edges.count as u64;
+        let Some((shifts, _)) = edges.periodic else {
+            return Err(DeviceError("cell gradient of edges without shifts".into()));
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        let (shifts, rows, out) = (
+            slice::<u32>(shifts)?,
+            slice::<T>(rows)?,
+            slice_mut::<T>(out)?,
+        );
+        launch!(self.device.stream(), &self.kernels.shift_outer, grid_1d(9 * n, THREADS), "shift outer products";
+            shifts, rows, out, &n)
+        .map_err(err("shift outer products"))
+    }
+
+    fn strain_rows(
+        &self,
+        x: &DeviceMem,
+        eps: &DeviceMem,
+        system: &DeviceMem,
+        out: &mut DeviceMem,
+    ) -> Result<(), DeviceError> {
+        let rows = system.len() as u64;
+        let (x, eps, system) = (slice::<T>(x)?, slice::<T>(eps)?, slice::<u32>(system)?);
+        let out = slice_mut::<T>(out)?;
+        launch!(self.device.stream(), &self.kernels.strain_rows, grid_1d(rows, THREADS), "strain";
+            x, eps, system, out, &rows)
+        .map_err(err("strain"))
+    }
+
+    fn strain_rows_grad(
+        &self,
+        eps: &DeviceMem,
+        system: &DeviceMem,
+        g: &DeviceMem,
+        out: &mut DeviceMem,
+        accumulate: bool,
+    ) -> Result<(), DeviceError> {
+        let rows = system.len() as u64;
+        let (eps, system, g) = (slice::<T>(eps)?, slice::<u32>(system)?, slice::<T>(g)?);
+        let out = slice_mut::<T>(out)?;
+        let acc = i32::from(accumulate);
+        launch!(self.device.stream(), &self.kernels.strain_rows_grad, grid_1d(rows, THREADS), "strain gradient";
+            eps, system, g, out, &rows, &acc)
+        .map_err(err("strain gradient"))
+    }
+
+    fn row_outer(
+        &self,
+        x: &DeviceMem,
+        g: &DeviceMem,
+        out: &mut DeviceMem,
+    ) -> Result<(), DeviceError> {
+        let rows = (x.len() / 3) as u64;
+        let (x, g, out) = (slice::<T>(x)?, slice::<T>(g)?, slice_mut::<T>(out)?);
+        launch!(self.device.stream(), &self.kernels.row_outer, grid_1d(9 * rows, THREADS), "row outer products";
+            x, g, out, &rows)
+        .map_err(err("row outer products"))
     }
 
     fn radial(

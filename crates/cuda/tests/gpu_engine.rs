@@ -12,7 +12,8 @@ use ddmlip::{evaluate, DType, EvalOptions, EvalResult};
 use ddmlip_atoms::System;
 use ddmlip_cuda::{CudaEngineDevice, CudaEngineSource};
 use ddmlip_engine::device::{
-    DeviceBackend, DeviceBinary, DeviceBroadcast, DeviceCsr, DeviceMem, GemmShape, ReferenceDevice,
+    DeviceBackend, DeviceBinary, DeviceBroadcast, DeviceCsr, DeviceEdges, DeviceMem, GemmShape,
+    GeometrySource, ReferenceDevice,
 };
 use ddmlip_engine::ops::{Radial, Unary};
 use ddmlip_engine::Scalar;
@@ -87,7 +88,9 @@ impl<T: Scalar> Pair<'_, T> {
     }
 }
 
-fn assert_close(what: &str, gpu: &[f64], reference: &[f64], tol: f64) {
+/// Asserts `gpu` within `tol` of `reference` (relative to its largest
+/// value) and returns the deviation.
+fn assert_close(what: &str, gpu: &[f64], reference: &[f64], tol: f64) -> f64 {
     let scale = reference
         .iter()
         .fold(0.0f64, |m, x| m.max(x.abs()))
@@ -101,6 +104,131 @@ fn assert_close(what: &str, gpu: &[f64], reference: &[f64], tol: f64) {
         worst <= tol,
         "{what}: GPU differs from the reference by {worst:e}"
     );
+    worst
+}
+
+/// The geometry and strain kernels against the reference device: edge
+/// vectors and lengths from positions of the graph's type and from exact
+/// f64 ones, periodic or not, their gradients, shifted outer products and
+/// strained rows. Returns the largest deviation (these kernels do the
+/// host's operations in its order: 0 is expected).
+fn geometry_kernels_match<T: Scalar>(p: &Pair<'_, T>, tol: f64) -> f64 {
+    let (atoms, n_edges, systems) = (200, 3000, 2);
+    let positions = random(3 * atoms, 11, -40.0, 40.0);
+    let cells: Vec<f64> = random(9 * systems, 12, -1.0, 1.0)
+        .iter()
+        .enumerate()
+        .map(|(i, x)| if i % 4 == 0 { 9.0 + x } else { 2.0 * x })
+        .collect();
+    let ends = |seed| -> Vec<u32> {
+        random(n_edges, seed, 0.0, atoms as f64)
+            .iter()
+            .map(|&x| (x as u32).min(atoms as u32 - 1))
+            .collect()
+    };
+    let (center, neighbor) = (ends(13), ends(14));
+    let shifts: Vec<u32> = random(3 * n_edges, 15, -2.5, 2.5)
+        .iter()
+        .map(|&x| (x.round() as i32) as u32)
+        .collect();
+    let system: Vec<u32> = (0..n_edges as u32).map(|e| e % 2).collect();
+    let g = random(n_edges, 16, -1.0, 1.0);
+    let mut worst = 0.0f64;
+    for exact in [false, true] {
+        for periodic in [false, true] {
+            for what in ["vectors", "lengths", "length gradient", "shift outer"] {
+                let out_len = match what {
+                    "vectors" | "length gradient" => 3 * n_edges,
+                    "lengths" => n_edges,
+                    _ => 9 * n_edges,
+                };
+                let (gpu, reference) = p.run(
+                    &[&positions, &cells, &g],
+                    &[&center, &neighbor, &shifts, &system],
+                    out_len,
+                    &[],
+                    &|d, i, x, o| {
+                        let (pos64, cell64);
+                        let source = if exact {
+                            pos64 = d.upload_f64(&positions).unwrap();
+                            cell64 = d.upload_f64(&cells).unwrap();
+                            GeometrySource {
+                                positions: &pos64,
+                                cell: periodic.then_some(&cell64),
+                                exact: true,
+                            }
+                        } else {
+                            GeometrySource {
+                                positions: &i[0],
+                                cell: periodic.then_some(&i[1]),
+                                exact: false,
+                            }
+                        };
+                        let edges = DeviceEdges {
+                            center: &x[0],
+                            neighbor: &x[1],
+                            periodic: periodic.then_some((&x[2], &x[3])),
+                            count: n_edges,
+                        };
+                        match what {
+                            "vectors" => d.edge_geometry(&edges, source, Some(o), None).unwrap(),
+                            "lengths" => d.edge_geometry(&edges, source, None, Some(o)).unwrap(),
+                            "length gradient" => {
+                                let mut l = d.alloc(n_edges).unwrap();
+                                d.edge_geometry(&edges, source, None, Some(&mut l)).unwrap();
+                                d.length_gradient_rows(&edges, source, &i[2], &l, o)
+                                    .unwrap()
+                            }
+                            _ => {
+                                let mut v = d.alloc(3 * n_edges).unwrap();
+                                d.edge_geometry(&edges, source, Some(&mut v), None).unwrap();
+                                let all = DeviceEdges {
+                                    center: &x[0],
+                                    neighbor: &x[1],
+                                    periodic: Some((&x[2], &x[3])),
+                                    count: n_edges,
+                                };
+                                d.shift_outer(&all, &v, o).unwrap()
+                            }
+                        }
+                    },
+                );
+                let label = format!("{what} (exact {exact}, periodic {periodic})");
+                worst = worst.max(assert_close(&label, &gpu, &reference, tol));
+            }
+        }
+    }
+    // Strain: positions of 200 atoms over two systems.
+    let atom_system: Vec<u32> = (0..atoms as u32).map(|a| a % 2).collect();
+    let eps = random(9 * systems, 17, -0.05, 0.05);
+    let grad = random(3 * atoms, 18, -1.0, 1.0);
+    let init = random(9 * atoms, 19, -1.0, 1.0);
+    for (what, len) in [
+        ("strain", 3 * atoms),
+        ("strain gradient", 3 * atoms),
+        ("outer", 9 * atoms),
+    ] {
+        for acc in [false, true] {
+            if acc && what != "strain gradient" {
+                continue;
+            }
+            let start = &init[..if acc { len } else { 0 }];
+            let (gpu, reference) = p.run(
+                &[&positions, &eps, &grad],
+                &[&atom_system],
+                len,
+                start,
+                &|d, i, x, o| match what {
+                    "strain" => d.strain_rows(&i[0], &i[1], &x[0], o).unwrap(),
+                    "strain gradient" => d.strain_rows_grad(&i[1], &x[0], &i[2], o, acc).unwrap(),
+                    _ => d.row_outer(&i[0], &i[2], o).unwrap(),
+                },
+            );
+            let label = format!("{what} acc={acc}");
+            worst = worst.max(assert_close(&label, &gpu, &reference, tol));
+        }
+    }
+    worst
 }
 
 /// Every kernel of the backend against the reference device.
@@ -110,6 +238,8 @@ fn kernels_match<T: Scalar>(gpu: &dyn DeviceBackend<T>, tol: f64) {
         gpu,
         reference: &reference,
     };
+    let geometry = geometry_kernels_match(&p, tol);
+    println!("engine geometry kernels: {geometry:.1e} from the reference device");
     let (rows, cols) = (1000, 7);
     let n = rows * cols;
     let a = random(n, 1, -2.0, 2.0);

@@ -102,7 +102,13 @@ pub struct Graph<T: Scalar> {
     /// The device ops run on when they have a kernel there (see
     /// [`Graph::set_device`]).
     pub(crate) backend: Option<Arc<dyn DeviceBackend<T>>>,
+    /// Periodic shift arrays on the device (as `u32` bit patterns), by the
+    /// host array they copy: uploaded once however many edge ops read them.
+    pub(crate) device_shifts: Vec<DeviceShifts>,
 }
+
+/// A periodic shift array and its copy on the device.
+pub(crate) type DeviceShifts = (Arc<Vec<[i32; 3]>>, Arc<DeviceMem>);
 
 /// Where the tape's memory peaks: the most bytes of op outputs and
 /// gradients held at once during one graph's forward and backward passes,
@@ -168,6 +174,7 @@ impl<T: Scalar> Graph<T> {
             live_stats: None,
             profile: None,
             backend: None,
+            device_shifts: Vec::new(),
         }
     }
 

@@ -148,6 +148,9 @@ pub trait ModelForward {
     /// Records the model on `g` from `inputs` and returns the output
     /// tensors: energy per system (eV) and, when the model has them, per-atom
     /// energies; forces and stress come from differentiating the energy.
+    /// A model that reads values on the host while recording (its own
+    /// neighbour search, say) calls [`Graph::ensure_host`] on them first:
+    /// on a graph with a device they may live there only.
     fn forward<T: Scalar>(
         &self,
         g: &mut Graph<T>,

@@ -179,7 +179,7 @@ fn a_model_split_between_device_and_host_gives_the_host_results() {
 
 /// The device run's trace has the host run's events (ops, scopes, shapes,
 /// domains, indices, sums); the events of ops with a device kernel name
-/// the device, the others none.
+/// the device, the others (a quotient, a column sum) none.
 #[test]
 fn a_device_run_traces_like_a_host_run() {
     let p = problem(30, 5);
@@ -187,6 +187,7 @@ fn a_device_run_traces_like_a_host_run() {
     let (_, _, dev) = run(&p, Some(Arc::new(ReferenceDevice::new())));
     assert_eq!(host.events.len(), dev.events.len());
     let on_device = [
+        "edge_lengths",
         "gaussian_basis",
         "cosine_cutoff",
         "gather",

@@ -3,8 +3,9 @@
 //! once, the gradients those of the f32 leaves, and bad exact values are
 //! refused.
 
+use ddmlip_engine::device::ReferenceDevice;
 use ddmlip_engine::ops::PeriodicShifts;
-use ddmlip_engine::{Graph, RowDomain};
+use ddmlip_engine::{Graph, RowDomain, Scalar};
 use std::sync::Arc;
 
 /// Positions (Atom×3), cell (3×3), edge centres, neighbours and shifts.
@@ -61,12 +62,27 @@ fn reference_vectors() -> Vec<[f64; 3]> {
 /// Vectors, lengths and ∂(Σ lengths)/∂positions of an f32 graph, with or
 /// without the exact values.
 fn f32_run(exact: bool) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (v, l, grads) = run_on::<f32>(exact, false);
+    (v, l, grads[0].clone())
+}
+
+/// [`f32_run`] in `T`, with the ops on the reference device (`device`),
+/// and with ∂(Σ lengths)/∂strain as the second gradient.
+fn run_on<T: Scalar>(exact: bool, device: bool) -> (Vec<T>, Vec<T>, Vec<Vec<T>>) {
     let (p, c, ci, ni, shifts) = geometry();
-    let mut g = Graph::<f32>::new();
-    let pos = g.leaf(p.iter().map(|&x| x as f32).collect(), 2, 3, RowDomain::Atom);
-    let strain = g.leaf(vec![0.0; 9], 1, 9, RowDomain::System);
+    let mut g = Graph::<T>::new();
+    if device {
+        g.set_device(Arc::new(ReferenceDevice::new()));
+    }
+    let pos = g.leaf(
+        p.iter().map(|&x| T::from_f64(x)).collect(),
+        2,
+        3,
+        RowDomain::Atom,
+    );
+    let strain = g.leaf(vec![T::zero(); 9], 1, 9, RowDomain::System);
     let cell = g.constant(
-        c.iter().map(|&x| x as f32).collect(),
+        c.iter().map(|&x| T::from_f64(x)).collect(),
         3,
         3,
         RowDomain::System,
@@ -133,9 +149,49 @@ fn f32_run(exact: bool) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let l = g
         .edge_lengths(pos_s, center, neighbor, Some(periodic()))
         .unwrap();
+    g.ensure_host(&[v, l]).unwrap();
+    assert_eq!(g.is_on_device(l), device);
     let (vv, lv) = (g.value(v).to_vec(), g.value(l).to_vec());
-    let grads = g.grad(l, Some(vec![1.0; 3]), &[pos]).unwrap();
-    (vv, lv, grads[0].clone())
+    let grads = g.grad(l, Some(vec![T::one(); 3]), &[pos, strain]).unwrap();
+    (vv, lv, grads)
+}
+
+/// On a device the strained positions and cell, the edge vectors and
+/// lengths are the host's bits (the same operations in the same order,
+/// from the same exact values); in f64 their gradients are the host's to
+/// rounding, and in f32 as close to the f64 gradients as the host's (the
+/// device sums the strain's terms in f64: atoms 1,000 Å from the origin
+/// make them cancel to a few ulp of f32).
+#[test]
+fn the_device_computes_the_host_geometry() {
+    let (_, _, reference) = run_on::<f64>(false, false);
+    let (_, _, on_device) = run_on::<f64>(false, true);
+    for (h, d) in reference.iter().zip(&on_device) {
+        let scale = h.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+        for (a, b) in h.iter().zip(d) {
+            assert!((a - b).abs() <= 1e-12 * scale, "f64: {a} vs {b}");
+        }
+    }
+    for exact in [true, false] {
+        let (hv, hl, hg) = run_on::<f32>(exact, false);
+        let (dv, dl, dg) = run_on::<f32>(exact, true);
+        assert_eq!(hv, dv, "vectors, exact = {exact}");
+        assert_eq!(hl, dl, "lengths, exact = {exact}");
+        for (k, ((h, d), r)) in hg.iter().zip(&dg).zip(&reference).enumerate() {
+            let scale = r.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+            let error = |v: &[f32]| {
+                v.iter()
+                    .zip(r)
+                    .fold(0.0f64, |m, (&a, &b)| m.max((f64::from(a) - b).abs()))
+                    / scale
+            };
+            let (host, device) = (error(h), error(d));
+            assert!(
+                device <= host.max(1e-6),
+                "gradient {k}, exact = {exact}: device {device:e} from f64, host {host:e}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -59,6 +59,8 @@ impl ModelForward for RebuildDemo {
     ) -> Result<ModelOutputs, EngineError> {
         let n_atoms = inputs.numbers.len();
         let n_sys = inputs.n_systems;
+        // The neighbour search runs on the host (the values may be on a device).
+        g.ensure_host(&[inputs.positions, inputs.cell])?;
         let pos: Vec<[f64; 3]> = g
             .value(inputs.positions)
             .chunks(3)

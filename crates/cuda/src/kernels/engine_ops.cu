@@ -262,6 +262,121 @@ __device__ void radial(int kind, const double* centers, double gamma, double cut
     }
 }
 
+// Edge vectors r[j] - r[i], then + S_a * cell_a for each axis a with S_a != 0,
+// in S (T, or double for an f32 graph's exact positions): the host's order of
+// operations, so with --fmad=false the same bits. Vectors rounded to T; the
+// length of the S vector, rounded once.
+template <typename S>
+__device__ __forceinline__ void edge_vector(const S* pos, const S* cell, const u32* center,
+                                            const u32* neighbor, const int* shifts,
+                                            const u32* systems, int periodic, u64 e, S v[3]) {
+    u64 i = 3 * (u64)center[e], j = 3 * (u64)neighbor[e];
+    v[0] = pos[j] - pos[i];
+    v[1] = pos[j + 1] - pos[i + 1];
+    v[2] = pos[j + 2] - pos[i + 2];
+    if (periodic) {
+        u64 base = 9 * (u64)systems[e];
+        for (int a = 0; a < 3; ++a) {
+            int sa = shifts[3 * e + a];
+            if (sa != 0) {
+                for (int k = 0; k < 3; ++k) v[k] += (S)sa * cell[base + 3 * a + k];
+            }
+        }
+    }
+}
+
+template <typename T, typename S>
+__device__ void edge_geometry(const S* pos, const S* cell, const u32* center, const u32* neighbor,
+                              const int* shifts, const u32* systems, int periodic, T* vectors,
+                              int want_vectors, T* lengths, int want_lengths, u64 n) {
+    u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n) return;
+    S v[3];
+    edge_vector<S>(pos, cell, center, neighbor, shifts, systems, periodic, e, v);
+    if (want_vectors) {
+        for (int k = 0; k < 3; ++k) vectors[3 * e + k] = (T)v[k];
+    }
+    if (want_lengths) lengths[e] = (T)sqrt(v[0] * v[0] + v[1] * v[1] + v[2] * v[2]);
+}
+
+// rows[e] = (g[e] / lengths[e]) * v_e in T (0 for a zero length).
+template <typename T, typename S>
+__device__ void length_rows(const S* pos, const S* cell, const u32* center, const u32* neighbor,
+                            const int* shifts, const u32* systems, int periodic, const T* g,
+                            const T* lengths, T* rows, u64 n) {
+    u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n) return;
+    S v[3];
+    edge_vector<S>(pos, cell, center, neighbor, shifts, systems, periodic, e, v);
+    T scale = lengths[e] > (T)0 ? g[e] / lengths[e] : (T)0;
+    for (int k = 0; k < 3; ++k) rows[3 * e + k] = scale * (T)v[k];
+}
+
+// out[e, 3a + k] = S_e,a * rows[e, k].
+template <typename T>
+__device__ void shift_outer(const int* shifts, const T* rows, T* out, u64 n) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= 9 * n) return;
+    u64 e = i / 9, a = (i % 9) / 3, k = i % 3;
+    out[i] = (T)shifts[3 * e + a] * rows[3 * e + k];
+}
+
+// out[r, k] = x[r, k] + sum_m x[r, m] * eps_s[m, k].
+template <typename T>
+__device__ void strain_rows(const T* x, const T* eps, const u32* system, T* out, u64 rows) {
+    u64 r = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const T* e = eps + 9 * (u64)system[r];
+    for (int k = 0; k < 3; ++k) {
+        T v = x[3 * r + k];
+        for (int m = 0; m < 3; ++m) v += x[3 * r + m] * e[3 * m + k];
+        out[3 * r + k] = v;
+    }
+}
+
+// out[r, m] (+)= g[r, m] + sum_k g[r, k] * eps_s[m, k].
+template <typename T>
+__device__ void strain_rows_grad(const T* eps, const u32* system, const T* g, T* out, u64 rows,
+                                 int accumulate) {
+    u64 r = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const T* e = eps + 9 * (u64)system[r];
+    for (int m = 0; m < 3; ++m) {
+        T v = g[3 * r + m];
+        for (int k = 0; k < 3; ++k) v += g[3 * r + k] * e[3 * m + k];
+        store<T>(out, 3 * r + m, v, accumulate);
+    }
+}
+
+// out[r, 3m + k] = x[r, m] * g[r, k].
+template <typename T>
+__device__ void row_outer(const T* x, const T* g, T* out, u64 rows) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= 9 * rows) return;
+    u64 r = i / 9, m = (i % 9) / 3, k = i % 3;
+    out[i] = x[3 * r + m] * g[3 * r + k];
+}
+
+#define GEOMETRY(T, S, SUF)                                                                                  \
+    extern "C" __global__ void eo_edge_geometry_##SUF(const S* pos, const S* cell, const u32* center,        \
+                                                      const u32* neighbor, const int* shifts,               \
+                                                      const u32* systems, int periodic, T* vectors,          \
+                                                      int want_vectors, T* lengths, int want_lengths, u64 n) { \
+        edge_geometry<T, S>(pos, cell, center, neighbor, shifts, systems, periodic, vectors, want_vectors,   \
+                            lengths, want_lengths, n);                                                       \
+    }                                                                                                         \
+    extern "C" __global__ void eo_length_rows_##SUF(const S* pos, const S* cell, const u32* center,          \
+                                                    const u32* neighbor, const int* shifts, const u32* systems, \
+                                                    int periodic, const T* g, const T* lengths, T* rows,      \
+                                                    u64 n) {                                                  \
+        length_rows<T, S>(pos, cell, center, neighbor, shifts, systems, periodic, g, lengths, rows, n);      \
+    }
+
+GEOMETRY(double, double, f64)
+GEOMETRY(float, float, f32)
+GEOMETRY(double, double, exact_f64)
+GEOMETRY(float, double, exact_f32)
+
 #define INSTANTIATE(T, SUF)                                                                                   \
     extern "C" __global__ void eo_axpy_##SUF(double alpha, const T* x, T* y, u64 n, int acc) {               \
         axpy<T>(alpha, x, y, n, acc);                                                                         \
@@ -296,6 +411,20 @@ __device__ void radial(int kind, const double* centers, double gamma, double cut
                                                           const u32* sources, int has_sources, T* out,        \
                                                           u64 cols, int acc) {                                \
         sum_rows_csr_wide<T>(src, offsets, sources, has_sources, out, cols, acc);                             \
+    }                                                                                                         \
+    extern "C" __global__ void eo_shift_outer_##SUF(const int* shifts, const T* rows, T* out, u64 n) {     \
+        shift_outer<T>(shifts, rows, out, n);                                                                 \
+    }                                                                                                         \
+    extern "C" __global__ void eo_strain_rows_##SUF(const T* x, const T* eps, const u32* system, T* out,     \
+                                                    u64 rows) {                                               \
+        strain_rows<T>(x, eps, system, out, rows);                                                            \
+    }                                                                                                         \
+    extern "C" __global__ void eo_strain_rows_grad_##SUF(const T* eps, const u32* system, const T* g, T* out,\
+                                                         u64 rows, int acc) {                                 \
+        strain_rows_grad<T>(eps, system, g, out, rows, acc);                                                  \
+    }                                                                                                         \
+    extern "C" __global__ void eo_row_outer_##SUF(const T* x, const T* g, T* out, u64 rows) {                \
+        row_outer<T>(x, g, out, rows);                                                                        \
     }                                                                                                         \
     extern "C" __global__ void eo_radial_##SUF(int kind, const double* centers, double gamma, double cutoff, \
                                                int p, u64 k, const T* d, T* val, T* der, u64 rows) {          \

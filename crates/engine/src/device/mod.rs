@@ -122,6 +122,36 @@ pub struct DeviceCsr {
     pub targets: usize,
 }
 
+/// The edges of an edge-geometry kernel on the device: centre and
+/// neighbour rows (`u32`, one per edge) and, for periodic images, each
+/// edge's integer shift (three `i32` stored as `u32` bit patterns) and
+/// system (`u32`).
+pub struct DeviceEdges<'a> {
+    /// Centre row of each edge.
+    pub center: &'a DeviceMem,
+    /// Neighbour row of each edge.
+    pub neighbor: &'a DeviceMem,
+    /// Shift `S` of each edge (3 per edge) with each edge's system, when
+    /// the edges cross periodic boundaries.
+    pub periodic: Option<(&'a DeviceMem, &'a DeviceMem)>,
+    /// Number of edges.
+    pub count: usize,
+}
+
+/// Where edge vectors come from: positions (rows × 3) and, with periodic
+/// edges, the cells ((3·systems) × 3, lattice vectors as rows), both of the
+/// graph's type, or both f64 (`exact`: the f64 values an f32 graph's
+/// positions round, the geometry computed in f64 and rounded once).
+#[derive(Clone, Copy)]
+pub struct GeometrySource<'a> {
+    /// Positions, rows × 3.
+    pub positions: &'a DeviceMem,
+    /// Cells, when the edges are periodic.
+    pub cell: Option<&'a DeviceMem>,
+    /// Both arrays hold f64 values.
+    pub exact: bool,
+}
+
 /// An accelerator the engine's ops run on, for elements of type `T`.
 ///
 /// Every kernel is deterministic (the same bits on every run: sums in a
@@ -219,6 +249,66 @@ pub trait DeviceBackend<T: Scalar>: Send + Sync {
         b: &DeviceMem,
         c: &mut DeviceMem,
         accumulate: bool,
+    ) -> Result<(), DeviceError>;
+    /// A copy of f64 values on the device (an f32 graph's exact positions).
+    fn upload_f64(&self, host: &[f64]) -> Result<DeviceMem, DeviceError>;
+    /// Edge vectors `v = r[neighbor] − r[center]`, then `+ S_a · cell_a`
+    /// for each axis `a` with `S_a ≠ 0` in axis order (the host's order of
+    /// operations, so the same bits), into `vectors` (edges × 3) and their
+    /// lengths `|v| = √(v₀² + v₁² + v₂²)` into `lengths`, each when given.
+    fn edge_geometry(
+        &self,
+        edges: &DeviceEdges<'_>,
+        source: GeometrySource<'_>,
+        vectors: Option<&mut DeviceMem>,
+        lengths: Option<&mut DeviceMem>,
+    ) -> Result<(), DeviceError>;
+    /// The gradient of the edge vectors from that of their lengths:
+    /// `rows[e] = (g[e] / lengths[e]) · v_e` (zero where the length is
+    /// zero), `v_e` as [`DeviceBackend::edge_geometry`] computes it.
+    fn length_gradient_rows(
+        &self,
+        edges: &DeviceEdges<'_>,
+        source: GeometrySource<'_>,
+        g: &DeviceMem,
+        lengths: &DeviceMem,
+        rows: &mut DeviceMem,
+    ) -> Result<(), DeviceError>;
+    /// `out[e] = S_e ⊗ rows[e]` (edges × 9, element `3a + k` =
+    /// `S_e,a · rows[e, k]`): what edge `e` adds to its system's cell
+    /// gradient; zero for unshifted edges.
+    fn shift_outer(
+        &self,
+        edges: &DeviceEdges<'_>,
+        rows: &DeviceMem,
+        out: &mut DeviceMem,
+    ) -> Result<(), DeviceError>;
+    /// Strained rows `out[r, k] = x[r, k] + Σ_m x[r, m] · ε_s[m, k]` (sum
+    /// over m in order), `s = system[r]`, ε row-major 3 × 3 per system.
+    fn strain_rows(
+        &self,
+        x: &DeviceMem,
+        eps: &DeviceMem,
+        system: &DeviceMem,
+        out: &mut DeviceMem,
+    ) -> Result<(), DeviceError>;
+    /// The strained rows' gradient with respect to the rows:
+    /// `out[r, m] (+)= g[r, m] + Σ_k g[r, k] · ε_s[m, k]`.
+    fn strain_rows_grad(
+        &self,
+        eps: &DeviceMem,
+        system: &DeviceMem,
+        g: &DeviceMem,
+        out: &mut DeviceMem,
+        accumulate: bool,
+    ) -> Result<(), DeviceError>;
+    /// Per-row outer products `out[r, 3m + k] = x[r, m] · g[r, k]` (rows ×
+    /// 9): each row's term of the strain's gradient.
+    fn row_outer(
+        &self,
+        x: &DeviceMem,
+        g: &DeviceMem,
+        out: &mut DeviceMem,
     ) -> Result<(), DeviceError>;
     /// The K functions of `f` at each of the `rows` distances `d`, and
     /// their derivatives (both rows × K), computed in f64 and rounded.

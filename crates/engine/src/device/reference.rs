@@ -4,8 +4,8 @@
 //! and the definition the accelerator backends' kernels are held to.
 
 use super::{
-    DeviceBackend, DeviceBinary, DeviceBroadcast, DeviceCsr, DeviceError, DeviceMem, DeviceSource,
-    GemmShape,
+    DeviceBackend, DeviceBinary, DeviceBroadcast, DeviceCsr, DeviceEdges, DeviceError, DeviceMem,
+    DeviceSource, GemmShape, GeometrySource,
 };
 use crate::ops::{Radial, Unary};
 use crate::Scalar;
@@ -286,6 +286,148 @@ impl<T: Scalar> DeviceBackend<T> for ReferenceDevice {
         Ok(())
     }
 
+    fn upload_f64(&self, host: &[f64]) -> Result<DeviceMem, DeviceError> {
+        self.uploads.fetch_add(1, Ordering::Relaxed);
+        Ok(DeviceMem::new(Box::new(host.to_vec()), host.len()))
+    }
+
+    fn edge_geometry(
+        &self,
+        edges: &DeviceEdges<'_>,
+        source: GeometrySource<'_>,
+        vectors: Option<&mut DeviceMem>,
+        lengths: Option<&mut DeviceMem>,
+    ) -> Result<(), DeviceError> {
+        let v: Vec<[T; 3]> = edge_vectors::<T>(edges, source)?;
+        if let Some(out) = vectors {
+            let out = write::<T>(out)?;
+            for (e, ve) in v.iter().enumerate() {
+                out[3 * e..3 * e + 3].copy_from_slice(ve);
+            }
+        }
+        if let Some(out) = lengths {
+            let exact = edge_lengths_f64(edges, source)?;
+            let out = write::<T>(out)?;
+            for (e, ve) in v.iter().enumerate() {
+                out[e] = match &exact {
+                    Some(l) => T::from_f64(l[e]),
+                    None => (ve[0] * ve[0] + ve[1] * ve[1] + ve[2] * ve[2]).sqrt(),
+                };
+            }
+        }
+        Ok(())
+    }
+
+    fn length_gradient_rows(
+        &self,
+        edges: &DeviceEdges<'_>,
+        source: GeometrySource<'_>,
+        g: &DeviceMem,
+        lengths: &DeviceMem,
+        rows: &mut DeviceMem,
+    ) -> Result<(), DeviceError> {
+        let v = edge_vectors::<T>(edges, source)?;
+        let (g, lengths) = (read::<T>(g)?, read::<T>(lengths)?);
+        let out = write::<T>(rows)?;
+        for (e, ve) in v.iter().enumerate() {
+            let scale = if lengths[e] > T::zero() {
+                g[e] / lengths[e]
+            } else {
+                T::zero()
+            };
+            for k in 0..3 {
+                out[3 * e + k] = scale * ve[k];
+            }
+        }
+        Ok(())
+    }
+
+    fn shift_outer(
+        &self,
+        edges: &DeviceEdges<'_>,
+        rows: &DeviceMem,
+        out: &mut DeviceMem,
+    ) -> Result<(), DeviceError> {
+        let rows = read::<T>(rows)?;
+        let shifts = match edges.periodic {
+            Some((s, _)) => Some(read::<u32>(s)?),
+            None => None,
+        };
+        let out = write::<T>(out)?;
+        for e in 0..edges.count {
+            for a in 0..3 {
+                let sa = shifts.map_or(0, |s| s[3 * e + a] as i32);
+                for k in 0..3 {
+                    out[9 * e + 3 * a + k] = T::from_f64(f64::from(sa)) * rows[3 * e + k];
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn strain_rows(
+        &self,
+        x: &DeviceMem,
+        eps: &DeviceMem,
+        system: &DeviceMem,
+        out: &mut DeviceMem,
+    ) -> Result<(), DeviceError> {
+        let (x, eps, system) = (read::<T>(x)?, read::<T>(eps)?, read::<u32>(system)?);
+        let out = write::<T>(out)?;
+        for (r, &s) in system.iter().enumerate() {
+            let e = &eps[9 * s as usize..9 * s as usize + 9];
+            for k in 0..3 {
+                let mut v = x[3 * r + k];
+                for m in 0..3 {
+                    v += x[3 * r + m] * e[3 * m + k];
+                }
+                out[3 * r + k] = v;
+            }
+        }
+        Ok(())
+    }
+
+    fn strain_rows_grad(
+        &self,
+        eps: &DeviceMem,
+        system: &DeviceMem,
+        g: &DeviceMem,
+        out: &mut DeviceMem,
+        accumulate: bool,
+    ) -> Result<(), DeviceError> {
+        let (eps, system, g) = (read::<T>(eps)?, read::<u32>(system)?, read::<T>(g)?);
+        let out = write::<T>(out)?;
+        for (r, &s) in system.iter().enumerate() {
+            let e = &eps[9 * s as usize..9 * s as usize + 9];
+            for m in 0..3 {
+                let mut v = g[3 * r + m];
+                for k in 0..3 {
+                    v += g[3 * r + k] * e[3 * m + k];
+                }
+                store(&mut out[3 * r + m], v, accumulate);
+            }
+        }
+        Ok(())
+    }
+
+    fn row_outer(
+        &self,
+        x: &DeviceMem,
+        g: &DeviceMem,
+        out: &mut DeviceMem,
+    ) -> Result<(), DeviceError> {
+        let (x, g) = (read::<T>(x)?, read::<T>(g)?);
+        let out = write::<T>(out)?;
+        for r in 0..x.len() / 3 {
+            for m in 0..3 {
+                for k in 0..3 {
+                    out[9 * r + 3 * m + k] = x[3 * r + m] * g[3 * r + k];
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn radial(
         &self,
         f: &Radial,
@@ -307,4 +449,70 @@ impl<T: Scalar> DeviceBackend<T> for ReferenceDevice {
         write::<T>(derivatives)?.copy_from_slice(&ders);
         Ok(())
     }
+}
+
+/// Edge vectors in the host's order of operations: in `U`, then rounded
+/// to `T` (`U` = f64 for exact sources).
+fn vectors_in<U: Scalar, T: Scalar>(
+    edges: &DeviceEdges<'_>,
+    positions: &[U],
+    cell: Option<&[U]>,
+) -> Result<Vec<[T; 3]>, DeviceError> {
+    let (c, n) = (read::<u32>(edges.center)?, read::<u32>(edges.neighbor)?);
+    let periodic = match edges.periodic {
+        Some((s, sys)) => Some((read::<u32>(s)?, read::<u32>(sys)?)),
+        None => None,
+    };
+    let mut out = Vec::with_capacity(edges.count);
+    for e in 0..edges.count {
+        let (i, j) = (3 * c[e] as usize, 3 * n[e] as usize);
+        let mut v = [
+            positions[j] - positions[i],
+            positions[j + 1] - positions[i + 1],
+            positions[j + 2] - positions[i + 2],
+        ];
+        if let (Some((shifts, systems)), Some(cell)) = (periodic, cell) {
+            let base = 9 * systems[e] as usize;
+            for a in 0..3 {
+                let sa = shifts[3 * e + a] as i32;
+                if sa != 0 {
+                    for k in 0..3 {
+                        v[k] += U::from_f64(f64::from(sa)) * cell[base + 3 * a + k];
+                    }
+                }
+            }
+        }
+        out.push(v.map(|x| T::from_f64(x.to_f64_lossless())));
+    }
+    Ok(out)
+}
+
+/// [`vectors_in`] for `source`.
+fn edge_vectors<T: Scalar>(
+    edges: &DeviceEdges<'_>,
+    source: GeometrySource<'_>,
+) -> Result<Vec<[T; 3]>, DeviceError> {
+    if source.exact {
+        let cell = source.cell.map(read::<f64>).transpose()?;
+        vectors_in::<f64, T>(edges, read::<f64>(source.positions)?, cell.map(|c| &c[..]))
+    } else {
+        let cell = source.cell.map(read::<T>).transpose()?;
+        vectors_in::<T, T>(edges, read::<T>(source.positions)?, cell.map(|c| &c[..]))
+    }
+}
+
+/// The f64 lengths of an exact source's f64 vectors; `None` otherwise.
+fn edge_lengths_f64(
+    edges: &DeviceEdges<'_>,
+    source: GeometrySource<'_>,
+) -> Result<Option<Vec<f64>>, DeviceError> {
+    if !source.exact {
+        return Ok(None);
+    }
+    let v = edge_vectors::<f64>(edges, source)?;
+    Ok(Some(
+        v.iter()
+            .map(|v| (v[0] * v[0] + v[1] * v[1] + v[2] * v[2]).sqrt())
+            .collect(),
+    ))
 }

@@ -70,7 +70,11 @@ impl<T: Scalar> Graph<T> {
     }
 
     /// Makes a device copy of `t`'s value when it has none (uploaded once).
-    fn ensure_device(&mut self, backend: &Backend<T>, t: Tensor) -> Result<(), EngineError> {
+    pub(crate) fn ensure_device(
+        &mut self,
+        backend: &Backend<T>,
+        t: Tensor,
+    ) -> Result<(), EngineError> {
         self.check_live(&[t])?;
         let node = &self.nodes[t.id];
         if node.device.is_some() {
@@ -82,7 +86,7 @@ impl<T: Scalar> Graph<T> {
         Ok(())
     }
 
-    fn device_value(&self, t: Tensor) -> Result<&DeviceMem, EngineError> {
+    pub(crate) fn device_value(&self, t: Tensor) -> Result<&DeviceMem, EngineError> {
         self.nodes[t.id]
             .device
             .as_ref()
@@ -92,7 +96,11 @@ impl<T: Scalar> Graph<T> {
             })
     }
 
-    fn device_index(&self, backend: &Backend<T>, i: Index) -> Result<&DeviceMem, EngineError> {
+    pub(crate) fn device_index(
+        &self,
+        backend: &Backend<T>,
+        i: Index,
+    ) -> Result<&DeviceMem, EngineError> {
         self.indices[i.id].device_values(backend.as_ref())
     }
 
@@ -101,7 +109,7 @@ impl<T: Scalar> Graph<T> {
     }
 
     /// Records a device op's output (see [`Graph::push_op_stored`]).
-    fn push_device(
+    pub(crate) fn push_device(
         &mut self,
         spec: NodeSpec,
         out: DeviceMem,

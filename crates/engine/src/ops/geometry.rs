@@ -56,7 +56,6 @@ impl<T: Scalar> Graph<T> {
         eps: Tensor,
         idx: Index,
     ) -> Result<Tensor, EngineError> {
-        self.ensure_host(&[x, eps])?;
         let (rows, cols) = self.shape(x);
         let (_, ecols) = self.shape(eps);
         if cols != 3 || ecols != 9 {
@@ -72,6 +71,10 @@ impl<T: Scalar> Graph<T> {
                 "index length differs from the rows",
             ));
         }
+        if let Some(backend) = self.device_for_op() {
+            return self.apply_strain_device(backend, x, eps, idx);
+        }
+        self.ensure_host(&[x, eps])?;
         let xv = &self.nodes[x.id].value;
         let ev = &self.nodes[eps.id].value;
         let mut out = self.pool.zeroed(rows * 3);
@@ -90,22 +93,7 @@ impl<T: Scalar> Graph<T> {
         } else {
             out.chunks_mut(3).enumerate().for_each(strain_row);
         }
-        // The f64 values behind `x`, strained in f64 (with the strain's
-        // value), are the values behind the output.
-        let exact = self.exact_values_of(x).map(|xe| {
-            let mut out = vec![0.0; rows * 3];
-            for (r, o) in out.chunks_exact_mut(3).enumerate() {
-                let e = &ev[ids[r] as usize * 9..ids[r] as usize * 9 + 9];
-                for k in 0..3 {
-                    let mut s = xe[r * 3 + k];
-                    for m in 0..3 {
-                        s += xe[r * 3 + m] * e[m * 3 + k].to_f64_lossless();
-                    }
-                    o[k] = s;
-                }
-            }
-            out
-        });
+        let exact = self.strained_exact_values(x, eps, &ids);
         let nx = &self.nodes[x.id];
         let spec = NodeSpec {
             op: "apply_strain".into(),
@@ -161,6 +149,31 @@ impl<T: Scalar> Graph<T> {
         Ok(out_t)
     }
 
+    /// The f64 values behind `apply_strain(x, eps, ids)`'s output: those
+    /// behind `x` strained in f64 (with the strain's value), when `x` has
+    /// them (see [`Graph::set_exact_values`]). Reads the strain on the host.
+    pub(crate) fn strained_exact_values(
+        &self,
+        x: Tensor,
+        eps: Tensor,
+        ids: &[u32],
+    ) -> Option<Vec<f64>> {
+        let xe = self.exact_values_of(x)?;
+        let ev = &self.nodes[eps.id].value;
+        let mut out = vec![0.0; ids.len() * 3];
+        for (r, o) in out.chunks_exact_mut(3).enumerate() {
+            let e = &ev[ids[r] as usize * 9..ids[r] as usize * 9 + 9];
+            for k in 0..3 {
+                let mut s = xe[r * 3 + k];
+                for m in 0..3 {
+                    s += xe[r * 3 + m] * e[m * 3 + k].to_f64_lossless();
+                }
+                o[k] = s;
+            }
+        }
+        Some(out)
+    }
+
     /// Edge vectors `r_j − r_i + S·cell_s` (Edge×3) from positions (Atom×3),
     /// `center` (i) and `neighbor` (j) indices, and — for periodic images —
     /// integer shifts with the cell as a (3·n_systems)×3 tensor and each edge's system.
@@ -172,6 +185,10 @@ impl<T: Scalar> Graph<T> {
         periodic: Option<PeriodicShifts>,
     ) -> Result<Tensor, EngineError> {
         let geo = self.edge_geometry("edge_vectors", positions, center, neighbor, periodic)?;
+        if let Some(backend) = self.device_for_op() {
+            return self.edge_op_device(backend, geo, (center, neighbor), false);
+        }
+        self.geometry_to_host(&geo)?;
         let (out, spec) = self.edge_rows(&geo, "edge_vectors", 3, |pv, cv, e, o| {
             o.copy_from_slice(&geo.vector(pv, cv, e))
         });
@@ -206,6 +223,10 @@ impl<T: Scalar> Graph<T> {
         periodic: Option<PeriodicShifts>,
     ) -> Result<Tensor, EngineError> {
         let geo = self.edge_geometry("edge_lengths", positions, center, neighbor, periodic)?;
+        if let Some(backend) = self.device_for_op() {
+            return self.edge_op_device(backend, geo, (center, neighbor), true);
+        }
+        self.geometry_to_host(&geo)?;
         // The same expression as `row_norm`, so the same bits (in f64, or
         // without exact values; else the f64 length rounded once).
         let (out, spec) = self.edge_rows(&geo, "edge_lengths", 1, |pv, cv, e, o| {
@@ -594,10 +615,6 @@ impl<T: Scalar> Graph<T> {
         neighbor: Index,
         periodic: Option<PeriodicShifts>,
     ) -> Result<EdgeGeometry, EngineError> {
-        self.ensure_host(&[positions])?;
-        if let Some(p) = &periodic {
-            self.ensure_host(&[p.cell])?;
-        }
         let mut positions = positions;
         let mut handler = None;
         let mode = match &self.dist {
@@ -686,6 +703,16 @@ impl<T: Scalar> Graph<T> {
             periodic,
             exact,
         })
+    }
+
+    /// Host copies of an edge op's positions and cell (see
+    /// [`Graph::ensure_host`]).
+    fn geometry_to_host(&mut self, geo: &EdgeGeometry) -> Result<(), EngineError> {
+        self.ensure_host(&[geo.positions])?;
+        if let Some(p) = &geo.periodic {
+            self.ensure_host(&[p.cell])?;
+        }
+        Ok(())
     }
 
     /// Euclidean norm of each row (rows×cols → rows×1).

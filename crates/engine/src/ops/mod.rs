@@ -3,6 +3,7 @@
 //! Every op computes its forward value eagerly, records a backward closure,
 //! and is rayon-parallel over rows for large inputs.
 
+mod device_geometry;
 mod device_ops;
 mod edge_geometry;
 mod elementwise;
