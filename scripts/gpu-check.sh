@@ -134,6 +134,15 @@ PY
         check "relax $1 on cuda, 2 ranks sharing it" 0 '"converged":true' "$cli" "${rl[@]}" --device cuda --ranks 2 --output "$gpu"
         same_final "relax $1 on cuda with 2 ranks follows the cpu run" "$gpu" "$cpu"
     done
+    # MD and FIRE through the op engine on the GPU (eam-demo has no CUDA kernels of its own).
+    md=(md --model eam-demo --structure "$si64" --ensemble nve --dt 1 --steps 40 --init-temperature 900 --seed 3 --json)
+    check "md eam-demo through the engine on cuda, 2 ranks" 0 '"ensemble"' "$cli" "${md[@]}" --device cuda --ranks 2 --output "$gpu"
+    "$cli" "${md[@]}" --output "$cpu" >/dev/null 2>&1
+    same_final "md eam-demo through the engine on cuda follows the cpu run" "$gpu" "$cpu"
+    rl=(relax --model eam-demo --structure "$si64" --fmax 0.05 --max-steps 2000 --json)
+    check "relax eam-demo through the engine on cuda" 0 '"converged":true' "$cli" "${rl[@]}" --device cuda --output "$gpu"
+    "$cli" "${rl[@]}" --output "$cpu" >/dev/null 2>&1
+    same_final "relax eam-demo through the engine on cuda follows the cpu run" "$gpu" "$cpu"
     check "md on cuda refuses --backend mpi" 2 "--backend mpi" "$cli" md --model lj --structure "$ar" --ensemble nve --dt 1 --steps 1 --backend mpi --device cuda
     # Split runs on one GPU: ranks sharing it give the one-rank answer.
     check "validate lj on cuda, 4 ranks" 0 "PASSED" "$cli" validate --model lj --structure "$ar" --device cuda --ranks 4

@@ -103,6 +103,13 @@ fn device_cuda_without_a_usable_gpu_is_exit_2_saying_why() {
         model_args("eval", "eam-demo", xyz, &["--device", "cuda"]),
         model_args("eval", "lj", xyz, &["--device", "cuda", "--engine-ops"]),
         model_args("validate", "eam-demo", xyz, &["--device", "cuda"]),
+        short_md(xyz, &["--device", "cuda", "--engine-ops"]),
+        model_args(
+            "relax",
+            "eam-demo",
+            xyz,
+            &["--device", "cuda", "--ranks", "2"],
+        ),
         vec![
             "bench",
             "model",
@@ -141,7 +148,7 @@ fn engine_ops_need_a_gpu_and_one_process() {
     let (code, _, err) = run(&model_args("eval", "schnet-demo", xyz, &["--engine-ops"]));
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("needs --device cuda"), "{err}");
-    for command in ["eval", "validate"] {
+    for command in ["eval", "validate", "relax"] {
         for extra in [&["--backend", "mpi"][..], &["--gpus", "0"][..]] {
             let mut args = model_args(command, "eam-demo", xyz, &["--device", "cuda"]);
             args.extend_from_slice(extra);

@@ -155,6 +155,9 @@ pub struct MdConfig {
     /// position at every rebuild and partitions with the same domains: the
     /// reference the point-to-point path reproduces bit for bit.
     pub point_to_point: bool,
+    /// Where the op engine's device-eligible ops run (see
+    /// `ddmlip_engine::device`); `None`: the host.
+    pub device: Option<ddmlip_engine::device::EngineDevice>,
 }
 
 /// Default of [`MdConfig::repartition_every`].
@@ -184,6 +187,7 @@ impl MdConfig {
             repartition_every: DEFAULT_REPARTITION_EVERY,
             max_imbalance: DEFAULT_MAX_IMBALANCE,
             point_to_point: true,
+            device: None,
         }
     }
 

@@ -741,6 +741,7 @@ fn run_rank_with(
         ),
         comm,
     )?;
+    evaluator.set_device(config.device.clone());
     let (rank, size) = (state.rank, state.size);
     if start.restarted {
         // The build reproduced the rows and pairs of the checkpointed run's

@@ -13,8 +13,10 @@ use crate::state::RankState;
 use crate::MdError;
 use ddmlip_atoms::Cell;
 use ddmlip_domain::HaloRuntime;
+use ddmlip_engine::device::{open_backend, DeviceBackend, EngineDevice};
 use ddmlip_engine::{Buffers, DType, EngineError, Graph, Model, ModelInputs, RowDomain, Scalar};
 use ddmlip_spec::MLIPSpec;
+use std::any::Any;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -79,6 +81,10 @@ pub struct RankEvaluator<'m> {
     phases: EvalPhases,
     /// Zeros, one per edge of the last call: every edge's system.
     edge_system: Arc<Vec<u32>>,
+    /// Where the graph's device-eligible ops run, and the backend opened
+    /// there for this evaluator (kept across steps: one stream per rank).
+    device: Option<EngineDevice>,
+    backend: Option<Box<dyn Any + Send + Sync>>,
 }
 
 impl<'m> RankEvaluator<'m> {
@@ -95,6 +101,8 @@ impl<'m> RankEvaluator<'m> {
             numbers: Arc::default(),
             phases: EvalPhases::default(),
             edge_system: Arc::default(),
+            device: None,
+            backend: None,
         }
     }
 
@@ -191,6 +199,35 @@ impl<'m> RankEvaluator<'m> {
         }
     }
 
+    /// Runs the op engine's device-eligible ops on `device` from the next
+    /// call on (`None`: the host).
+    pub fn set_device(&mut self, device: Option<EngineDevice>) {
+        self.device = device;
+        self.backend = None;
+    }
+
+    /// This evaluator's backend on its device, opened on first use.
+    fn device_backend<T: Scalar>(&mut self) -> Result<Option<Arc<dyn DeviceBackend<T>>>, MdError> {
+        let Some(device) = &self.device else {
+            return Ok(None);
+        };
+        if let Some(b) = self
+            .backend
+            .as_ref()
+            .and_then(|b| b.downcast_ref::<Arc<dyn DeviceBackend<T>>>())
+        {
+            return Ok(Some(Arc::clone(b)));
+        }
+        let opened = open_backend::<T>(device.0.as_ref()).map_err(|e| {
+            MdError::Engine(EngineError::Device {
+                op: format!("opening {}", device.0.name()),
+                message: e.0,
+            })
+        })?;
+        self.backend = Some(Box::new(Arc::clone(&opened)));
+        Ok(Some(opened))
+    }
+
     fn evaluate_typed<T: Scalar>(
         &mut self,
         rows: &LocalRows<'_>,
@@ -198,11 +235,17 @@ impl<'m> RankEvaluator<'m> {
         buffers: &mut Buffers<T>,
         forces: &mut Vec<[f64; 3]>,
     ) -> Result<RankForces, MdError> {
+        // Opened before the halo runtime is lent out: a failure here
+        // leaves it with the caller.
+        let device = self.device_backend::<T>()?;
         loop {
             let halo = runtime
                 .take()
                 .ok_or_else(|| MdError::Internal("the rank's halo runtime is missing".into()))?;
             let mut g = Graph::<T>::with_buffers(std::mem::take(buffers));
+            if let Some(backend) = device.clone() {
+                g.set_device(backend);
+            }
             g.set_distributor(Box::new(halo));
             g.defer_all_reduces(!self.eager_sums);
             let outcome = self.body(&mut g, rows, forces);
@@ -372,6 +415,7 @@ impl<'m> RankEvaluator<'m> {
         if !energy_pending {
             g.resolve_pending()?;
         }
+        g.ensure_host(&[out.energy])?;
         let mut energy = g.value(out.energy).to_vec();
         let dist = g
             .distributor()

@@ -68,6 +68,9 @@ pub struct RelaxConfig {
     pub cell: Option<CellRelax>,
     /// Called by rank 0 after every step (a progress bar).
     pub on_step: Option<StepObserver>,
+    /// Where the op engine's device-eligible ops run (see
+    /// `ddmlip_engine::device`); `None`: the host.
+    pub device: Option<ddmlip_engine::device::EngineDevice>,
 }
 
 impl Default for RelaxConfig {
@@ -84,6 +87,7 @@ impl Default for RelaxConfig {
             spec: None,
             cell: None,
             on_step: None,
+            device: None,
         }
     }
 }
@@ -460,6 +464,8 @@ fn relax_rank_with(
         ),
         comm,
     )?;
+    let mut ev = ev;
+    ev.set_device(config.device.clone());
     let mut ev = RankForceSource::new(ev, field, topology.pbc);
     let mut out = ev.evaluate(&mut state)?;
     let initial_energy = out.energy;

@@ -1,23 +1,10 @@
 //! How to run an evaluation: [`EvalOptions`] and [`BalancePolicy`].
 
 use ddmlip_domain::Balance;
-use ddmlip_engine::device::DeviceSource;
+pub use ddmlip_engine::device::EngineDevice;
 use ddmlip_engine::DType;
 use ddmlip_spec::MLIPSpec;
-use std::sync::Arc;
 use std::time::Duration;
-
-/// The device the engine's ops run on (see [`ddmlip_engine::device`]):
-/// each graph — the single process's, every rank's — opens its own backend
-/// there.
-#[derive(Clone)]
-pub struct EngineDevice(pub Arc<dyn DeviceSource>);
-
-impl std::fmt::Debug for EngineDevice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "EngineDevice({})", self.0.name())
-    }
-}
 
 /// How to run an evaluation.
 #[derive(Debug, Clone)]

@@ -109,7 +109,9 @@ pub struct MdArgs {
     #[arg(long, value_enum, default_value_t = Precision::F64)]
     dtype: Precision,
     /// Where forces are evaluated: cpu, or cuda[:N] (--ranks N: ranks sharing the GPU;
-    /// build with --features cuda; models with a CUDA path: lj, SevenNet).
+    /// build with --features cuda): lj, schnet-demo and SevenNet use their
+    /// own CUDA kernels, every other model (and any with --engine-ops) runs
+    /// through the op engine with its generic ops on the GPU.
     #[arg(long, default_value = "cpu")]
     device: crate::device::Device,
     /// GPUs of the ranks with `--device cuda` and `--ranks N`, round-robin:
@@ -117,6 +119,10 @@ pub struct MdArgs {
     /// every rank on the `--device` GPU.
     #[arg(long)]
     gpus: Option<crate::device::GpuList>,
+    /// With `--device cuda`: evaluate the model through the op engine, its
+    /// generic ops on the GPU, instead of its own CUDA kernels.
+    #[arg(long)]
+    engine_ops: bool,
     #[arg(long, value_enum, default_value_t = BalanceArg::Geometric)]
     balance: BalanceArg,
     /// Rebuilds between full (collective) repartitions that re-place the
@@ -555,13 +561,20 @@ pub fn md(a: MdArgs) -> Result<u8, CliError> {
         .map_err(|e| CliError::failed(anyhow!("cannot install the SIGINT handler: {e}")))?;
     let mut config = prepared.config.clone();
     config.stop = Some(stop);
+    // Through the op engine on a GPU: the CPU run's path, its ops there.
+    let mut device = a.device;
+    if let Some(index) = crate::device::engine_gpu(a.device, a.engine_ops, &a.model)? {
+        crate::device::engine_one_process(a.backend == Backend::Mpi, a.gpus.is_some())?;
+        config.device = Some(crate::device::open_engine_device(index)?.0);
+        device = crate::device::Device::Cpu;
+    }
     // The bar is for interactive runs; `--validate` reports its own way.
     let bar = (!a.validate)
         .then(|| crate::progress::step_bar(config.steps, "md"))
         .flatten();
     config.on_step = bar.as_ref().map(|(_, observer)| observer.clone());
     let clear = bar.map(|(bar, _)| ClearOnDrop(bar));
-    if let crate::device::Device::Cuda(index) = a.device {
+    if let crate::device::Device::Cuda(index) = device {
         crate::device::gpu_ranks_only("md", a.backend == Backend::Mpi, None)?;
         let ranks = a.ranks.unwrap_or(1);
         if a.validate {

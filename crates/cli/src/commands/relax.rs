@@ -47,7 +47,9 @@ pub struct RelaxArgs {
     #[arg(long, value_enum, default_value_t = Precision::F64)]
     dtype: Precision,
     /// Where forces are evaluated: cpu, or cuda[:N] (--ranks N: ranks sharing the GPU;
-    /// build with --features cuda; models with a CUDA path: lj, SevenNet).
+    /// build with --features cuda): lj, schnet-demo and SevenNet use their
+    /// own CUDA kernels, every other model (and any with --engine-ops) runs
+    /// through the op engine with its generic ops on the GPU.
     #[arg(long, default_value = "cpu")]
     device: crate::device::Device,
     /// GPUs of the ranks with `--device cuda` and `--ranks N`, round-robin:
@@ -55,6 +57,10 @@ pub struct RelaxArgs {
     /// every rank on the `--device` GPU.
     #[arg(long)]
     gpus: Option<crate::device::GpuList>,
+    /// With `--device cuda`: evaluate the model through the op engine, its
+    /// generic ops on the GPU, instead of its own CUDA kernels.
+    #[arg(long)]
+    engine_ops: bool,
     #[arg(long, value_enum, default_value_t = BalanceArg::Geometric)]
     balance: BalanceArg,
     /// The relaxed structure with energy, forces and stress (extended XYZ).
@@ -112,7 +118,15 @@ pub fn relax(a: RelaxArgs) -> Result<u8, CliError> {
         ..config
     };
     let clear = bar.map(|(bar, _)| super::md::ClearOnDrop(bar));
-    let s = match (a.device, a.backend) {
+    // Through the op engine on a GPU: the CPU run's path, its ops there.
+    let mut device = a.device;
+    let mut config = config;
+    if let Some(index) = crate::device::engine_gpu(a.device, a.engine_ops, &a.model)? {
+        crate::device::engine_one_process(a.backend == Backend::Mpi, a.gpus.is_some())?;
+        config.device = Some(crate::device::open_engine_device(index)?.0);
+        device = crate::device::Device::Cpu;
+    }
+    let s = match (device, a.backend) {
         (crate::device::Device::Cuda(index), backend) => {
             crate::device::gpu_ranks_only("relax", backend == Backend::Mpi, None)?;
             let ranks = a.ranks.unwrap_or(1);

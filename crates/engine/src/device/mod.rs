@@ -333,6 +333,18 @@ pub trait DeviceSource: Send + Sync {
     fn open_f32(&self) -> Result<Arc<dyn DeviceBackend<f32>>, DeviceError>;
 }
 
+/// The device a run's graphs use (what options hold): each graph — one
+/// process's, every rank's, every MD step's evaluator — opens its own
+/// backend there.
+#[derive(Clone)]
+pub struct EngineDevice(pub Arc<dyn DeviceSource>);
+
+impl std::fmt::Debug for EngineDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "EngineDevice({})", self.0.name())
+    }
+}
+
 /// A new backend of element type `T` on `source`'s device.
 pub fn open_backend<T: Scalar>(
     source: &dyn DeviceSource,
