@@ -496,9 +496,7 @@ fn demo_models_through_the_engine_on_the_gpu_equal_the_cpu() {
                         usize::from(b.device.as_deref().is_some_and(|d| d.starts_with("cuda:")));
                 }
             }
-            if name != "lj" {
-                assert!(on_device > 0, "{name}: no op ran on the GPU");
-            }
+            assert!(on_device > 0, "{name}: no op ran on the GPU");
         }
         let f32_gpu = evaluate(
             model.as_ref(),

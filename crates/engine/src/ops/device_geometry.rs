@@ -18,11 +18,11 @@ fn dev_err(op: &str) -> impl Fn(DeviceError) -> EngineError + '_ {
 /// What an edge op's backward keeps of its geometry on the device: the
 /// periodic shifts and, for an f32 graph with exact values, the f64
 /// positions and cell.
-struct DeviceGeometry {
+pub(crate) struct DeviceGeometry {
     positions: Tensor,
     cell: Option<Tensor>,
     /// Edge → system (periodic edges).
-    edge_system: Option<Index>,
+    pub(crate) edge_system: Option<Index>,
     shifts: Option<Arc<DeviceMem>>,
     exact: Option<(Arc<DeviceMem>, Option<Arc<DeviceMem>>)>,
     count: usize,
@@ -31,7 +31,7 @@ struct DeviceGeometry {
 impl DeviceGeometry {
     /// The edges' device arrays, read through `index` (the graph's or a
     /// backward context's device copy of an index).
-    fn edges<'a>(
+    pub(crate) fn edges<'a>(
         &'a self,
         (center, neighbor): (&'a DeviceMem, &'a DeviceMem),
         system: Option<&'a DeviceMem>,
@@ -46,7 +46,7 @@ impl DeviceGeometry {
 
     /// The source of the vectors: the exact f64 arrays when kept, else the
     /// tensors' device values (`value`).
-    fn source<'a>(
+    pub(crate) fn source<'a>(
         &'a self,
         value: impl Fn(Tensor) -> Result<&'a DeviceMem, EngineError>,
     ) -> Result<GeometrySource<'a>, EngineError> {
@@ -91,6 +91,66 @@ impl<T: Scalar> Graph<T> {
         Ok(m)
     }
 
+    /// An edge op's geometry on the device: its positions and cell there,
+    /// the shifts uploaded (once per array), an f32 graph's exact f64
+    /// positions and cell uploaded.
+    pub(crate) fn device_geometry(
+        &mut self,
+        backend: &Backend<T>,
+        geo: &EdgeGeometry,
+        op: &str,
+    ) -> Result<DeviceGeometry, EngineError> {
+        self.ensure_device(backend, geo.positions)?;
+        let (cell, edge_system, shifts) = match &geo.periodic {
+            Some(p) => {
+                self.ensure_device(backend, p.cell)?;
+                let shifts = self.device_shifts(backend, &p.shifts)?;
+                (Some(p.cell), Some(p.edge_system), Some(shifts))
+            }
+            None => (None, None, None),
+        };
+        let exact = match &geo.exact {
+            Some(x) => {
+                let up = |v: &[f64]| backend.upload_f64(v).map(Arc::new).map_err(dev_err(op));
+                let cell = x.cell.as_deref().map(|c| up(c)).transpose()?;
+                Some((up(&x.positions)?, cell))
+            }
+            None => None,
+        };
+        Ok(DeviceGeometry {
+            positions: geo.positions,
+            cell,
+            edge_system,
+            shifts,
+            exact,
+            count: geo.ci.len(),
+        })
+    }
+
+    /// Edge vectors and/or lengths of `dg`'s edges into device memory.
+    pub(crate) fn run_edge_geometry(
+        &self,
+        backend: &Backend<T>,
+        dg: &DeviceGeometry,
+        (center, neighbor): (Index, Index),
+        vectors: Option<&mut DeviceMem>,
+        lengths: Option<&mut DeviceMem>,
+    ) -> Result<(), EngineError> {
+        let ends = (
+            self.device_index(backend, center)?,
+            self.device_index(backend, neighbor)?,
+        );
+        let system = dg
+            .edge_system
+            .map(|s| self.device_index(backend, s))
+            .transpose()?;
+        let edges = dg.edges(ends, system);
+        let source = dg.source(|t| self.device_value(t))?;
+        backend
+            .edge_geometry(&edges, source, vectors, lengths)
+            .map_err(dev_err("edge geometry"))
+    }
+
     /// [`Graph::edge_vectors`] (`lengths` false) and [`Graph::edge_lengths`]
     /// on the device, after the halo handling `geo` carries.
     pub(crate) fn edge_op_device(
@@ -106,51 +166,16 @@ impl<T: Scalar> Graph<T> {
             "edge_vectors"
         };
         let count = geo.ci.len();
-        self.ensure_device(&backend, geo.positions)?;
-        let (cell, edge_system, shifts) = match &geo.periodic {
-            Some(p) => {
-                self.ensure_device(&backend, p.cell)?;
-                let shifts = self.device_shifts(&backend, &p.shifts)?;
-                (Some(p.cell), Some(p.edge_system), Some(shifts))
-            }
-            None => (None, None, None),
-        };
-        let exact = match &geo.exact {
-            Some(x) => {
-                let up = |v: &[f64]| backend.upload_f64(v).map(Arc::new).map_err(dev_err(op));
-                let cell = x.cell.as_deref().map(|c| up(c)).transpose()?;
-                Some((up(&x.positions)?, cell))
-            }
-            None => None,
-        };
-        let dg = DeviceGeometry {
-            positions: geo.positions,
-            cell,
-            edge_system,
-            shifts,
-            exact,
-            count,
-        };
+        let dg = self.device_geometry(&backend, &geo, op)?;
         let cols = if lengths { 1 } else { 3 };
         let mut out = backend.alloc(count * cols).map_err(dev_err(op))?;
         {
-            let ends = (
-                self.device_index(&backend, center)?,
-                self.device_index(&backend, neighbor)?,
-            );
-            let system = edge_system
-                .map(|s| self.device_index(&backend, s))
-                .transpose()?;
-            let edges = dg.edges(ends, system);
-            let source = dg.source(|t| self.device_value(t))?;
             let (vectors, lengths_out) = if lengths {
                 (None, Some(&mut out))
             } else {
                 (Some(&mut out), None)
             };
-            backend
-                .edge_geometry(&edges, source, vectors, lengths_out)
-                .map_err(dev_err(op))?;
+            self.run_edge_geometry(&backend, &dg, (center, neighbor), vectors, lengths_out)?;
         }
         let spec = NodeSpec {
             op: op.into(),
@@ -285,7 +310,7 @@ impl<T: Scalar> Graph<T> {
 /// Lands edge vectors' gradient `rows` (edges × 3): + at each edge's
 /// neighbour, − at its centre (sums over the two inverse maps), and
 /// `S ⊗ row` into its system's cell.
-fn edge_rows_backward<T: Scalar>(
+pub(crate) fn edge_rows_backward<T: Scalar>(
     ctx: &mut BackwardCtx<'_, T>,
     dg: &DeviceGeometry,
     (center, neighbor): (Index, Index),

@@ -104,7 +104,11 @@ impl<T: Scalar> Graph<T> {
         self.indices[i.id].device_values(backend.as_ref())
     }
 
-    fn device_csr(&self, backend: &Backend<T>, i: Index) -> Result<&DeviceCsr, EngineError> {
+    pub(crate) fn device_csr(
+        &self,
+        backend: &Backend<T>,
+        i: Index,
+    ) -> Result<&DeviceCsr, EngineError> {
         self.indices[i.id].device_csr(backend.as_ref(), Vec::new)
     }
 

@@ -315,10 +315,6 @@ impl<T: Scalar> Graph<T> {
     /// Errors: an expression that does not take exactly one input, or one
     /// [`Graph::pointwise`] refuses.
     pub fn pair_sum(&mut self, edges: &Edges, expr: &Pointwise) -> Result<Tensor, EngineError> {
-        self.ensure_host(&[edges.positions])?;
-        if let Some((cell, _, _)) = edges.periodic {
-            self.ensure_host(&[cell])?;
-        }
         let op = format!("pair_sum:{}", expr.name);
         expr.check().map_err(|m| EngineError::shape(&op, m))?;
         if expr.n_inputs != 1 {
@@ -341,6 +337,15 @@ impl<T: Scalar> Graph<T> {
             }
             _ => None,
         };
+        if let (Some(backend), true) = (self.device_for_op(), expr.runs_on_device()) {
+            let landing = (mode.map(scatter_handler), mode.is_none());
+            let y = self.pair_sum_device(backend, op, geo, expr, (center, neighbor), landing)?;
+            return match mode {
+                Some(mode) => self.land_scatter(y, center, mode),
+                None => Ok(y),
+            };
+        }
+        self.geometry_to_host(&geo)?;
         let n_edges = geo.ci.len();
         let mut out = self.pool.zeroed(n_rows);
         {

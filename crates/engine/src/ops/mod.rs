@@ -5,6 +5,7 @@
 
 mod device_geometry;
 mod device_ops;
+mod device_pointwise;
 mod edge_geometry;
 mod elementwise;
 mod exact;

@@ -24,7 +24,7 @@ pub(crate) const BLOCK: usize = 64;
 pub struct Reg(u16);
 
 #[derive(Clone, Copy, Debug)]
-enum Step {
+pub(crate) enum Step {
     Input(u16),
     Constant(f64),
     Unary(Unary, u16),
@@ -39,7 +39,7 @@ enum Step {
 pub struct Pointwise {
     pub(crate) name: String,
     pub(crate) n_inputs: usize,
-    steps: Vec<Step>,
+    pub(crate) steps: Vec<Step>,
 }
 
 impl Pointwise {
