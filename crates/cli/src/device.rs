@@ -30,20 +30,26 @@ pub use ddmlip::Device;
 /// the op engine there: with `--engine-ops`, or for a model without CUDA
 /// kernels of its own (`None`: the CPU, or the model's own CUDA path).
 /// Returns the device and its description (`cuda:0 (NVIDIA H100, sm_90)`).
+/// `(mpi, gpus)`: whether `--backend mpi` / `--gpus` were given, which the
+/// op engine on a GPU does not support yet (exit 2 before opening it).
 pub fn engine_device(
     device: Device,
     engine_ops: bool,
     model: &str,
+    (mpi, gpus): (bool, bool),
 ) -> Result<Option<(ddmlip::EngineDevice, String)>, CliError> {
     match engine_gpu(device, engine_ops, model)? {
-        Some(index) => open_engine_device(index).map(Some),
+        Some(index) => {
+            engine_one_process(mpi, gpus)?;
+            open_engine_device(index).map(Some)
+        }
         None => Ok(None),
     }
 }
 
 /// Refuses what the op engine on a GPU does not do yet: one MPI process
 /// per rank (`mpi`) or ranks over several GPUs (`gpus`).
-pub fn engine_one_process(mpi: bool, gpus: bool) -> Result<(), CliError> {
+fn engine_one_process(mpi: bool, gpus: bool) -> Result<(), CliError> {
     if mpi || gpus {
         return Err(CliError::input(anyhow!(
             "the op engine on a GPU runs in one process, its ranks threads sharing the \
@@ -76,7 +82,7 @@ pub fn engine_gpu(
 
 /// Opens GPU `index` for the op engine (see [`engine_device`]).
 #[cfg(feature = "cuda")]
-pub fn open_engine_device(index: usize) -> Result<(ddmlip::EngineDevice, String), CliError> {
+fn open_engine_device(index: usize) -> Result<(ddmlip::EngineDevice, String), CliError> {
     let source = ddmlip_cuda::CudaEngineSource::open(index).map_err(|e| {
         if e.is_input() {
             CliError::input(e)
@@ -96,7 +102,7 @@ pub fn open_engine_device(index: usize) -> Result<(ddmlip::EngineDevice, String)
 
 /// `--device cuda` for the op engine in a build without CUDA: exit 2.
 #[cfg(not(feature = "cuda"))]
-pub fn open_engine_device(_index: usize) -> Result<(ddmlip::EngineDevice, String), CliError> {
+fn open_engine_device(_index: usize) -> Result<(ddmlip::EngineDevice, String), CliError> {
     Err(no_cuda_build())
 }
 

@@ -330,12 +330,7 @@ impl<T: Scalar> Graph<T> {
             node.release_after_backward = true;
             return;
         }
-        let value = std::mem::take(&mut node.value);
-        node.released = true;
-        let device_len = node.device.take().map_or(0, |m| m.len());
-        self.live_bytes =
-            (self.live_bytes).saturating_sub((value.len() + device_len) * std::mem::size_of::<T>());
-        self.pool.give(value);
+        free_value(node, &mut self.pool, &mut self.live_bytes);
     }
 
     /// Whether `t`'s value was released (see [`Graph::release`]).
@@ -830,23 +825,18 @@ impl<T: Scalar> Graph<T> {
         // its value must not reach the tape.
         self.check_live(inputs)?;
         let requires_grad = inputs.iter().any(|t| self.nodes[t.id].requires_grad);
+        // A device output that finite checks or the trace read comes to the
+        // host once, and stays as the node's host copy (inspection runs
+        // trade memory for one download instead of two).
+        let mut value = value;
+        if let (Some(mem), Some(backend)) = (&device, &self.backend) {
+            if self.check_finite || self.trace.is_some() {
+                value = downloaded(backend.as_ref(), mem)
+                    .map_err(|e| EngineError::device(&spec.op, e))?;
+            }
+        }
         if self.check_finite {
-            let downloaded = match (&device, &self.backend) {
-                (Some(mem), Some(backend)) => {
-                    let mut v = vec![T::zero(); mem.len()];
-                    backend
-                        .download(mem, &mut v)
-                        .map_err(|e| EngineError::device(&spec.op, e))?;
-                    v
-                }
-                _ => Vec::new(),
-            };
-            let checked = if device.is_some() {
-                &downloaded
-            } else {
-                &value
-            };
-            if let Some(pos) = checked.iter().position(|x| !x.is_finite()) {
+            if let Some(pos) = value.iter().position(|x| !x.is_finite()) {
                 let op = spec.op.clone();
                 return Err(EngineError::NonFinite {
                     op,
@@ -886,21 +876,9 @@ impl<T: Scalar> Graph<T> {
             (Some(d), RowDomain::Atom) if node.rows == d.n_local() => d.n_owned(),
             _ => node.rows,
         };
-        // A device value is downloaded for its sums (tracing is for
-        // inspection, not speed).
-        let downloaded;
-        let values: &[T] = match (&node.device, &self.backend) {
-            (Some(mem), Some(backend)) if node.value.len() != mem.len() => {
-                let mut v = vec![T::zero(); mem.len()];
-                downloaded = backend
-                    .download(mem, &mut v)
-                    .map(|()| v)
-                    .unwrap_or_default();
-                &downloaded
-            }
-            _ => &node.value,
-        };
-        let owned_values = values.get(..owned * node.cols).unwrap_or(&[]);
+        // A device output has its host copy while tracing (see
+        // `Graph::push_op_stored`).
+        let owned_values = &node.value[..owned * node.cols];
         let sum: f64 = owned_values.iter().map(|x| x.to_f64_lossless()).sum();
         let sum_sq: f64 = owned_values
             .iter()
@@ -1080,13 +1058,13 @@ impl<T: Scalar> Graph<T> {
                 p.backward_node(&node.op, t0);
             }
             if let Some(tr) = trace.as_mut() {
-                let mut sum: f64 = g.iter().map(|x| x.to_f64_lossless()).sum();
-                if let (Some(dev), Some(b)) = (&g_device, backend) {
-                    let mut v = vec![T::zero(); dev.len()];
-                    b.download(dev, &mut v)
-                        .map_err(|e| EngineError::device(&node.op, e))?;
-                    sum = v.iter().map(|x| x.to_f64_lossless()).sum();
-                }
+                let on_host = match (&g_device, backend) {
+                    (Some(dev), Some(b)) => {
+                        downloaded(b, dev).map_err(|e| EngineError::device(&node.op, e))?
+                    }
+                    _ => Vec::new(),
+                };
+                let sum: f64 = g.iter().chain(&on_host).map(|x| x.to_f64_lossless()).sum();
                 tr.push(TraceEvent {
                     seq: 0,
                     phase: Phase::Backward,
@@ -1175,13 +1153,28 @@ fn release_passed<T: Scalar>(
 ) {
     let node = &mut nodes[id];
     if node.release_after_backward && !node.released {
-        let value = std::mem::take(&mut node.value);
-        node.released = true;
-        let device_len = node.device.take().map_or(0, |m| m.len());
-        *live_bytes =
-            live_bytes.saturating_sub((value.len() + device_len) * std::mem::size_of::<T>());
-        pool.give(value);
+        free_value(node, pool, live_bytes);
     }
+}
+
+/// Releases `node`'s value: its host copy back to the pool, its device copy
+/// dropped, both off the live bytes.
+fn free_value<T: Scalar>(node: &mut Node<T>, pool: &mut Buffers<T>, live_bytes: &mut usize) {
+    let value = std::mem::take(&mut node.value);
+    node.released = true;
+    let device_len = node.device.take().map_or(0, |m| m.len());
+    *live_bytes = live_bytes.saturating_sub((value.len() + device_len) * std::mem::size_of::<T>());
+    pool.give(value);
+}
+
+/// A host copy of device memory `mem`.
+fn downloaded<T: Scalar>(
+    backend: &dyn DeviceBackend<T>,
+    mem: &DeviceMem,
+) -> Result<Vec<T>, crate::device::DeviceError> {
+    let mut v = vec![T::zero(); mem.len()];
+    backend.download(mem, &mut v)?;
+    Ok(v)
 }
 
 /// Makes `stats` the breakdown of this moment when `live + grad_bytes`

@@ -11,14 +11,8 @@ use ddmlip::{DType, EvalOptions};
 /// Runs `eval`; `--backend mpi` runs this process's rank of an MPI job.
 pub fn run(a: EvalArgs) -> Result<u8, CliError> {
     crate::device::gpus_need_cuda(a.device, a.gpus.as_ref())?;
-    let engine_gpu = crate::device::engine_gpu(a.device, a.engine_ops, &a.model)?;
-    let engine = match engine_gpu {
-        Some(index) => {
-            crate::device::engine_one_process(a.backend == Backend::Mpi, a.gpus.is_some())?;
-            Some(crate::device::open_engine_device(index)?)
-        }
-        None => None,
-    };
+    let one_process = (a.backend == Backend::Mpi, a.gpus.is_some());
+    let engine = crate::device::engine_device(a.device, a.engine_ops, &a.model, one_process)?;
     if let (crate::device::Device::Cuda(index), None) = (a.device, &engine) {
         if a.spec.is_some() {
             return Err(CliError::input(anyhow::anyhow!(

@@ -563,9 +563,11 @@ pub fn md(a: MdArgs) -> Result<u8, CliError> {
     config.stop = Some(stop);
     // Through the op engine on a GPU: the CPU run's path, its ops there.
     let mut device = a.device;
-    if let Some(index) = crate::device::engine_gpu(a.device, a.engine_ops, &a.model)? {
-        crate::device::engine_one_process(a.backend == Backend::Mpi, a.gpus.is_some())?;
-        config.device = Some(crate::device::open_engine_device(index)?.0);
+    let one_process = (a.backend == Backend::Mpi, a.gpus.is_some());
+    if let Some((engine, _)) =
+        crate::device::engine_device(a.device, a.engine_ops, &a.model, one_process)?
+    {
+        config.device = Some(engine);
         device = crate::device::Device::Cpu;
     }
     // The bar is for interactive runs; `--validate` reports its own way.

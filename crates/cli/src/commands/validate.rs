@@ -166,14 +166,8 @@ fn finish(a: &ValidateArgs, report: &TraceReport) -> Result<u8, CliError> {
 /// Runs the validation; exit status 0 pass, 1 fail (2 comes back as an error).
 pub fn run(a: ValidateArgs) -> Result<u8, CliError> {
     crate::device::gpus_need_cuda(a.device, a.gpus.as_ref())?;
-    let engine_gpu = crate::device::engine_gpu(a.device, a.engine_ops, &a.model)?;
-    let engine = match engine_gpu {
-        Some(index) => {
-            crate::device::engine_one_process(a.backend == Backend::Mpi, a.gpus.is_some())?;
-            Some(crate::device::open_engine_device(index)?)
-        }
-        None => None,
-    };
+    let one_process = (a.backend == Backend::Mpi, a.gpus.is_some());
+    let engine = crate::device::engine_device(a.device, a.engine_ops, &a.model, one_process)?;
     if let (crate::device::Device::Cuda(index), None) = (a.device, &engine) {
         return validate_gpu(&a, index);
     }

@@ -689,7 +689,7 @@ pub fn child(a: &ModelBenchArgs) -> Result<u8, CliError> {
     let (sys, label) = bench_system(a)?;
     let edges = count_edges(&sys, model.cutoff())?;
     let frames = vec![sys];
-    let engine = crate::device::engine_device(a.device, a.engine_ops, &a.model)?;
+    let engine = crate::device::engine_device(a.device, a.engine_ops, &a.model, (false, false))?;
     let opts = EvalOptions {
         dtype: a.dtype.into(),
         ranks,
