@@ -150,6 +150,9 @@ PY
     check "validate schnet-demo on cuda, 4 ranks" 0 "PASSED" "$cli" validate --model schnet-demo --structure "$si64" --device cuda --ranks 4
     check "validate eam-demo through the engine on cuda, 4 ranks" 0 "matches the single-process run" "$cli" validate --model eam-demo --structure "$si64" --device cuda --ranks 4
     check "validate schnet-demo --engine-ops on cuda, 3 ranks" 0 "matches the single-process run" "$cli" validate --model schnet-demo --structure "$si64" --device cuda --engine-ops --ranks 3
+    check "eval sevennet-0 --engine-ops on cuda, 2 ranks" 0 'op engine' "$cli" eval --model sevennet-0 --structure "$si64" --device cuda --engine-ops --ranks 2 --json
+    check "validate sevennet-0 --engine-ops on cuda, 3 ranks" 0 "matches the single-process run" "$cli" validate --model sevennet-0 --structure "$si64" --device cuda --engine-ops --ranks 3
+    check "bench model sevennet-0 --engine-ops on cuda" 0 "µs/atom/step" "$cli" bench model --model sevennet-0 --crystal si --repeat 6 --device cuda --engine-ops --repeats 2
     check "bench model schnet-demo --engine-ops on cuda" 0 "µs/atom/step" "$cli" bench model --model schnet-demo --crystal si --repeat 8 --device cuda --engine-ops --repeats 2
     check "validate schnet-demo on cuda f32, 3 ranks" 0 "PASSED" "$cli" validate --model schnet-demo --structure "$si64" --device cuda --ranks 3 --dtype f32
     check "validate sevennet-0 on cuda f32, 3 ranks" 0 "PASSED" "$cli" validate --model sevennet-0 --structure "$si64" --device cuda --ranks 3 --dtype f32

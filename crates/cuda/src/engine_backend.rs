@@ -7,7 +7,7 @@
 //! [`Graph`]: ddmlip_engine::Graph
 //! [`Graph::set_device`]: ddmlip_engine::Graph::set_device
 
-use crate::sevennet::{grid_1d, GpuFloat};
+use crate::sevennet::{grid_1d, GpuFloat, SevenNetNets, SevenNetOnEngine};
 use crate::{CudaDevice, CudaError};
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
@@ -20,6 +20,8 @@ use ddmlip_engine::device::{
 };
 use ddmlip_engine::ops::{Radial, Unary};
 use ddmlip_engine::Scalar;
+use ddmlip_models::sevennet_device::SevenNetDeviceHandle;
+use std::any::{Any, TypeId};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -28,9 +30,12 @@ const THREADS: u32 = 256;
 /// The engine's ops on one GPU, for elements of type `T` (f64 or f32):
 /// its own stream and cuBLAS handle, the kernels compiled for the device.
 pub struct CudaEngineDevice<T> {
-    device: CudaDevice,
+    device: Arc<CudaDevice>,
     kernels: EngineKernels,
     name: String,
+    /// SevenNet's own kernels on this stream, for the models that ask
+    /// ([`DeviceBackend::extension`]).
+    sevennet: SevenNetDeviceHandle<T>,
     _t: PhantomData<T>,
 }
 
@@ -43,6 +48,7 @@ struct EngineKernels {
     row_sums: CudaFunction,
     col_sums: CudaFunction,
     gather_rows: CudaFunction,
+    copy_cols: CudaFunction,
     sum_rows_csr: CudaFunction,
     sum_rows_csr_wide: CudaFunction,
     radial: CudaFunction,
@@ -56,7 +62,11 @@ struct EngineKernels {
     row_outer: CudaFunction,
 }
 
-impl<T: GpuFloat> CudaEngineDevice<T> {
+impl<T> CudaEngineDevice<T>
+where
+    T: GpuFloat + Scalar,
+    CudaBlas: Gemm<T>,
+{
     /// The engine's device on GPU `index` (typed errors as
     /// [`CudaDevice::open`]; a kernel that does not compile is
     /// [`CudaError::Compile`]).
@@ -69,10 +79,16 @@ impl<T: GpuFloat> CudaEngineDevice<T> {
     pub fn on(device: CudaDevice) -> Result<Self, CudaError> {
         let kernels = EngineKernels::load::<T>(&device)?;
         let name = format!("cuda:{}", device.index());
+        let device = Arc::new(device);
+        let sevennet = SevenNetDeviceHandle(Arc::new(SevenNetOnEngine::<T>::new(
+            device.clone(),
+            SevenNetNets::default(),
+        )));
         Ok(Self {
             device,
             kernels,
             name,
+            sevennet,
             _t: PhantomData,
         })
     }
@@ -118,6 +134,7 @@ impl EngineKernels {
             row_sums: f("row_sums")?,
             col_sums: f("col_sums")?,
             gather_rows: f("gather_rows")?,
+            copy_cols: f("copy_cols")?,
             sum_rows_csr: f("sum_rows_csr")?,
             sum_rows_csr_wide: f("sum_rows_csr_wide")?,
             radial: f("radial")?,
@@ -181,12 +198,12 @@ fn err(what: &str) -> impl Fn(CudaError) -> DeviceError + '_ {
     move |e| DeviceError(format!("{what}: {e}"))
 }
 
-fn slice<U: 'static>(m: &DeviceMem) -> Result<&CudaSlice<U>, DeviceError> {
+pub(crate) fn slice<U: 'static>(m: &DeviceMem) -> Result<&CudaSlice<U>, DeviceError> {
     m.get::<CudaSlice<U>>()
         .ok_or_else(|| DeviceError("an array of another device or element type".into()))
 }
 
-fn slice_mut<U: 'static>(m: &mut DeviceMem) -> Result<&mut CudaSlice<U>, DeviceError> {
+pub(crate) fn slice_mut<U: 'static>(m: &mut DeviceMem) -> Result<&mut CudaSlice<U>, DeviceError> {
     m.get_mut::<CudaSlice<U>>()
         .ok_or_else(|| DeviceError("an array of another device or element type".into()))
 }
@@ -381,6 +398,42 @@ where
         launch!(self.device.stream(), &self.kernels.gather_rows, grid_1d(rows * cols, THREADS), "row gather";
             src, index, out, &rows, &cols)
         .map_err(err("row gather"))
+    }
+
+    fn extension(&self, id: TypeId) -> Option<&(dyn Any + Send + Sync)> {
+        (id == TypeId::of::<SevenNetDeviceHandle<T>>()).then_some(&self.sevennet as _)
+    }
+
+    fn zero(&self, mem: &mut DeviceMem) -> Result<(), DeviceError> {
+        let m = slice_mut::<T>(mem)?;
+        self.device
+            .stream()
+            .memset_zeros(m)
+            .map_err(|e| DeviceError(format!("zeroing {} elements: {e}", m.len())))
+    }
+
+    fn copy_cols(
+        &self,
+        rows: usize,
+        width: usize,
+        (src, src_cols, src_col0): (&DeviceMem, usize, usize),
+        (dst, dst_cols, dst_col0): (&mut DeviceMem, usize, usize),
+    ) -> Result<(), DeviceError> {
+        ddmlip_engine::device::check_column_copy(
+            width,
+            (src_cols, src_col0),
+            (dst_cols, dst_col0),
+        )?;
+        let n = (rows * width) as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        let [sc, s0, dc, d0, r, w] =
+            [src_cols, src_col0, dst_cols, dst_col0, rows, width].map(|v| v as u64);
+        let (src, dst) = (slice::<T>(src)?, slice_mut::<T>(dst)?);
+        launch!(self.device.stream(), &self.kernels.copy_cols, grid_1d(n, THREADS), "column copy";
+            src, &sc, &s0, dst, &dc, &d0, &r, &w)
+        .map_err(err("column copy"))
     }
 
     fn sum_rows_csr(
@@ -668,18 +721,24 @@ impl CudaEngineSource {
         &self.base
     }
 
-    fn fork<T: GpuFloat>(
-        &self,
-        kernels: &EngineKernels,
-    ) -> Result<CudaEngineDevice<T>, DeviceError> {
+    fn fork<T>(&self, kernels: &EngineKernels) -> Result<CudaEngineDevice<T>, DeviceError>
+    where
+        T: GpuFloat + Scalar,
+        CudaBlas: Gemm<T>,
+    {
         let device = self.base.fork().map_err(|e| {
             DeviceError(format!(
                 "opening a stream on cuda:{}: {e}",
                 self.base.index()
             ))
         })?;
+        let device = Arc::new(device);
         Ok(CudaEngineDevice {
             name: format!("cuda:{}", device.index()),
+            sevennet: SevenNetDeviceHandle(Arc::new(SevenNetOnEngine::<T>::new(
+                device.clone(),
+                SevenNetNets::default(),
+            ))),
             device,
             kernels: kernels.clone(),
             _t: PhantomData,

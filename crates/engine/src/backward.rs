@@ -278,6 +278,27 @@ impl<'a, T: Scalar> BackwardCtx<'a, T> {
         Ok(())
     }
 
+    /// Adds `grad` (a new device array of `t`'s shape) into `t`'s device
+    /// gradient, or makes it that gradient when `t` has none yet.
+    pub(crate) fn device_add(
+        &mut self,
+        op: &str,
+        t: Tensor,
+        grad: DeviceMem,
+    ) -> Result<(), EngineError> {
+        if !self.nodes[t.id].requires_grad {
+            return Ok(());
+        }
+        let backend = self.backend(op)?;
+        match self.device_grads[t.id].as_mut() {
+            Some(acc) => backend
+                .axpy(1.0, &grad, acc, true)
+                .map_err(|e| EngineError::device(op, e))?,
+            None => self.device_grads[t.id] = Some(grad),
+        }
+        Ok(())
+    }
+
     pub(crate) fn dist(
         &mut self,
         op: &str,

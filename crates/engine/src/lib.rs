@@ -25,7 +25,7 @@ pub use dist::{DataMut, Distributor};
 pub use error::{EngineError, KernelError};
 pub use graph::{Buffers, Graph, Index, LiveStats, Tensor};
 pub use model::{Edges, Model, ModelForward, ModelInfo, ModelInputs, ModelOutputs, SpeciesSupport};
-pub use ops::message::{MessageInputs, MessageKernel};
+pub use ops::message::{MessageEdges, MessageInputs, MessageKernel};
 pub use ops::opaque::OpaqueKernel;
 pub use profile::{OpProfile, OpTime};
 pub use scalar::{DType, Scalar};

@@ -11,6 +11,7 @@ mod lj;
 mod rebuild;
 mod registry;
 mod sevennet;
+pub mod sevennet_device;
 
 /// Per-phase timings of the SevenNet kernels (off by default; see
 /// `ddmlip_e3nn::phases`).

@@ -4,6 +4,7 @@
 //! scatter (messages onto centres) and can run it decomposed.
 
 use crate::registry::ModelError;
+use crate::sevennet_device::{sevennet_device, SevenNetSource};
 use ddmlip_e3nn::phases::{timed, Pass};
 use ddmlip_e3nn::radial_table::{F32_TABLE_TOLERANCE, LENGTH_COLUMNS};
 use ddmlip_e3nn::sevennet::{
@@ -15,13 +16,19 @@ use ddmlip_e3nn::{
     radial_conv_backward_with, radial_conv_forward_with, AffineLinear, BlockLayout, ConvGraph,
     E3nnError, EdgeRadial, FullyConnectedNet, Gate, RadialTable, Real,
 };
+use ddmlip_engine::device::{
+    DeviceBackend, DeviceError, DeviceKernel, DeviceMessageKernel, RowAffine,
+};
 use ddmlip_engine::ops::opaque::Shape;
+use ddmlip_engine::{DType, MessageEdges};
 use ddmlip_engine::{
     EngineError, Graph, KernelError, MessageInputs, MessageKernel, Model, ModelInfo, ModelInputs,
     ModelOutputs, OpaqueKernel, RowDomain, Scalar, SpeciesSupport,
 };
 use ddmlip_spec::{GatherMode, MLIPSpec, ScatterMode};
 use rayon::prelude::*;
+use std::any::Any;
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -52,6 +59,36 @@ pub struct SevenNetModel {
     f32_radial: RadialEvaluation,
     /// The f32 tables, built from the f64 network on first use.
     f32_tables: OnceLock<Result<Tables<f32>, String>>,
+    /// The checkpoint, for devices that run SevenNet's kernels themselves.
+    source: Arc<SevenNetSource>,
+    /// The irreps linears' matrices, read off on a device's first use.
+    dense: Arc<DenseCache>,
+}
+
+/// Per linear kernel (by name and precision), its matrix and bias: what
+/// the linear runs as on a device. Read off the host kernel once
+/// ([`RowAffine::probe`]) and kept for every later evaluation.
+#[derive(Default)]
+struct DenseCache(Mutex<HashMap<(String, DType), Arc<dyn Any + Send + Sync>>>);
+
+impl DenseCache {
+    fn get_or_probe<T: Scalar>(
+        &self,
+        name: &str,
+        probe: impl FnOnce() -> Result<RowAffine<T>, E3nnError>,
+    ) -> Result<Arc<RowAffine<T>>, DeviceError> {
+        let key = (name.to_string(), T::DTYPE);
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(a) = map
+            .get(&key)
+            .and_then(|a| a.clone().downcast::<RowAffine<T>>().ok())
+        {
+            return Ok(a);
+        }
+        let a = Arc::new(probe().map_err(|e| DeviceError(format!("{name}: {e}")))?);
+        map.insert(key, a.clone());
+        Ok(a)
+    }
 }
 
 impl SevenNetModel {
@@ -64,7 +101,7 @@ impl SevenNetModel {
             path: path.display().to_string(),
             source,
         };
-        let weights = SevenNetWeights::from_checkpoint(path).map_err(wrap)?;
+        let weights = Arc::new(SevenNetWeights::from_checkpoint(path).map_err(wrap)?);
         let f64_net = SevenNet::<f64>::for_modal(&weights, modal).map_err(wrap)?;
         let f32_net = SevenNet::<f32>::for_modal(&weights, modal).map_err(wrap)?;
         let c = &weights.config;
@@ -86,6 +123,11 @@ impl SevenNetModel {
             f32_net: Arc::new(f32_net),
             f32_radial: RadialEvaluation::Table,
             f32_tables: OnceLock::new(),
+            source: Arc::new(SevenNetSource {
+                weights,
+                modal: modal.map(str::to_string),
+            }),
+            dense: Arc::default(),
         })
     }
 
@@ -164,6 +206,7 @@ impl SevenNetModel {
             Arc::new(EdgeFeaturesKernel {
                 net: net.clone(),
                 radial_input,
+                source: self.source.clone(),
             }),
             &[vectors],
         )?;
@@ -196,6 +239,7 @@ impl SevenNetModel {
             let sc = match (&block.self_connection, onehot) {
                 (SelfConnection::Linear(linear), _) => g.rowwise(
                     Arc::new(LinearKernel {
+                        dense: self.dense.clone(),
                         name: format!("{t}_self_connection"),
                         lin: AffineLinear {
                             linear: linear.clone(),
@@ -221,6 +265,7 @@ impl SevenNetModel {
             };
             let h = g.rowwise(
                 Arc::new(LinearKernel {
+                    dense: self.dense.clone(),
                     name: format!("{t}_self_interaction_1"),
                     lin: block.linear_1.clone(),
                     input_parts: None,
@@ -248,10 +293,12 @@ impl SevenNetModel {
                 graph: conv_graph.clone(),
                 message_layout,
                 tables: tables.clone(),
+                source: self.source.clone(),
             });
             let a = g.message_passing(conv, &[h], &[emb, sh], edges.center, edges.neighbor)?;
             let y = g.rowwise(
                 Arc::new(LinearKernel {
+                    dense: self.dense.clone(),
                     name: format!("{t}_self_interaction_2"),
                     lin: block.linear_2.clone(),
                     input_parts: message_parts,
@@ -263,6 +310,8 @@ impl SevenNetModel {
                 Arc::new(GateKernel {
                     name: format!("{t}_equivariant_gate"),
                     gate: block.gate.clone(),
+                    source: self.source.clone(),
+                    layer: t,
                 }),
                 &[y],
             )?;
@@ -273,6 +322,7 @@ impl SevenNetModel {
             Readout::Linears { hidden, energy } => {
                 let q = g.rowwise(
                     Arc::new(LinearKernel {
+                        dense: self.dense.clone(),
                         name: "reduce_input_to_hidden".into(),
                         lin: hidden.clone(),
                         input_parts: None,
@@ -281,6 +331,7 @@ impl SevenNetModel {
                 )?;
                 g.rowwise(
                     Arc::new(LinearKernel {
+                        dense: self.dense.clone(),
                         name: "reduce_hidden_to_energy".into(),
                         lin: energy.clone(),
                         input_parts: None,
@@ -353,10 +404,14 @@ impl Model for SevenNetModel {
         inputs: &ModelInputs,
     ) -> Result<ModelOutputs, EngineError> {
         // A network the tables cannot follow runs as it is (`f32_tables`
-        // reports why): slower, never less exact.
+        // reports why): slower, never less exact. A device with SevenNet's
+        // kernels evaluates the network itself.
+        let on_device = g
+            .device_backend()
+            .is_some_and(|b| sevennet_device(b.as_ref()).is_some());
         let tables = match self.f32_radial {
-            RadialEvaluation::Network => None,
-            RadialEvaluation::Table => self.f32_tables().ok(),
+            RadialEvaluation::Table if !on_device => self.f32_tables().ok(),
+            _ => None,
         };
         self.forward_impl(&self.f32_net, tables, g, inputs)
     }
@@ -374,6 +429,7 @@ const EDGE_ROWS: usize = 2048;
 struct EdgeFeaturesKernel<T> {
     net: Arc<SevenNet<T>>,
     radial_input: RadialInput,
+    source: Arc<SevenNetSource>,
 }
 
 fn as_vec3<T: Copy>(v: &[T]) -> Vec<[T; 3]> {
@@ -391,6 +447,16 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
     }
     fn name(&self) -> &str {
         "sevennet_edge_features"
+    }
+    // The device's kernel computes the embedding (not the tables' lengths).
+    fn device_kernel(
+        &self,
+        backend: &dyn DeviceBackend<T>,
+    ) -> Result<Option<Arc<dyn DeviceKernel<T>>>, DeviceError> {
+        match (self.radial_input, sevennet_device(backend)) {
+            (RadialInput::Embedding, Some(d)) => d.edge_features(&self.source),
+            _ => Ok(None),
+        }
     }
     fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, KernelError> {
         Ok((
@@ -486,6 +552,8 @@ impl<T: Scalar + Real> OpaqueKernel<T> for EdgeFeaturesKernel<T> {
 
 /// An e3nn `Linear` on irreps (plus a modality's constant row), row by row.
 struct LinearKernel<T> {
+    /// Where the matrices read off for devices are kept.
+    dense: Arc<DenseCache>,
     name: String,
     lin: AffineLinear<T>,
     /// `None`: the input rows in e3nn's layout. `Some(parts)`: stored
@@ -506,6 +574,23 @@ impl<T: Scalar + Real> OpaqueKernel<T> for LinearKernel<T> {
     }
     fn name(&self) -> &str {
         &self.name
+    }
+    // On a device: one GEMM with the matrix this kernel's own forward
+    // gives on the unit rows (in its input layout), plus its bias row.
+    fn device_kernel(
+        &self,
+        backend: &dyn DeviceBackend<T>,
+    ) -> Result<Option<Arc<dyn DeviceKernel<T>>>, DeviceError> {
+        let (din, dout) = (self.lin.irreps_in().dim(), self.lin.irreps_out().dim());
+        let affine = self.dense.get_or_probe(&self.name, || {
+            RowAffine::probe(din, dout, |x: &[T], n, out: &mut [T]| {
+                match &self.input_parts {
+                    None => self.lin.forward(x, n, out),
+                    Some(parts) => self.lin.forward_component_major(x, parts, n, out),
+                }
+            })
+        })?;
+        Ok(Some(Arc::new(affine.to_device(backend)?)))
     }
     fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, KernelError> {
         if inputs[0].2 != self.lin.irreps_in().dim() {
@@ -675,6 +760,8 @@ impl<T: Scalar + Real> OpaqueKernel<T> for FcnKernel<T> {
 struct GateKernel {
     name: String,
     gate: Gate,
+    source: Arc<SevenNetSource>,
+    layer: usize,
 }
 
 impl<T: Scalar + Real> OpaqueKernel<T> for GateKernel {
@@ -692,6 +779,15 @@ impl<T: Scalar + Real> OpaqueKernel<T> for GateKernel {
     }
     fn output_shape(&self, inputs: &[Shape]) -> Result<Shape, KernelError> {
         Ok((inputs[0].0, inputs[0].1, self.gate.dim_out()))
+    }
+    fn device_kernel(
+        &self,
+        backend: &dyn DeviceBackend<T>,
+    ) -> Result<Option<Arc<dyn DeviceKernel<T>>>, DeviceError> {
+        match sevennet_device(backend) {
+            Some(d) => d.gate(&self.source, self.layer),
+            None => Ok(None),
+        }
     }
     fn forward(&self, inputs: &[&[T]], shapes: &[Shape], out: &mut [T]) -> Result<(), KernelError> {
         timed(&self.name, Pass::Forward, 0.0, || {
@@ -753,6 +849,7 @@ struct ConvKernel<T> {
     /// Per layer, the radial tables that replace the MLPs (the edges then
     /// carry lengths).
     tables: Option<Tables<T>>,
+    source: Arc<SevenNetSource>,
 }
 
 impl<T: Scalar + Real> ConvKernel<T> {
@@ -845,5 +942,16 @@ impl<T: Scalar + Real> MessageKernel<T> for ConvKernel<T> {
     /// gradients.
     fn overwrites(&self) -> bool {
         true
+    }
+    // The device's kernels evaluate the radial network (no tables).
+    fn device_kernel(
+        &self,
+        backend: &dyn DeviceBackend<T>,
+        edges: &MessageEdges<'_>,
+    ) -> Result<Option<Arc<dyn DeviceMessageKernel<T>>>, DeviceError> {
+        match (&self.tables, sevennet_device(backend)) {
+            (None, Some(d)) => d.convolution(&self.source, self.layer, self.message_layout, edges),
+            _ => Ok(None),
+        }
     }
 }

@@ -137,3 +137,59 @@ fn device_runs_trace_the_host_ops() {
         }
     }
 }
+
+/// SevenNet-0 through the engine on a device: its irreps linears run
+/// there as GEMMs of the matrices read off its host kernels; its e3nn kernels, which this device has no
+/// implementation of, on the host. The results are the host run's, in one
+/// process and over ranks, and the trace names the same ops.
+#[test]
+fn sevennet0_on_a_device_gives_the_host_results() {
+    let model =
+        load_model("sevennet-0").expect("the SevenNet-0 checkpoint (scripts/fetch-sevennet.sh)");
+    let mut si = build::diamond(14, 5.43, 2);
+    build::rattle_uniform(&mut si, 0.05, 11);
+    let batch = vec![si];
+    for ranks in [1, 2] {
+        let opts = EvalOptions {
+            ranks,
+            trace: true,
+            ..Default::default()
+        };
+        let host = evaluate(model.as_ref(), &batch, &opts).unwrap();
+        let dev = evaluate(model.as_ref(), &batch, &on_device(opts)).unwrap();
+        let d = difference(&dev, &host);
+        assert!(d <= 1e-12, "SevenNet-0 on {ranks} ranks: differs by {d:e}");
+        let mut ran_there = Vec::new();
+        for (h, t) in host.diagnostics.traces.iter().zip(&dev.diagnostics.traces) {
+            assert_eq!(h.events.len(), t.events.len());
+            for (a, b) in h.events.iter().zip(&t.events) {
+                assert_eq!(
+                    (&a.op, &a.output, &a.handler),
+                    (&b.op, &b.output, &b.handler)
+                );
+                if b.device.is_some() {
+                    ran_there.push(b.op.clone());
+                }
+            }
+        }
+        for op in [
+            "rowwise:0_self_connection",
+            "rowwise:0_self_interaction_1",
+            "rowwise:4_self_interaction_2",
+            "rowwise:reduce_hidden_to_energy",
+        ] {
+            assert!(
+                ran_there.iter().any(|o| o == op),
+                "{op} did not run on the device: {ran_there:?}"
+            );
+        }
+    }
+    let f32_opts = EvalOptions {
+        dtype: DType::F32,
+        ..Default::default()
+    };
+    let host = evaluate(model.as_ref(), &batch, &f32_opts).unwrap();
+    let dev = evaluate(model.as_ref(), &batch, &on_device(f32_opts)).unwrap();
+    let d = difference(&dev, &host);
+    assert!(d <= 1e-5, "SevenNet-0 in f32: differs by {d:e}");
+}

@@ -188,6 +188,17 @@ __device__ void gather_rows(const T* src, const u32* index, T* out, u64 rows, u6
     out[i] = src[(u64)index[r] * cols + c];
 }
 
+// dst[r, dst_col0 + c] = src[r, src_col0 + c] for c < width (one thread per
+// copied element); dst's other columns are left alone.
+template <typename T>
+__device__ void copy_cols(const T* src, u64 src_cols, u64 src_col0, T* dst, u64 dst_cols, u64 dst_col0,
+                          u64 rows, u64 width) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * width) return;
+    u64 r = i / width, c = i % width;
+    dst[r * dst_cols + dst_col0 + c] = src[r * src_cols + src_col0 + c];
+}
+
 // out[t, c] (+)= Σ src[s, c] over the sources s of target t in ascending
 // order, in f64: one thread per output element.
 template <typename T>
@@ -401,6 +412,10 @@ GEOMETRY(float, double, exact_f32)
     extern "C" __global__ void eo_gather_rows_##SUF(const T* src, const u32* index, T* out, u64 rows,        \
                                                     u64 cols) {                                               \
         gather_rows<T>(src, index, out, rows, cols);                                                          \
+    }                                                                                                         \
+    extern "C" __global__ void eo_copy_cols_##SUF(const T* src, u64 src_cols, u64 src_col0, T* dst,         \
+                                                  u64 dst_cols, u64 dst_col0, u64 rows, u64 width) {          \
+        copy_cols<T>(src, src_cols, src_col0, dst, dst_cols, dst_col0, rows, width);                          \
     }                                                                                                         \
     extern "C" __global__ void eo_sum_rows_csr_##SUF(const T* src, const u32* offsets, const u32* sources,   \
                                                      int has_sources, T* out, u64 targets, u64 cols,          \

@@ -43,7 +43,16 @@ struct ConvParams {
     u32 n_range_slots;
     u32 t_size;
     double inv_den;
+    // The message rows' layout within each path's output block: 0 e3nn's
+    // (u * d3 + k), 1 component-major (k * mul + u).
+    u32 msg_component_major;
+    u32 pad;
 };
+
+// Column of message component k of copy u in a path's output block.
+__device__ __forceinline__ int msg_col(int out_off, int mul, int d3, int u, int k, u32 component_major) {
+    return component_major ? out_off + k * mul + u : out_off + u * d3 + k;
+}
 
 // Filter matrix of one path for one edge: T[a,k] = inv_den * sum_b alpha C[a,b,k] Y[b]
 // (same order of operations as the CPU's ConvPaths::filters).
@@ -123,8 +132,8 @@ __device__ __forceinline__ void conv_fwd_col(const int* path, const T* filt, con
         for (int k = 0; k < D3; ++k)
             for (int a = 0; a < D1; ++a) acc[k] += t[a * D3 + k] * wh[a];
     }
-    T* o = out + (u64)i * c.dim_msg + out_off + u * D3;
-    for (int k = 0; k < D3; ++k) o[k] = acc[k];
+    T* o = out + (u64)i * c.dim_msg;
+    for (int k = 0; k < D3; ++k) o[msg_col(out_off, path[2], D3, u, k, c.msg_component_major)] = acc[k];
 }
 
 // Rows r0 + blockIdx.x of the chunk whose edges start at p0.
@@ -153,7 +162,7 @@ __device__ void conv_fwd(const int* paths, const T* filt, const int* col_path, c
 template <typename T, int D1, int D3>
 __device__ __forceinline__ void conv_bwd_edge_path(const int* path, const int* nz_idx, const T* nz_coef,
                                                    const T* hj, const T* ga, const T* frow, const T* we,
-                                                   T* gwe, int lane, T* gy) {
+                                                   T* gwe, int lane, u32 cm, T* gy) {
     const int mul = path[2], in_off = path[3], w_off = path[4], out_off = path[5];
     const T* t = frow + path[8];
     T gt[D1 * D3];
@@ -161,7 +170,7 @@ __device__ __forceinline__ void conv_bwd_edge_path(const int* path, const int* n
     for (int u = lane; u < mul; u += 32) {
         T h[D1], g[D3];
         for (int a = 0; a < D1; ++a) h[a] = hj[in_off + u * D1 + a];
-        for (int k = 0; k < D3; ++k) g[k] = ga[out_off + u * D3 + k];
+        for (int k = 0; k < D3; ++k) g[k] = ga[msg_col(out_off, mul, D3, u, k, cm)];
         T gw = (T)0;
         for (int k = 0; k < D3; ++k) {
             T s = (T)0;
@@ -199,7 +208,7 @@ __device__ void conv_bwd_edge(const int* paths, const int* nz_idx, const T* nz_c
     for (u32 p = 0; p < c.n_paths; ++p) {
         const int* path = paths + N_PATH_FIELDS * p;
         DISPATCH_D1D3(path[0], path[1], conv_bwd_edge_path, path, nz_idx, nz_coef, hj, ga, frow, we, gwe,
-                      lane, gy);
+                      lane, c.msg_component_major, gy);
     }
     // Fixed tree over the 32 lanes: the same bits every run.
     for (u32 b = 0; b < c.dim_sh; ++b) {
@@ -216,11 +225,11 @@ __device__ void conv_bwd_edge(const int* paths, const int* nz_idx, const T* nz_c
 // ---------------------------------------------------------------------------
 template <typename T, int D1, int D3>
 __device__ __forceinline__ void conv_bwd_h_path(const int* path, const T* frow, const T* we, const T* ga, int u,
-                                                T* acc) {
+                                                u32 cm, T* acc) {
     const T* t = frow + path[8];
     const T wu = we[path[4] + u];
     T wg[D3];
-    for (int k = 0; k < D3; ++k) wg[k] = wu * ga[path[5] + u * D3 + k];
+    for (int k = 0; k < D3; ++k) wg[k] = wu * ga[msg_col(path[5], path[2], D3, u, k, cm)];
     for (int a = 0; a < D1; ++a)
         for (int k = 0; k < D3; ++k) acc[a] += t[a * D3 + k] * wg[k];
 }
@@ -246,7 +255,7 @@ __device__ void conv_bwd_h(const int* paths, const T* filt, const int* ranges, c
             const T* ga = grad_a + (u64)centers[e] * c.dim_msg;
             for (int m = 0; m < n_paths; ++m) {
                 const int* path = paths + N_PATH_FIELDS * range_paths[path0 + m];
-                DISPATCH_D1D3(path[0], path[1], conv_bwd_h_path, path, frow, we, ga, u, acc);
+                DISPATCH_D1D3(path[0], path[1], conv_bwd_h_path, path, frow, we, ga, u, c.msg_component_major, acc);
             }
         }
         T* o = grad_h + (u64)j * c.dim_in + in_off + u * d1;
@@ -592,14 +601,12 @@ __device__ void edge_features(const double* pos, const double* basis, const u64*
     }
 }
 
-// Per edge: dE/dr_e (f64) from the gradients w.r.t. the embedding and SH.
+// dE/dv (f64) of one edge vector v from the gradients of its embedding
+// (gemb, n_basis values) and SH (gsh, (lmax+1)^2 values).
 template <typename T>
-__device__ void edge_features_bwd(const double* vectors, const T* grad_emb, const T* grad_sh, EdgeParams g,
-                                  u64 n_edges, double* grad_vec) {
-    const u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= n_edges) return;
+__device__ void edge_vector_grad(const double* v, const T* gemb, const T* gsh, const EdgeParams& g,
+                                 double* out) {
     const u32 ds = (g.lmax + 1) * (g.lmax + 1);
-    const double v[3] = {vectors[3 * e], vectors[3 * e + 1], vectors[3 * e + 2]};
     const double r = sqrt(v[0] * v[0] + v[1] * v[1] + v[2] * v[2]);
     double f, df;
     envelope_at(g, r, &f, &df);
@@ -610,14 +617,16 @@ __device__ void edge_features_bwd(const double* vectors, const T* grad_emb, cons
         const double s = sin(c * r), co = cos(c * r);
         const double b = pref * s / r;
         const double db = pref * (c * r * co - s) / (r * r);
-        gl += (double)grad_emb[e * g.n_basis + n] * (db * f + b * df);
+        gl += (double)gemb[n] * (db * f + b * df);
     }
-    double out[3] = {gl * v[0] / r, gl * v[1] / r, gl * v[2] / r};
+    out[0] = gl * v[0] / r;
+    out[1] = gl * v[1] / r;
+    out[2] = gl * v[2] / r;
     const bool clamped = !(r > 1e-12);
     const double d = clamped ? 1e-12 : r;
     const double u[3] = {v[0] / d, v[1] / d, v[2] / d};
     double gs[MAX_SH];
-    for (u32 b = 0; b < MAX_SH; ++b) gs[b] = b < ds ? (double)grad_sh[e * ds + b] : 0.0;
+    for (u32 b = 0; b < MAX_SH; ++b) gs[b] = b < ds ? (double)gsh[b] : 0.0;
     double gu[3];
     sh_unit_vjp(u[0], u[1], u[2], g.lmax, gs, gu);
     if (clamped) {
@@ -626,7 +635,51 @@ __device__ void edge_features_bwd(const double* vectors, const T* grad_emb, cons
         const double dot = gu[0] * u[0] + gu[1] * u[1] + gu[2] * u[2];
         for (int k = 0; k < 3; ++k) out[k] += (gu[k] - dot * u[k]) / d;
     }
+}
+
+// Per edge: dE/dr_e (f64) from the gradients w.r.t. the embedding and SH.
+template <typename T>
+__device__ void edge_features_bwd(const double* vectors, const T* grad_emb, const T* grad_sh, EdgeParams g,
+                                  u64 n_edges, double* grad_vec) {
+    const u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n_edges) return;
+    const u32 ds = (g.lmax + 1) * (g.lmax + 1);
+    const double v[3] = {vectors[3 * e], vectors[3 * e + 1], vectors[3 * e + 2]};
+    double out[3];
+    edge_vector_grad<T>(v, grad_emb + e * g.n_basis, grad_sh + e * ds, g, out);
     for (int k = 0; k < 3; ++k) grad_vec[3 * e + k] = out[k];
+}
+
+// The op engine's edge features: from edge vectors in T (computed in f64,
+// rounded once) rows [embedding (n_basis) | SH ((lmax+1)^2)], and back.
+template <typename T>
+__device__ void edge_rows(const T* vectors, EdgeParams g, u64 n_edges, T* out) {
+    const u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n_edges) return;
+    const u32 ds = (g.lmax + 1) * (g.lmax + 1);
+    T* row = out + e * (g.n_basis + ds);
+    const double v[3] = {(double)vectors[3 * e], (double)vectors[3 * e + 1], (double)vectors[3 * e + 2]};
+    const double r = sqrt(v[0] * v[0] + v[1] * v[1] + v[2] * v[2]);
+    double f, df;
+    envelope_at(g, r, &f, &df);
+    const double pref = 2.0 / g.cutoff;
+    for (u32 n = 0; n < g.n_basis; ++n) row[n] = (T)(pref * sin(g.freqs[n] * r) / r * f);
+    const double d = r > 1e-12 ? r : 1e-12;
+    double y[MAX_SH];
+    sh_unit(v[0] / d, v[1] / d, v[2] / d, g.lmax, y);
+    for (u32 b = 0; b < ds; ++b) row[g.n_basis + b] = (T)y[b];
+}
+
+template <typename T>
+__device__ void edge_rows_bwd(const T* vectors, const T* grad, EdgeParams g, u64 n_edges, T* grad_vec) {
+    const u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n_edges) return;
+    const u32 ds = (g.lmax + 1) * (g.lmax + 1);
+    const T* row = grad + e * (g.n_basis + ds);
+    const double v[3] = {(double)vectors[3 * e], (double)vectors[3 * e + 1], (double)vectors[3 * e + 2]};
+    double out[3];
+    edge_vector_grad<T>(v, row, row + g.n_basis, g, out);
+    for (int k = 0; k < 3; ++k) grad_vec[3 * e + k] = (T)out[k];
 }
 
 extern "C" __global__ void sn_edge_features_f64(const double* pos, const double* basis, const u64* row_start,
@@ -648,6 +701,20 @@ extern "C" __global__ void sn_edge_features_bwd_f32(const double* vectors, const
                                                     const float* grad_sh, EdgeParams g, u64 n_edges,
                                                     double* grad_vec) {
     edge_features_bwd<float>(vectors, grad_emb, grad_sh, g, n_edges, grad_vec);
+}
+extern "C" __global__ void sn_edge_rows_f64(const double* vectors, EdgeParams g, u64 n_edges, double* out) {
+    edge_rows<double>(vectors, g, n_edges, out);
+}
+extern "C" __global__ void sn_edge_rows_f32(const float* vectors, EdgeParams g, u64 n_edges, float* out) {
+    edge_rows<float>(vectors, g, n_edges, out);
+}
+extern "C" __global__ void sn_edge_rows_bwd_f64(const double* vectors, const double* grad, EdgeParams g,
+                                                u64 n_edges, double* grad_vec) {
+    edge_rows_bwd<double>(vectors, grad, g, n_edges, grad_vec);
+}
+extern "C" __global__ void sn_edge_rows_bwd_f32(const float* vectors, const float* grad, EdgeParams g,
+                                                u64 n_edges, float* grad_vec) {
+    edge_rows_bwd<float>(vectors, grad, g, n_edges, grad_vec);
 }
 
 // ---------------------------------------------------------------------------

@@ -18,6 +18,9 @@
 //! every run.
 
 mod host;
+mod on_engine;
+
+pub(crate) use on_engine::{SevenNetNets, SevenNetOnEngine};
 
 pub use host::{
     activation_code, longest_row, row_chunks, ConvTables, DenseAffine, EdgeSetup, GateTables,
@@ -90,6 +93,10 @@ struct ConvParams {
     n_range_slots: u32,
     t_size: u32,
     inv_den: f64,
+    /// Message rows component-major within each path block (1) or in
+    /// e3nn's order (0).
+    msg_component_major: u32,
+    _pad: u32,
 }
 
 // SAFETY: plain `repr(C)` data matching `struct ConvParams` in sevennet.cu.
@@ -167,6 +174,8 @@ pub(crate) struct Kernels {
     pub(crate) readout_bwd: CudaFunction,
     pub(crate) edge_features: CudaFunction,
     pub(crate) edge_features_bwd: CudaFunction,
+    pub(crate) edge_rows: CudaFunction,
+    pub(crate) edge_rows_bwd: CudaFunction,
     pub(crate) sender_count: CudaFunction,
     pub(crate) sender_fill: CudaFunction,
     pub(crate) sender_sort: CudaFunction,
@@ -209,6 +218,8 @@ impl Kernels {
             readout_bwd: f("sn_readout_bwd")?,
             edge_features: f("sn_edge_features")?,
             edge_features_bwd: f("sn_edge_features_bwd")?,
+            edge_rows: f("sn_edge_rows")?,
+            edge_rows_bwd: f("sn_edge_rows_bwd")?,
             sender_count: plain("sn_sender_count")?,
             sender_fill: plain("sn_sender_fill")?,
             sender_sort: plain("sn_sender_sort")?,
@@ -716,6 +727,8 @@ where
                     n_range_slots: u(c.slot_range.len()),
                     t_size: u(c.t_size),
                     inv_den: c.inv_den,
+                    msg_component_major: 0,
+                    _pad: 0,
                 },
                 gate_forward: upload(device, &l.gate.forward)?,
                 gate_backward: upload(device, &l.gate.backward)?,

@@ -13,10 +13,11 @@
 //! gradients, a host op's into host ones, and a tensor's two parts are
 //! summed where its own backward runs.
 
+use crate::ops::opaque::Shape;
 use crate::ops::Radial;
 use crate::ops::Unary;
 use crate::{DType, Scalar};
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::sync::Arc;
 
 mod reference;
@@ -319,6 +320,244 @@ pub trait DeviceBackend<T: Scalar>: Send + Sync {
         values: &mut DeviceMem,
         derivatives: &mut DeviceMem,
     ) -> Result<(), DeviceError>;
+    /// Every element of `mem` set to zero.
+    fn zero(&self, mem: &mut DeviceMem) -> Result<(), DeviceError>;
+    /// Copies a block of columns between row-major arrays of `rows` rows:
+    /// `dst[r, dst.2 + c] = src[r, src.2 + c]` for `c < width`, each given
+    /// as `(array, columns, first column)`; `dst`'s other columns keep
+    /// their values.
+    fn copy_cols(
+        &self,
+        rows: usize,
+        width: usize,
+        src: (&DeviceMem, usize, usize),
+        dst: (&mut DeviceMem, usize, usize),
+    ) -> Result<(), DeviceError>;
+    /// A capability this backend offers beyond the generic kernels, looked
+    /// up by the type that carries it (say, a model crate's handle to its
+    /// own fused kernels on this device): `Some` when the backend has one.
+    /// Callers downcast the result to the type whose id they passed.
+    fn extension(&self, _id: TypeId) -> Option<&(dyn Any + Send + Sync)> {
+        None
+    }
+}
+
+/// Checks the column ranges of [`DeviceBackend::copy_cols`]: `width`
+/// columns from `src_col0` of `src_cols` into `dst_col0` of `dst_cols`.
+pub fn check_column_copy(
+    width: usize,
+    (src_cols, src_col0): (usize, usize),
+    (dst_cols, dst_col0): (usize, usize),
+) -> Result<(), DeviceError> {
+    if src_col0 + width > src_cols || dst_col0 + width > dst_cols {
+        return Err(DeviceError(format!(
+            "columns {src_col0}+{width} of {src_cols} into {dst_col0}+{width} of {dst_cols}"
+        )));
+    }
+    Ok(())
+}
+
+/// The device side of a kernel the engine sees as one op (an
+/// [`OpaqueKernel`](crate::OpaqueKernel) or a row-wise kernel), as its
+/// [`device_kernel`](crate::OpaqueKernel::device_kernel) returns it: the op
+/// then runs on the device, forward and backward, under the same name,
+/// shapes and row domains as on the host.
+pub trait DeviceKernel<T: Scalar>: Send + Sync {
+    /// Writes every element of `out` (the output shape the host kernel
+    /// gives) from the inputs' device values; `shapes` as the host's.
+    fn forward(
+        &self,
+        backend: &dyn DeviceBackend<T>,
+        inputs: &[&DeviceMem],
+        shapes: &[Shape],
+        out: &mut DeviceMem,
+    ) -> Result<(), DeviceError>;
+    /// The gradient of input `pos` from the output's `g`, as a new array of
+    /// that input's shape, or `None` when the input has none (a constant of
+    /// the structure). Inputs that [`DeviceKernel::backward_reads`] says are
+    /// not read arrive as stand-ins of unspecified content.
+    fn backward(
+        &self,
+        backend: &dyn DeviceBackend<T>,
+        inputs: &[&DeviceMem],
+        shapes: &[Shape],
+        g: &DeviceMem,
+        pos: usize,
+    ) -> Result<Option<DeviceMem>, DeviceError>;
+    /// Whether [`DeviceKernel::backward`] reads input `pos`'s value
+    /// (default: yes), so that the engine may release those it does not.
+    fn backward_reads(&self, _pos: usize) -> bool {
+        true
+    }
+}
+
+/// The device side of a [`MessageKernel`](crate::MessageKernel), as its
+/// [`device_kernel`](crate::MessageKernel::device_kernel) returns it for one
+/// set of edges.
+pub trait DeviceMessageKernel<T: Scalar>: Send + Sync {
+    /// Writes every element of `out` (rows × the kernel's output columns)
+    /// from the node and edge inputs' device values.
+    fn forward(
+        &self,
+        backend: &dyn DeviceBackend<T>,
+        nodes: &[&DeviceMem],
+        edges: &[&DeviceMem],
+        out: &mut DeviceMem,
+    ) -> Result<(), DeviceError>;
+    /// The gradients of the node inputs, then of the edge inputs, each a
+    /// new array of its input's shape; `None` where `wants` (same order)
+    /// says none is asked for.
+    fn backward(
+        &self,
+        backend: &dyn DeviceBackend<T>,
+        nodes: &[&DeviceMem],
+        edges: &[&DeviceMem],
+        g: &DeviceMem,
+        wants: &[bool],
+    ) -> Result<Vec<Option<DeviceMem>>, DeviceError>;
+}
+
+/// A row-wise affine map `y = x·M + b` (`M` dim_in × dim_out row-major, `b`
+/// one row), on the host: what a linear kernel's device side runs as a GEMM.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowAffine<T> {
+    /// Input width.
+    pub dim_in: usize,
+    /// Output width.
+    pub dim_out: usize,
+    /// `dim_in × dim_out`, row-major.
+    pub matrix: Vec<T>,
+    /// One row of `dim_out` values; `None` when every one is zero.
+    pub bias: Option<Vec<T>>,
+}
+
+impl<T: Scalar> RowAffine<T> {
+    /// Reads an affine row map off its values: `f(x, rows, out)` maps
+    /// `rows × dim_in` to `rows × dim_out`; `b = f(0)` and row `k` of `M` is
+    /// `f(e_k) − b`. For a map that is not affine per row the result is
+    /// meaningless: the caller vouches for that.
+    pub fn probe<E>(
+        dim_in: usize,
+        dim_out: usize,
+        f: impl Fn(&[T], usize, &mut [T]) -> Result<(), E>,
+    ) -> Result<Self, E> {
+        let mut bias = vec![T::ZERO; dim_out];
+        f(&vec![T::ZERO; dim_in], 1, &mut bias)?;
+        let mut identity = vec![T::ZERO; dim_in * dim_in];
+        for k in 0..dim_in {
+            identity[k * dim_in + k] = T::ONE;
+        }
+        let mut matrix = vec![T::ZERO; dim_in * dim_out];
+        if dim_in > 0 {
+            f(&identity, dim_in, &mut matrix)?;
+        }
+        for row in matrix.chunks_mut(dim_out.max(1)) {
+            for (m, &b) in row.iter_mut().zip(&bias) {
+                *m -= b;
+            }
+        }
+        let bias = bias.iter().any(|&b| b != T::ZERO).then_some(bias);
+        Ok(Self {
+            dim_in,
+            dim_out,
+            matrix,
+            bias,
+        })
+    }
+
+    /// The map on `backend`'s device (matrix and bias uploaded).
+    pub fn to_device(&self, backend: &dyn DeviceBackend<T>) -> Result<DeviceAffine, DeviceError> {
+        Ok(DeviceAffine {
+            dim_in: self.dim_in,
+            dim_out: self.dim_out,
+            matrix: backend.upload(&self.matrix)?,
+            bias: self
+                .bias
+                .as_deref()
+                .map(|b| backend.upload(b))
+                .transpose()?,
+        })
+    }
+}
+
+/// A [`RowAffine`] on a device: the [`DeviceKernel`] of a kernel with one
+/// input (rows × dim_in) and output rows × dim_out, computed as one GEMM
+/// (plus the bias row), its gradient as `g · Mᵀ`.
+#[derive(Debug)]
+pub struct DeviceAffine {
+    dim_in: usize,
+    dim_out: usize,
+    matrix: DeviceMem,
+    bias: Option<DeviceMem>,
+}
+
+impl<T: Scalar> DeviceKernel<T> for DeviceAffine {
+    fn forward(
+        &self,
+        backend: &dyn DeviceBackend<T>,
+        inputs: &[&DeviceMem],
+        shapes: &[Shape],
+        out: &mut DeviceMem,
+    ) -> Result<(), DeviceError> {
+        let (x, rows) = match (inputs, shapes) {
+            ([x], [(_, rows, cols)]) if *cols == self.dim_in => (*x, *rows),
+            _ => {
+                return Err(DeviceError(format!(
+                    "an affine map takes one input of {} columns",
+                    self.dim_in
+                )))
+            }
+        };
+        let shape = GemmShape {
+            m: rows,
+            k: self.dim_in,
+            n: self.dim_out,
+            a_transposed: false,
+            b_transposed: false,
+        };
+        match &self.bias {
+            None => backend.gemm(shape, x, &self.matrix, out, false),
+            Some(bias) => {
+                let mut product = backend.alloc(rows * self.dim_out)?;
+                backend.gemm(shape, x, &self.matrix, &mut product, false)?;
+                backend.binary(
+                    DeviceBinary::Add,
+                    &product,
+                    bias,
+                    DeviceBroadcast::PerCol,
+                    rows,
+                    self.dim_out,
+                    out,
+                    false,
+                )
+            }
+        }
+    }
+
+    fn backward(
+        &self,
+        backend: &dyn DeviceBackend<T>,
+        _inputs: &[&DeviceMem],
+        shapes: &[Shape],
+        g: &DeviceMem,
+        _pos: usize,
+    ) -> Result<Option<DeviceMem>, DeviceError> {
+        let rows = shapes.first().map_or(0, |s| s.1);
+        let mut gx = backend.alloc(rows * self.dim_in)?;
+        let shape = GemmShape {
+            m: rows,
+            k: self.dim_out,
+            n: self.dim_in,
+            a_transposed: false,
+            b_transposed: true,
+        };
+        backend.gemm(shape, g, &self.matrix, &mut gx, false)?;
+        Ok(Some(gx))
+    }
+
+    fn backward_reads(&self, _pos: usize) -> bool {
+        false
+    }
 }
 
 /// One device as a runtime sees it: it opens a backend per graph that runs

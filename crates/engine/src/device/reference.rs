@@ -449,6 +449,28 @@ impl<T: Scalar> DeviceBackend<T> for ReferenceDevice {
         write::<T>(derivatives)?.copy_from_slice(&ders);
         Ok(())
     }
+
+    fn zero(&self, mem: &mut DeviceMem) -> Result<(), DeviceError> {
+        write::<T>(mem)?.fill(T::ZERO);
+        Ok(())
+    }
+
+    fn copy_cols(
+        &self,
+        rows: usize,
+        width: usize,
+        (src, src_cols, src_col0): (&DeviceMem, usize, usize),
+        (dst, dst_cols, dst_col0): (&mut DeviceMem, usize, usize),
+    ) -> Result<(), DeviceError> {
+        super::check_column_copy(width, (src_cols, src_col0), (dst_cols, dst_col0))?;
+        let src = read::<T>(src)?;
+        let dst = write::<T>(dst)?;
+        for r in 0..rows {
+            let s = &src[r * src_cols + src_col0..r * src_cols + src_col0 + width];
+            dst[r * dst_cols + dst_col0..r * dst_cols + dst_col0 + width].copy_from_slice(s);
+        }
+        Ok(())
+    }
 }
 
 /// Edge vectors in the host's order of operations: in `U`, then rounded

@@ -34,6 +34,11 @@ impl<T: Scalar> Graph<T> {
         self.backend.as_ref().map(|b| b.name())
     }
 
+    /// The backend of [`Graph::set_device`], when the graph has one.
+    pub fn device_backend(&self) -> Option<Arc<dyn DeviceBackend<T>>> {
+        self.backend.clone()
+    }
+
     /// Whether `t`'s value is on the device (it may be on the host too).
     pub fn is_on_device(&self, t: Tensor) -> bool {
         self.nodes[t.id].device.is_some()

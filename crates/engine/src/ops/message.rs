@@ -5,7 +5,8 @@
 //! decomposition it gets exactly those handlers. Also row-wise custom ops:
 //! kernels that act on each row independently, which need no exchange.
 
-use crate::graph::NodeSpec;
+use crate::device::{DeviceBackend, DeviceError, DeviceMessageKernel};
+use crate::graph::{NodeSpec, OpRecord};
 use crate::ops::index::scatter_handler;
 use crate::{EngineError, Graph, Index, KernelError, OpaqueKernel, RowDomain, Scalar, Tensor};
 use ddmlip_spec::GatherMode;
@@ -52,6 +53,28 @@ pub trait MessageKernel<T: Scalar>: Send + Sync {
     fn overwrites(&self) -> bool {
         false
     }
+
+    /// This kernel's implementation on `backend`'s device for these edges
+    /// (`center`/`neighbor` rows of each edge, `n_rows` node rows), when it
+    /// has one: on a graph with a device the op then runs there, forward
+    /// and backward, traced as the same op. `None` (the default): the host.
+    fn device_kernel(
+        &self,
+        _backend: &dyn DeviceBackend<T>,
+        _edges: &MessageEdges<'_>,
+    ) -> Result<Option<Arc<dyn DeviceMessageKernel<T>>>, DeviceError> {
+        Ok(None)
+    }
+}
+
+/// The edges a message kernel's device side is made for.
+pub struct MessageEdges<'a> {
+    /// Receiver row of each edge.
+    pub center: &'a [u32],
+    /// Sender row of each edge.
+    pub neighbor: &'a [u32],
+    /// Rows of the node inputs and of the output.
+    pub n_rows: usize,
 }
 
 impl<T: Scalar> Graph<T> {
@@ -66,8 +89,6 @@ impl<T: Scalar> Graph<T> {
         center: Index,
         neighbor: Index,
     ) -> Result<Tensor, EngineError> {
-        self.ensure_host(nodes)?;
-        self.ensure_host(edges)?;
         let name = kernel.name().to_string();
         let n_rows = self.indices[center.id].target_rows;
         let n_edges = self.indices[center.id].values.len();
@@ -115,6 +136,33 @@ impl<T: Scalar> Graph<T> {
                 }
             }
         }
+        let handler = scatter_mode.map(scatter_handler);
+        if let Some(backend) = self.device_for_op() {
+            let message_edges = MessageEdges {
+                center: &self.indices[center.id].values,
+                neighbor: &self.indices[neighbor.id].values,
+                n_rows,
+            };
+            let on_device = kernel
+                .device_kernel(backend.as_ref(), &message_edges)
+                .map_err(|e| EngineError::device(&name, e))?;
+            if let Some(dk) = on_device {
+                let y = self.message_on_device(
+                    backend,
+                    dk,
+                    (&name, kernel.out_cols()),
+                    (&node_ins, edges),
+                    (center, neighbor, n_rows),
+                    (handler, scatter_mode.is_none()),
+                )?;
+                return match scatter_mode {
+                    Some(mode) => self.land_scatter(y, center, mode),
+                    None => Ok(y),
+                };
+            }
+        }
+        self.ensure_host(&node_ins)?;
+        self.ensure_host(edges)?;
         let cols = kernel.out_cols();
         let overwrites = kernel.overwrites();
         let mut out = if overwrites {
@@ -143,7 +191,6 @@ impl<T: Scalar> Graph<T> {
                     source,
                 })?;
         }
-        let handler = scatter_mode.map(scatter_handler);
         let all: Vec<Tensor> = node_ins.iter().chain(edges).copied().collect();
         let n_nodes = node_ins.len();
         let spec = NodeSpec {
@@ -196,6 +243,77 @@ impl<T: Scalar> Graph<T> {
             Some(mode) => self.land_scatter(y, center, mode),
             None => Ok(y),
         }
+    }
+
+    /// [`Graph::message_passing`]'s op on the device: the same node (name,
+    /// shape, handler), its value and backward there.
+    fn message_on_device(
+        &mut self,
+        backend: Arc<dyn DeviceBackend<T>>,
+        dk: Arc<dyn DeviceMessageKernel<T>>,
+        (name, cols): (&str, usize),
+        (nodes, edges): (&[Tensor], &[Tensor]),
+        (center, neighbor, n_rows): (Index, Index, usize),
+        (handler, fresh): (Option<&str>, bool),
+    ) -> Result<Tensor, EngineError> {
+        let all: Vec<Tensor> = nodes.iter().chain(edges).copied().collect();
+        for &t in &all {
+            self.ensure_device(&backend, t)?;
+        }
+        let dev_err = |e| EngineError::device(name, e);
+        let mut out = backend.alloc(n_rows * cols).map_err(dev_err)?;
+        {
+            let nv = nodes
+                .iter()
+                .map(|&t| self.device_value(t))
+                .collect::<Result<Vec<_>, _>>()?;
+            let ev = edges
+                .iter()
+                .map(|&t| self.device_value(t))
+                .collect::<Result<Vec<_>, _>>()?;
+            dk.forward(backend.as_ref(), &nv, &ev, &mut out)
+                .map_err(dev_err)?;
+        }
+        let spec = NodeSpec {
+            op: format!("message:{name}"),
+            rows: n_rows,
+            cols,
+            domain: RowDomain::Atom,
+            fresh,
+            replicated: false,
+        };
+        let n_nodes = nodes.len();
+        let op = name.to_string();
+        let record = OpRecord {
+            inputs: &all,
+            indices: &[neighbor, center],
+            handler,
+            reads: &all,
+        };
+        let all_b = all.clone();
+        self.push_device(
+            spec,
+            out,
+            record,
+            Box::new(move |ctx, _| {
+                let g = ctx.device_out_grad(&op)?;
+                let values = all_b
+                    .iter()
+                    .map(|&t| ctx.device_value(t))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let wants: Vec<bool> = all_b.iter().map(|&t| ctx.wants(t)).collect();
+                let backend = ctx.backend(&op)?;
+                let grads = dk
+                    .backward(backend, &values[..n_nodes], &values[n_nodes..], g, &wants)
+                    .map_err(|e| EngineError::device(&op, e))?;
+                for (&t, grad) in all_b.iter().zip(grads) {
+                    if let Some(grad) = grad {
+                        ctx.device_add(&op, t, grad)?;
+                    }
+                }
+                Ok(())
+            }),
+        )
     }
 
     /// Runs a kernel that maps each input row to an output row independently

@@ -3,7 +3,8 @@
 //! (`slice_owned`, `gather_halo`) and how to combine what they return
 //! (`scatter_outputs`, `all_reduce_sum`, `slice_outputs_owned`).
 
-use crate::graph::NodeSpec;
+use crate::device::{DeviceBackend, DeviceError, DeviceKernel};
+use crate::graph::{NodeSpec, OpRecord};
 use crate::{EngineError, Graph, KernelError, RowDomain, Scalar, Tensor};
 use ddmlip_spec::{InputTransform, OutputTransform};
 use std::sync::Arc;
@@ -97,6 +98,18 @@ pub trait OpaqueKernel<T: Scalar>: Send + Sync {
     fn writes_every_output(&self) -> bool {
         false
     }
+
+    /// This kernel's implementation on `backend`'s device, when it has one
+    /// there: on a graph with a device ([`Graph::set_device`]) the op then
+    /// runs on the device, forward and backward, and is traced as the same
+    /// op. `None` (the default): it runs on the host, its inputs
+    /// downloaded.
+    fn device_kernel(
+        &self,
+        _backend: &dyn DeviceBackend<T>,
+    ) -> Result<Option<Arc<dyn DeviceKernel<T>>>, DeviceError> {
+        Ok(None)
+    }
 }
 
 impl<T: Scalar> Graph<T> {
@@ -167,6 +180,14 @@ impl<T: Scalar> Graph<T> {
         handler: Option<&str>,
         row_local: bool,
     ) -> Result<Tensor, EngineError> {
+        if let Some(backend) = self.device_for_op() {
+            let on_device = kernel
+                .device_kernel(backend.as_ref())
+                .map_err(|e| EngineError::device(kernel.name(), e))?;
+            if let Some(dk) = on_device {
+                return self.push_device_kernel(backend, kernel, dk, ins, (op, handler), row_local);
+            }
+        }
         self.ensure_host(ins)?;
         self.check_live(ins)?;
         let kernel_err = |source| EngineError::Kernel {
@@ -268,6 +289,97 @@ impl<T: Scalar> Graph<T> {
                 Ok(())
             }),
             &reads,
+        )
+    }
+
+    /// [`Graph::push_kernel`] for a kernel with a device side: the same op
+    /// (name, shapes, handler) with its value and its backward on the device.
+    fn push_device_kernel(
+        &mut self,
+        backend: Arc<dyn DeviceBackend<T>>,
+        kernel: Arc<dyn OpaqueKernel<T>>,
+        dk: Arc<dyn DeviceKernel<T>>,
+        ins: &[Tensor],
+        (op, handler): (String, Option<&str>),
+        row_local: bool,
+    ) -> Result<Tensor, EngineError> {
+        self.check_live(ins)?;
+        let name = kernel.name().to_string();
+        let kernel_err = |source| EngineError::Kernel {
+            op: name.clone(),
+            source,
+        };
+        let shapes: Vec<Shape> = ins
+            .iter()
+            .map(|t| {
+                let n = &self.nodes[t.id];
+                (n.domain, n.rows, n.cols)
+            })
+            .collect();
+        let (domain, rows, cols) = kernel.output_shape(&shapes).map_err(kernel_err)?;
+        for &t in ins {
+            self.ensure_device(&backend, t)?;
+        }
+        let dev_err = |e| EngineError::device(&name, e);
+        let mut out = backend.alloc(rows * cols).map_err(dev_err)?;
+        {
+            let values = ins
+                .iter()
+                .map(|&t| self.device_value(t))
+                .collect::<Result<Vec<_>, _>>()?;
+            dk.forward(backend.as_ref(), &values, &shapes, &mut out)
+                .map_err(dev_err)?;
+        }
+        let spec = NodeSpec {
+            op: op.clone(),
+            rows,
+            cols,
+            domain,
+            fresh: row_local && ins.iter().all(|t| self.nodes[t.id].fresh),
+            replicated: row_local && ins.iter().all(|t| self.nodes[t.id].replicated),
+        };
+        let wants: Vec<bool> = ins.iter().map(|t| self.nodes[t.id].requires_grad).collect();
+        let read: Vec<bool> = (0..ins.len())
+            .map(|pos| wants.iter().any(|&w| w) && dk.backward_reads(pos))
+            .collect();
+        let reads: Vec<Tensor> = ins
+            .iter()
+            .zip(&read)
+            .filter(|&(_, &r)| r)
+            .map(|(&t, _)| t)
+            .collect();
+        let ins_b = ins.to_vec();
+        let record = OpRecord {
+            inputs: ins,
+            indices: &[],
+            handler,
+            reads: &reads,
+        };
+        self.push_device(
+            spec,
+            out,
+            record,
+            Box::new(move |ctx, _| {
+                let g = ctx.device_out_grad(&op)?;
+                let values = ins_b
+                    .iter()
+                    .zip(&read)
+                    .map(|(&t, &r)| if r { ctx.device_value(t) } else { Ok(g) })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let backend = ctx.backend(&op)?;
+                for (pos, &t) in ins_b.iter().enumerate() {
+                    if !ctx.wants(t) {
+                        continue;
+                    }
+                    let grad = dk
+                        .backward(backend, &values, &shapes, g, pos)
+                        .map_err(|e| EngineError::device(&op, e))?;
+                    if let Some(grad) = grad {
+                        ctx.device_add(&op, t, grad)?;
+                    }
+                }
+                Ok(())
+            }),
         )
     }
 

@@ -1,8 +1,10 @@
 //! Concatenation, column slices and reductions along rows or columns.
 
-use crate::graph::NodeSpec;
+use crate::device::DeviceBackend;
+use crate::graph::{NodeSpec, OpRecord};
 use crate::ops::map_rows;
 use crate::{EngineError, Graph, RowDomain, Scalar, Tensor};
+use std::sync::Arc;
 
 impl<T: Scalar> Graph<T> {
     /// Concatenates tensors with equal row counts along columns.
@@ -78,7 +80,6 @@ impl<T: Scalar> Graph<T> {
         start: usize,
         end: usize,
     ) -> Result<Tensor, EngineError> {
-        self.ensure_host(&[x])?;
         self.check_live(&[x])?;
         let (rows, cols) = self.shape(x);
         if start > end || end > cols {
@@ -87,6 +88,13 @@ impl<T: Scalar> Graph<T> {
                 format!("range {start}..{end} outside 0..{cols}"),
             ));
         }
+        // A value already on the device is sliced there.
+        if let Some(backend) = self.device_for_op() {
+            if self.is_on_device(x) {
+                return self.slice_cols_device(backend, x, start, end);
+            }
+        }
+        self.ensure_host(&[x])?;
         let w = end - start;
         let v = &self.nodes[x.id].value;
         // Every element is written below.
@@ -124,6 +132,62 @@ impl<T: Scalar> Graph<T> {
                     });
                 });
                 Ok(())
+            }),
+        )
+    }
+
+    /// [`Graph::slice_cols`] on the device; its backward writes the
+    /// gradient into those columns of a zeroed array.
+    fn slice_cols_device(
+        &mut self,
+        backend: Arc<dyn DeviceBackend<T>>,
+        x: Tensor,
+        start: usize,
+        end: usize,
+    ) -> Result<Tensor, EngineError> {
+        let op = "slice_cols";
+        let dev_err = |e| EngineError::device(op, e);
+        let (rows, cols) = self.shape(x);
+        let w = end - start;
+        let mut out = backend.alloc(rows * w).map_err(dev_err)?;
+        backend
+            .copy_cols(
+                rows,
+                w,
+                (self.device_value(x)?, cols, start),
+                (&mut out, w, 0),
+            )
+            .map_err(dev_err)?;
+        let n = &self.nodes[x.id];
+        let spec = NodeSpec {
+            op: op.into(),
+            rows,
+            cols: w,
+            domain: n.domain,
+            fresh: n.fresh,
+            replicated: n.replicated,
+        };
+        let record = OpRecord {
+            inputs: &[x],
+            indices: &[],
+            handler: None,
+            reads: &[],
+        };
+        self.push_device(
+            spec,
+            out,
+            record,
+            Box::new(move |ctx, _| {
+                if !ctx.wants(x) {
+                    return Ok(());
+                }
+                let g = ctx.device_out_grad(op)?;
+                let b = ctx.backend(op)?;
+                let mut gx = b.alloc(rows * cols).map_err(dev_err)?;
+                b.zero(&mut gx).map_err(dev_err)?;
+                b.copy_cols(rows, w, (g, w, 0), (&mut gx, cols, start))
+                    .map_err(dev_err)?;
+                ctx.device_add(op, x, gx)
             }),
         )
     }
