@@ -356,3 +356,30 @@ fn kernels_with_a_device_side_run_there_and_trace_as_on_the_host() {
         );
     }
 }
+
+proptest::proptest! {
+    /// The matrix and bias read off an affine row map are that map's (to
+    /// the rounding of `b + M[k]` then `− b`), for any shape and values,
+    /// and the bias is `None` exactly when it is all zero.
+    #[test]
+    fn a_probed_affine_map_is_the_map(
+        di in 1usize..7,
+        dout in 1usize..7,
+        seed in 0u64..1000,
+        zero_bias in proptest::bool::ANY,
+    ) {
+        let m = rand_vec(di * dout, seed);
+        let b = if zero_bias { vec![0.0; dout] } else { rand_vec(dout, seed + 7) };
+        let map = Affine { m: m.clone(), b: b.clone(), dims: (di, dout) };
+        let a = RowAffine::probe(di, dout, |x: &[f64], n, out: &mut [f64]| map.apply(x, n, out)).unwrap();
+        proptest::prop_assert_eq!((a.dim_in, a.dim_out), (di, dout));
+        proptest::prop_assert_eq!(a.bias.is_none(), zero_bias);
+        for (k, (&got, &want)) in a.matrix.iter().zip(&m).enumerate() {
+            let scale = want.abs() + b[k % dout].abs();
+            proptest::prop_assert!((got - want).abs() <= 2.0 * f64::EPSILON * scale, "M[{}]: {} vs {}", k, got, want);
+        }
+        if let Some(bias) = &a.bias {
+            proptest::prop_assert_eq!(bias, &b);
+        }
+    }
+}
