@@ -101,6 +101,11 @@ impl<T: Scalar> Graph<T> {
             })
     }
 
+    /// The device copies of `ts`' values (each must have one).
+    pub(crate) fn device_values(&self, ts: &[Tensor]) -> Result<Vec<&DeviceMem>, EngineError> {
+        ts.iter().map(|&t| self.device_value(t)).collect()
+    }
+
     pub(crate) fn device_index(
         &self,
         backend: &Backend<T>,

@@ -263,14 +263,7 @@ impl<T: Scalar> Graph<T> {
         let dev_err = |e| EngineError::device(name, e);
         let mut out = backend.alloc(n_rows * cols).map_err(dev_err)?;
         {
-            let nv = nodes
-                .iter()
-                .map(|&t| self.device_value(t))
-                .collect::<Result<Vec<_>, _>>()?;
-            let ev = edges
-                .iter()
-                .map(|&t| self.device_value(t))
-                .collect::<Result<Vec<_>, _>>()?;
+            let (nv, ev) = (self.device_values(nodes)?, self.device_values(edges)?);
             dk.forward(backend.as_ref(), &nv, &ev, &mut out)
                 .map_err(dev_err)?;
         }

@@ -323,10 +323,7 @@ impl<T: Scalar> Graph<T> {
         let dev_err = |e| EngineError::device(&name, e);
         let mut out = backend.alloc(rows * cols).map_err(dev_err)?;
         {
-            let values = ins
-                .iter()
-                .map(|&t| self.device_value(t))
-                .collect::<Result<Vec<_>, _>>()?;
+            let values = self.device_values(ins)?;
             dk.forward(backend.as_ref(), &values, &shapes, &mut out)
                 .map_err(dev_err)?;
         }
